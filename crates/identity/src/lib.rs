@@ -1,0 +1,28 @@
+//! nuwa-identity: who the agent is and which devices may act for it.
+//!
+//! The agent is one DID (the `did:key` of its master key) whose DID document
+//! lists every device's Ed25519 key. This crate provides:
+//!
+//! * [`keys`]: device signing keys (zeroized, never printed), seed-file format,
+//!   strict signature verification, the device context id;
+//! * [`did_key`]: `did:key` encoding and resolution, exactly per the W3C CCG spec;
+//! * [`document`]: DID Core documents and NIP-1's key rules (listed, type,
+//!   expiry, relationship);
+//! * [`log`]: the agent's document as a self-certifying hash chain of signed
+//!   updates, with verification and fork-aware merging;
+//! * [`nip2`]: NIP-2 signing and verification of JSON content, with a bounded
+//!   replay store ([`nip2::NonceStore`]);
+//! * [`canonical`]: the canonical JSON bytes that get hashed and signed.
+//!
+//! It is pure and deterministic: no IO, no network, no files, no async, and
+//! no clock reads (time is always a `now_unix_secs` parameter); randomness is
+//! used only to create keys and nonces. Storing keys and logs, exchanging them
+//! with peers, and mapping keys to libp2p PeerIds are left to other crates.
+
+pub mod canonical;
+pub mod did_key;
+pub mod document;
+pub mod keys;
+pub mod log;
+pub mod nip2;
+mod replay;

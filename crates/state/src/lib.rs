@@ -1,0 +1,410 @@
+//! Agent state containers backed by Automerge.
+//!
+//! One [`Container`] is one Automerge document and one unit of sync. This
+//! first cut offers the `map` container kind of the Agent State Model (NIP-8):
+//! JSON values under string keys, merged key-wise with Automerge's
+//! deterministic last-writer-wins between concurrent puts of the same key.
+//! Nested JSON objects and arrays become Automerge maps and lists, so a later
+//! schema layer can merge inside them.
+//!
+//! This crate knows nothing about the network, encryption or storage: it turns
+//! edits into Automerge change bytes, applies remote change bytes, runs the
+//! Automerge sync protocol against a caller-held [`SyncState`], and renders
+//! JSON. Persisting the change bytes is the caller's job.
+
+pub use automerge::sync::State as SyncState;
+use automerge::sync::SyncDoc;
+use automerge::{
+    ActorId, AutoSerde, Automerge, Change, ChangeHash, ObjId, ObjType, ROOT, ReadDoc, ScalarValue,
+    transaction::Transactable,
+};
+use serde_json::Value;
+
+/// Longest key accepted in a map container.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// Deepest JSON nesting accepted in a value (bounds recursion).
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// What went wrong with a container operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StateError {
+    #[error("invalid key {key:?}: {reason}")]
+    InvalidKey { key: String, reason: &'static str },
+    #[error("value nests deeper than {MAX_JSON_DEPTH} levels")]
+    TooDeep,
+    #[error("number {0} cannot be stored (not an i64, u64 or finite f64)")]
+    BadNumber(String),
+    #[error("malformed automerge change: {0}")]
+    BadChange(String),
+    #[error("malformed automerge document: {0}")]
+    BadDocument(String),
+    #[error("malformed automerge sync message: {0}")]
+    BadSyncMessage(String),
+    #[error("automerge rejected the operation: {0}")]
+    Automerge(#[from] automerge::AutomergeError),
+}
+
+/// A 32-byte Automerge change hash.
+pub type Hash = [u8; 32];
+
+/// One map container: an Automerge document whose root map holds the entries.
+pub struct Container {
+    doc: Automerge,
+}
+
+impl std::fmt::Debug for Container {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Container")
+            .field("heads", &self.doc.get_heads().len())
+            .finish()
+    }
+}
+
+/// Result of applying remote changes.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// Raw bytes of the changes this document did not have before (to be
+    /// persisted by the caller).
+    pub new_changes: Vec<Vec<u8>>,
+    /// Whether some applied changes wait for dependencies not yet received.
+    pub missing_deps: bool,
+}
+
+fn check_key(key: &str) -> Result<(), StateError> {
+    let reason = if key.is_empty() {
+        "empty"
+    } else if key.len() > MAX_KEY_BYTES {
+        "longer than 1024 bytes"
+    } else {
+        return Ok(());
+    };
+    Err(StateError::InvalidKey {
+        key: key.chars().take(64).collect(),
+        reason,
+    })
+}
+
+fn depth(v: &Value) -> usize {
+    // Iterative so that hostile nesting cannot overflow the stack.
+    let mut max = 0;
+    let mut stack = vec![(v, 1usize)];
+    while let Some((v, d)) = stack.pop() {
+        max = max.max(d);
+        match v {
+            Value::Array(a) => stack.extend(a.iter().map(|x| (x, d + 1))),
+            Value::Object(o) => stack.extend(o.values().map(|x| (x, d + 1))),
+            _ => {}
+        }
+    }
+    max
+}
+
+fn scalar(v: &Value) -> Result<Option<ScalarValue>, StateError> {
+    Ok(Some(match v {
+        Value::Null => ScalarValue::Null,
+        Value::Bool(b) => ScalarValue::Boolean(*b),
+        Value::String(s) => ScalarValue::Str(s.as_str().into()),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                ScalarValue::Int(i)
+            } else if let Some(u) = n.as_u64() {
+                ScalarValue::Uint(u)
+            } else {
+                match n.as_f64() {
+                    Some(f) if f.is_finite() => ScalarValue::F64(f),
+                    _ => return Err(StateError::BadNumber(n.to_string())),
+                }
+            }
+        }
+        Value::Array(_) | Value::Object(_) => return Ok(None),
+    }))
+}
+
+/// Writes `v` under `prop` of `obj`, creating nested objects as needed.
+fn put_value<T: Transactable>(
+    tx: &mut T,
+    obj: &ObjId,
+    prop: automerge::Prop,
+    v: &Value,
+    insert: bool,
+) -> Result<(), automerge::AutomergeError> {
+    let nested = match v {
+        Value::Array(items) => Some((ObjType::List, Some(items), None)),
+        Value::Object(map) => Some((ObjType::Map, None, Some(map))),
+        _ => None,
+    };
+    match nested {
+        None => {
+            // Only scalars reach here and they were validated by `validate`.
+            let s = scalar(v).ok().flatten().unwrap_or(ScalarValue::Null);
+            match (insert, prop) {
+                (true, automerge::Prop::Seq(i)) => tx.insert(obj, i, s)?,
+                (_, p) => tx.put(obj, p, s)?,
+            }
+        }
+        Some((kind, items, map)) => {
+            let child = match (insert, prop) {
+                (true, automerge::Prop::Seq(i)) => tx.insert_object(obj, i, kind)?,
+                (_, p) => tx.put_object(obj, p, kind)?,
+            };
+            if let Some(items) = items {
+                for (i, item) in items.iter().enumerate() {
+                    put_value(tx, &child, automerge::Prop::Seq(i), item, true)?;
+                }
+            }
+            if let Some(map) = map {
+                for (k, item) in map {
+                    put_value(tx, &child, automerge::Prop::Map(k.clone()), item, false)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn validate(v: &Value) -> Result<(), StateError> {
+    if depth(v) > MAX_JSON_DEPTH {
+        return Err(StateError::TooDeep);
+    }
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Array(a) => stack.extend(a.iter()),
+            Value::Object(o) => stack.extend(o.values()),
+            other => {
+                scalar(other)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Container {
+    /// An empty container whose local edits are attributed to `actor`.
+    pub fn new(actor: &[u8]) -> Self {
+        Container {
+            doc: Automerge::new().with_actor(ActorId::from(actor)),
+        }
+    }
+
+    /// Rebuilds a container from a saved snapshot (if any) plus change bytes
+    /// logged after it.
+    pub fn load(
+        actor: &[u8],
+        snapshot: Option<&[u8]>,
+        changes: impl IntoIterator<Item = Vec<u8>>,
+    ) -> Result<Self, StateError> {
+        let doc = match snapshot {
+            Some(bytes) => {
+                Automerge::load(bytes).map_err(|e| StateError::BadDocument(e.to_string()))?
+            }
+            None => Automerge::new(),
+        };
+        let mut c = Container {
+            doc: doc.with_actor(ActorId::from(actor)),
+        };
+        c.apply_changes(changes)?;
+        Ok(c)
+    }
+
+    /// Sets `key` to the JSON `value`. Returns the raw bytes of the new
+    /// Automerge change, to be persisted and sent to peers.
+    pub fn put(&mut self, key: &str, value: &Value) -> Result<Vec<u8>, StateError> {
+        check_key(key)?;
+        validate(value)?;
+        let key = key.to_owned();
+        let success = self
+            .doc
+            .transact(|tx| put_value(tx, &ROOT, automerge::Prop::Map(key), value, false))
+            .map_err(|f| StateError::Automerge(f.error))?;
+        let hash = success
+            .hash
+            .ok_or_else(|| StateError::BadChange("transaction produced no change".into()))?;
+        self.change_bytes(&hash)
+    }
+
+    fn change_bytes(&self, hash: &ChangeHash) -> Result<Vec<u8>, StateError> {
+        self.doc
+            .get_change_by_hash(hash)
+            .map(|c| c.raw_bytes().to_vec())
+            .ok_or_else(|| StateError::BadChange("committed change not found".into()))
+    }
+
+    /// Applies remote change bytes in one batch (much cheaper per change than
+    /// one at a time). Changes already present are ignored; changes whose
+    /// dependencies are missing are held by Automerge until they arrive.
+    pub fn apply_changes(
+        &mut self,
+        changes: impl IntoIterator<Item = Vec<u8>>,
+    ) -> Result<Applied, StateError> {
+        let mut parsed = Vec::new();
+        let mut new_changes = Vec::new();
+        for bytes in changes {
+            let change =
+                Change::from_bytes(bytes).map_err(|e| StateError::BadChange(e.to_string()))?;
+            if self.doc.get_change_by_hash(&change.hash()).is_none() {
+                new_changes.push(change.raw_bytes().to_vec());
+                parsed.push(change);
+            }
+        }
+        if parsed.is_empty() {
+            return Ok(Applied::default());
+        }
+        self.doc.apply_changes(parsed)?;
+        Ok(Applied {
+            new_changes,
+            missing_deps: !self.doc.get_missing_deps(&[]).is_empty(),
+        })
+    }
+
+    /// The JSON value under `key`, if any.
+    pub fn get(&self, key: &str) -> Option<Value> {
+        match self.to_json() {
+            Value::Object(mut map) => map.remove(key),
+            _ => None,
+        }
+    }
+
+    /// The whole container as a JSON object (keys sorted).
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(AutoSerde::from(&self.doc)).unwrap_or(Value::Null)
+    }
+
+    /// Current heads, sorted.
+    pub fn heads(&self) -> Vec<Hash> {
+        let mut h: Vec<Hash> = self.doc.get_heads().into_iter().map(|h| h.0).collect();
+        h.sort();
+        h
+    }
+
+    /// Number of changes in the document's history.
+    pub fn change_count(&self) -> usize {
+        self.doc.get_changes(&[]).len()
+    }
+
+    /// The document in Automerge's standard binary format.
+    pub fn save(&self) -> Vec<u8> {
+        self.doc.save()
+    }
+
+    /// Whether this document already contains every change in `heads`.
+    pub fn has_all(&self, heads: &[Hash]) -> bool {
+        heads
+            .iter()
+            .all(|h| self.doc.get_change_by_hash(&ChangeHash(*h)).is_some())
+    }
+
+    /// Next Automerge sync-protocol message for a peer, if one is due.
+    pub fn generate_sync_message(&self, state: &mut SyncState) -> Option<Vec<u8>> {
+        self.doc.generate_sync_message(state).map(|m| m.encode())
+    }
+
+    /// Receives one Automerge sync-protocol message. Returns whether the
+    /// document changed, and the new change bytes so the caller can persist
+    /// them.
+    pub fn receive_sync_message(
+        &mut self,
+        state: &mut SyncState,
+        message: &[u8],
+    ) -> Result<Vec<Vec<u8>>, StateError> {
+        let msg = automerge::sync::Message::decode(message)
+            .map_err(|e| StateError::BadSyncMessage(e.to_string()))?;
+        let before = self.doc.get_heads();
+        self.doc.receive_sync_message(state, msg)?;
+        if self.doc.get_heads() == before {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .doc
+            .get_changes(&before)
+            .into_iter()
+            .map(|c| c.raw_bytes().to_vec())
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    // Goal: concurrent puts on two replicas converge to the same JSON once
+    // each has the other's changes, whichever order they arrive in.
+    #[test]
+    fn concurrent_puts_converge() {
+        let mut a = Container::new(b"aaaa");
+        let mut b = Container::new(b"bbbb");
+        let ca = a.put("k", &json!({"from": "a", "n": [1, 2]})).unwrap();
+        let cb = b.put("k", &json!("b")).unwrap();
+        let cb2 = b.put("other", &json!(3.5)).unwrap();
+        a.apply_changes([cb2.clone(), cb.clone()]).unwrap();
+        b.apply_changes([ca]).unwrap();
+        assert_eq!(a.to_json(), b.to_json());
+        assert_eq!(a.heads(), b.heads());
+        assert_eq!(a.get("other"), Some(json!(3.5)));
+    }
+
+    // Goal: a snapshot plus later change bytes reloads to the same state.
+    #[test]
+    fn save_and_load() {
+        let mut a = Container::new(b"aaaa");
+        a.put("x", &json!([true, null, "s", -4, u64::MAX])).unwrap();
+        let snap = a.save();
+        let later = a.put("y", &json!({"z": 1})).unwrap();
+        let b = Container::load(b"aaaa", Some(&snap), [later]).unwrap();
+        assert_eq!(a.to_json(), b.to_json());
+        assert_eq!(
+            b.to_json(),
+            json!({"x": [true, null, "s", -4, u64::MAX], "y": {"z": 1}})
+        );
+    }
+
+    // Goal: the sync protocol brings two diverged replicas to equal heads.
+    #[test]
+    fn sync_protocol_converges() {
+        let mut a = Container::new(b"aaaa");
+        let mut b = Container::new(b"bbbb");
+        for i in 0..50 {
+            a.put(&format!("a{i}"), &json!(i)).unwrap();
+            b.put(&format!("b{i}"), &json!(i)).unwrap();
+        }
+        let (mut sa, mut sb) = (SyncState::new(), SyncState::new());
+        for _ in 0..10 {
+            if let Some(m) = a.generate_sync_message(&mut sa) {
+                b.receive_sync_message(&mut sb, &m).unwrap();
+            }
+            if let Some(m) = b.generate_sync_message(&mut sb) {
+                a.receive_sync_message(&mut sa, &m).unwrap();
+            }
+        }
+        assert_eq!(a.heads(), b.heads());
+        assert_eq!(a.to_json(), b.to_json());
+    }
+
+    // Goal: bad input is refused with a typed error and changes nothing.
+    #[test]
+    fn rejects_bad_input() {
+        let mut a = Container::new(b"aaaa");
+        assert!(matches!(
+            a.put("", &json!(1)),
+            Err(StateError::InvalidKey { .. })
+        ));
+        let mut deep = json!(1);
+        for _ in 0..100 {
+            deep = json!([deep]);
+        }
+        assert!(matches!(a.put("k", &deep), Err(StateError::TooDeep)));
+        assert!(matches!(
+            a.apply_changes([vec![1, 2, 3]]),
+            Err(StateError::BadChange(_))
+        ));
+        let mut st = SyncState::new();
+        assert!(matches!(
+            a.receive_sync_message(&mut st, &[0xff]),
+            Err(StateError::BadSyncMessage(_))
+        ));
+        assert_eq!(a.to_json(), json!({}));
+        assert!(a.heads().is_empty());
+    }
+}

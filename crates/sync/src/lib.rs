@@ -1,0 +1,18 @@
+//! The synchronisation core of nuwa-sync, free of IO.
+//!
+//! - [`engine`]: the per-container sync state machine (heads summaries, the
+//!   Automerge sync protocol, batched live deltas).
+//! - [`secure`]: sealing and opening of payload envelopes with replay checks.
+//! - [`membership`]: who is a device of this agent (DID log, Hello checks).
+//!
+//! Nothing here knows libp2p, sled, tokio, files or clocks: inputs carry
+//! `now_ms`, outputs are values for the runtime to act on. The node crate
+//! wires these to the network and the store.
+
+pub mod engine;
+pub mod membership;
+pub mod secure;
+
+pub use engine::{Action, Config, Engine, EngineError, PeerKey};
+pub use membership::{Membership, Rejection, VerifiedPeer};
+pub use secure::{OpenError, SecureChannel};

@@ -1,0 +1,233 @@
+//! Who may sync: the agent's DID log, this device's identity, and the checks
+//! that turn a connected peer into a verified device of this agent.
+//!
+//! A peer is verified when (1) its [`Hello`] names our agent DID, (2) the DID
+//! log it carries verifies and is equal to, a prefix of, or an extension of
+//! ours (a fork is refused), (3) the public key behind its libp2p PeerId is an
+//! active `verificationMethod` of the current document with the
+//! `authentication` relationship, listed under the context id it claims, and
+//! (4) the Hello's NIP-2 style signature verifies with that key and its nonce
+//! is fresh. IO-free: time comes in as `now_ms`.
+
+use nuwa_identity::document::{DidDocument, Relationship};
+use nuwa_identity::keys::{DeviceKey, verify_ed25519};
+use nuwa_identity::log::{DidLog, MergeOutcome};
+use nuwa_identity::nip2::{NonceStore, signing_hash};
+use nuwa_proto::{Hello, PROTOCOL_VERSION};
+
+/// Relationship a device key must hold to take part in sync.
+pub const SYNC_RELATIONSHIP: Relationship = Relationship::Authentication;
+const HELLO_REPLAY_WINDOW_SECS: i64 = 300;
+
+/// Why a peer or an announcement was not accepted. The `Display` text is
+/// shown to operators in logs and `status`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejection {
+    #[error("belongs to a different agent ({0})")]
+    DifferentAgent(String),
+    #[error("key is not in the agent's DID document")]
+    UnknownKey,
+    #[error("key has expired")]
+    KeyExpired,
+    #[error("key lacks the {0} relationship")]
+    NotAuthorised(&'static str),
+    #[error("claimed context id {claimed:?} does not match its key ({actual:?})")]
+    ContextMismatch { claimed: String, actual: String },
+    #[error("signature does not verify")]
+    BadSignature,
+    #[error("DID log does not verify: {0}")]
+    BadDidLog(String),
+    #[error("DID log forks from ours")]
+    DidLogFork,
+    #[error("unsupported protocol version {0}")]
+    ProtocolVersion(u32),
+    #[error("replayed or stale: {0}")]
+    Replay(String),
+    #[error("malformed: {0}")]
+    Malformed(String),
+}
+
+impl Rejection {
+    /// Short stable label for counters.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Rejection::DifferentAgent(_) => "different_agent",
+            Rejection::UnknownKey => "unknown_key",
+            Rejection::KeyExpired => "key_expired",
+            Rejection::NotAuthorised(_) => "not_authorised",
+            Rejection::ContextMismatch { .. } => "context_mismatch",
+            Rejection::BadSignature => "bad_signature",
+            Rejection::BadDidLog(_) => "bad_did_log",
+            Rejection::DidLogFork => "did_log_fork",
+            Rejection::ProtocolVersion(_) => "protocol_version",
+            Rejection::Replay(_) => "replay",
+            Rejection::Malformed(_) => "malformed",
+        }
+    }
+}
+
+/// A peer that passed every check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedPeer {
+    pub context_id: String,
+    pub public: [u8; 32],
+    /// Whether the peer's DID log extended ours (the caller persists it).
+    pub log_extended: bool,
+}
+
+/// This device's view of the agent.
+pub struct Membership {
+    log: DidLog,
+    context_id: String,
+    device: DeviceKey,
+    nonces: NonceStore,
+}
+
+fn map_doc_error(e: nuwa_identity::document::DidError) -> Rejection {
+    use nuwa_identity::document::DidError as E;
+    match e {
+        E::KeyNotFound { .. } => Rejection::UnknownKey,
+        E::Expired { .. } => Rejection::KeyExpired,
+        E::PermissionDenied { rel, .. } => Rejection::NotAuthorised(rel.as_str()),
+        other => Rejection::Malformed(other.to_string()),
+    }
+}
+
+impl Membership {
+    pub fn new(log: DidLog, context_id: String, device: DeviceKey) -> Self {
+        Membership {
+            log,
+            context_id,
+            device,
+            nonces: NonceStore::new(HELLO_REPLAY_WINDOW_SECS, 4096, 1024),
+        }
+    }
+
+    pub fn did(&self) -> &str {
+        self.log.did()
+    }
+
+    pub fn context_id(&self) -> &str {
+        &self.context_id
+    }
+
+    pub fn device(&self) -> &DeviceKey {
+        &self.device
+    }
+
+    pub fn log(&self) -> &DidLog {
+        &self.log
+    }
+
+    pub fn document(&self) -> &DidDocument {
+        self.log.current()
+    }
+
+    /// Whether this device's own key is an active sync member right now.
+    pub fn self_authorised(&self, now_ms: u64) -> Result<(), Rejection> {
+        self.authorise_public(&self.device.public(), now_ms)
+            .map(|_| ())
+    }
+
+    /// The context id of the active device whose key is `public`.
+    pub fn authorise_public(&self, public: &[u8; 32], now_ms: u64) -> Result<String, Rejection> {
+        let now_secs = (now_ms / 1000) as i64;
+        let method = self
+            .document()
+            .method_for_public(public, SYNC_RELATIONSHIP, now_secs)
+            .map_err(map_doc_error)?;
+        Ok(DidDocument::fragment(&method.id).to_owned())
+    }
+
+    /// The public key of the active device `context_id` (for checking its
+    /// announcements).
+    pub fn key_of_context(&self, context_id: &str, now_ms: u64) -> Result<[u8; 32], Rejection> {
+        let key_id = self.document().key_id(context_id);
+        self.document()
+            .key_for(&key_id, SYNC_RELATIONSHIP, (now_ms / 1000) as i64)
+            .map_err(map_doc_error)
+    }
+
+    /// Our Hello for a new connection.
+    pub fn hello(&self, now_ms: u64) -> Result<Hello, Rejection> {
+        let did_log_json =
+            serde_json::to_vec(&self.log).map_err(|e| Rejection::Malformed(e.to_string()))?;
+        let mut nonce = [0u8; 16];
+        getrandom::fill(&mut nonce).map_err(|e| Rejection::Malformed(e.to_string()))?;
+        let mut hello = Hello {
+            protocol_version: PROTOCOL_VERSION,
+            agent_did: self.did().to_owned(),
+            context_id: self.context_id.clone(),
+            did_log_json,
+            timestamp_ms: now_ms,
+            nonce,
+            signature: [0; 64],
+        };
+        let digest = signing_hash(Hello::DOMAIN, &hello.signing_content());
+        hello.signature = self.device.sign(&digest);
+        Ok(hello)
+    }
+
+    /// Checks the Hello of a peer whose libp2p identity key is `peer_public`.
+    /// Adopts the peer's DID log when it verifiably extends ours.
+    pub fn verify_hello(
+        &mut self,
+        peer_public: &[u8; 32],
+        hello: &Hello,
+        now_ms: u64,
+    ) -> Result<VerifiedPeer, Rejection> {
+        if hello.protocol_version != PROTOCOL_VERSION {
+            return Err(Rejection::ProtocolVersion(hello.protocol_version));
+        }
+        if hello.agent_did != self.did() {
+            return Err(Rejection::DifferentAgent(hello.agent_did.clone()));
+        }
+        // The signature proves the holder of the PeerId key sent this Hello.
+        let digest = signing_hash(Hello::DOMAIN, &hello.signing_content());
+        verify_ed25519(peer_public, &digest, &hello.signature)
+            .map_err(|_| Rejection::BadSignature)?;
+        let now_secs = (now_ms / 1000) as i64;
+        let ts_secs = (hello.timestamp_ms / 1000) as i64;
+        let scope = hex_key(peer_public);
+        self.nonces
+            .check(&scope, Hello::DOMAIN, &hello.nonce, ts_secs, now_secs)
+            .map_err(|e| Rejection::Replay(e.to_string()))?;
+
+        let theirs: DidLog = serde_json::from_slice(&hello.did_log_json)
+            .map_err(|e| Rejection::BadDidLog(e.to_string()))?;
+        let mut merged = self.log.clone();
+        let outcome = merged.merge_from(&theirs, now_secs).map_err(|e| match e {
+            nuwa_identity::log::LogError::Fork { .. } => Rejection::DidLogFork,
+            other => Rejection::BadDidLog(other.to_string()),
+        })?;
+        let log_extended = matches!(outcome, MergeOutcome::Extended { .. });
+
+        let method = merged
+            .current()
+            .method_for_public(peer_public, SYNC_RELATIONSHIP, now_secs)
+            .map_err(map_doc_error)?;
+        let actual = DidDocument::fragment(&method.id).to_owned();
+        if actual != hello.context_id {
+            return Err(Rejection::ContextMismatch {
+                claimed: hello.context_id.clone(),
+                actual,
+            });
+        }
+        self.nonces
+            .record(&scope, Hello::DOMAIN, &hello.nonce, ts_secs, now_secs)
+            .map_err(|e| Rejection::Replay(e.to_string()))?;
+        if log_extended {
+            self.log = merged;
+        }
+        Ok(VerifiedPeer {
+            context_id: actual,
+            public: *peer_public,
+            log_extended,
+        })
+    }
+}
+
+fn hex_key(public: &[u8; 32]) -> String {
+    public.iter().map(|b| format!("{b:02x}")).collect()
+}

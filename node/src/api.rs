@@ -1,0 +1,216 @@
+//! The daemon's local HTTP+JSON API on a loopback address, guarded by a
+//! bearer token kept in `HOME/api.json` (mode 0600).
+//!
+//! Handlers do no state work themselves: each request becomes an
+//! [`ApiRequest`] for the daemon loop, answered through a oneshot channel, so
+//! the loop stays the single owner of the engine and the store.
+//!
+//! Routes:
+//! - `GET  /v1/status`
+//! - `POST /v1/state/put`     body `{"container": C, "key": K, "value": JSON}`
+//! - `GET  /v1/state/get?container=C[&key=K]`
+//! - `GET  /v1/state/export?container=C`  (Automerge binary)
+//!
+//! Errors are JSON: `{"error": {"code": "...", "message": "..."}}`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::status::Status;
+
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// Contents of `HOME/api.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiFile {
+    pub url: String,
+    pub token: String,
+    pub pid: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PutBody {
+    pub container: String,
+    pub key: String,
+    pub value: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PutReply {
+    pub container: String,
+    pub key: String,
+    /// Hex change hashes of the container after the write.
+    pub heads: Vec<String>,
+    pub durable: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct GetQuery {
+    pub container: String,
+    pub key: Option<String>,
+}
+
+/// An API error with a stable code.
+#[derive(Debug, Clone, Serialize)]
+pub struct ApiError {
+    #[serde(skip)]
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(serde_json::json!({ "error": self }))).into_response()
+    }
+}
+
+/// Work for the daemon loop.
+pub enum ApiRequest {
+    Status(oneshot::Sender<Status>),
+    Put(PutBody, oneshot::Sender<Result<PutReply, ApiError>>),
+    Get(
+        GetQuery,
+        oneshot::Sender<Result<serde_json::Value, ApiError>>,
+    ),
+    Export(String, oneshot::Sender<Result<Vec<u8>, ApiError>>),
+}
+
+#[derive(Clone)]
+struct AppState {
+    token: Arc<String>,
+    tx: mpsc::Sender<ApiRequest>,
+}
+
+fn authorised(headers: &HeaderMap, token: &str) -> Result<(), ApiError> {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Constant-time comparison: the token is a secret.
+    let equal = given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if equal {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            401,
+            "unauthorised",
+            "missing or wrong bearer token; use the token in HOME/api.json",
+        ))
+    }
+}
+
+async fn call<T>(
+    state: &AppState,
+    make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
+) -> Result<T, ApiError> {
+    let (tx, rx) = oneshot::channel();
+    state
+        .tx
+        .send(make(tx))
+        .await
+        .map_err(|_| ApiError::new(503, "shutting_down", "the daemon is shutting down"))?;
+    rx.await
+        .map_err(|_| ApiError::new(503, "shutting_down", "the daemon is shutting down"))
+}
+
+async fn status(State(s): State<AppState>, headers: HeaderMap) -> Result<Json<Status>, ApiError> {
+    authorised(&headers, &s.token)?;
+    Ok(Json(call(&s, ApiRequest::Status).await?))
+}
+
+async fn put(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<PutReply>, ApiError> {
+    authorised(&headers, &s.token)?;
+    let body: PutBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(400, "bad_request", format!("invalid put body: {e}")))?;
+    Ok(Json(call(&s, |tx| ApiRequest::Put(body, tx)).await??))
+}
+
+async fn get_state(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<GetQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    authorised(&headers, &s.token)?;
+    Ok(Json(call(&s, |tx| ApiRequest::Get(q, tx)).await??))
+}
+
+#[derive(Deserialize)]
+struct ExportQuery {
+    container: String,
+}
+
+async fn export(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<ExportQuery>,
+) -> Result<Response, ApiError> {
+    authorised(&headers, &s.token)?;
+    let bytes = call(&s, |tx| ApiRequest::Export(q.container, tx)).await??;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(404, "not_found", "no such endpoint; see `nuwa-node --help`")
+}
+
+/// Binds the API on `addr` and serves until `cancel`. Returns the bound
+/// address.
+pub async fn serve(
+    addr: SocketAddr,
+    token: String,
+    tx: mpsc::Sender<ApiRequest>,
+    cancel: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let state = AppState {
+        token: Arc::new(token),
+        tx,
+    };
+    let app = Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/state/put", post(put))
+        .route("/v1/state/get", get(get_state))
+        .route("/v1/state/export", get(export))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await;
+    });
+    Ok(local)
+}

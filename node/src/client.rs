@@ -1,0 +1,149 @@
+//! The CLI side of the local API: reads `HOME/api.json` and calls the
+//! running daemon.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+
+use crate::api::{ApiFile, PutBody, PutReply};
+use crate::home;
+use crate::status::Status;
+
+fn no_daemon(home: &Path) -> anyhow::Error {
+    anyhow::anyhow!(
+        "no nuwa-node daemon is running for home {}; start one with `nuwa-node --home {} run`",
+        home.display(),
+        home.display()
+    )
+}
+
+fn api_file(home: &Path) -> Result<ApiFile> {
+    let path = home.join(home::API_FILE);
+    let bytes = std::fs::read(&path).map_err(|_| no_daemon(home))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("cannot parse {}", path.display()))
+}
+
+struct Client {
+    api: ApiFile,
+    http: reqwest::Client,
+    home: std::path::PathBuf,
+}
+
+impl Client {
+    fn new(home: &Path) -> Result<Self> {
+        Ok(Client {
+            api: api_file(home)?,
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .context("cannot build the HTTP client")?,
+            home: home.to_path_buf(),
+        })
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        let resp = req.bearer_auth(&self.api.token).send().await.map_err(|e| {
+            if e.is_connect() {
+                no_daemon(&self.home)
+            } else {
+                anyhow::anyhow!("request to the daemon failed: {e}")
+            }
+        })?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let body: serde_json::Value = resp.json().await.unwrap_or_default();
+        let msg = body["error"]["message"].as_str().unwrap_or("no details");
+        let code = body["error"]["code"].as_str().unwrap_or("error");
+        bail!("daemon refused the request ({status}, {code}): {msg}")
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+pub fn status(home: &Path, json: bool) -> Result<()> {
+    let c = Client::new(home)?;
+    let st: Status = runtime()?.block_on(async {
+        let r = c
+            .send(c.http.get(format!("{}/v1/status", c.api.url)))
+            .await?;
+        r.json().await.context("malformed status from the daemon")
+    })?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st)?);
+    } else {
+        print!("{}", st.render());
+    }
+    Ok(())
+}
+
+pub fn put(home: &Path, container: &str, key: &str, json: &str) -> Result<()> {
+    let value: serde_json::Value = serde_json::from_str(json)
+        .with_context(|| format!("{json:?} is not valid JSON; quote strings, e.g. '\"text\"'"))?;
+    let c = Client::new(home)?;
+    let reply: PutReply = runtime()?.block_on(async {
+        let body = PutBody {
+            container: container.to_owned(),
+            key: key.to_owned(),
+            value,
+        };
+        let r = c
+            .send(
+                c.http
+                    .post(format!("{}/v1/state/put", c.api.url))
+                    .json(&body),
+            )
+            .await?;
+        r.json().await.context("malformed reply from the daemon")
+    })?;
+    println!(
+        "ok {} {} durable={}",
+        reply.container, reply.key, reply.durable
+    );
+    Ok(())
+}
+
+pub fn get(home: &Path, container: &str, key: Option<&str>, compact: bool) -> Result<()> {
+    let c = Client::new(home)?;
+    let value: serde_json::Value = runtime()?.block_on(async {
+        let mut q = vec![("container", container)];
+        if let Some(k) = key {
+            q.push(("key", k));
+        }
+        let r = c
+            .send(c.http.get(format!("{}/v1/state/get", c.api.url)).query(&q))
+            .await?;
+        r.json().await.context("malformed reply from the daemon")
+    })?;
+    if compact {
+        println!("{}", serde_json::to_string(&value)?);
+    } else {
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    }
+    Ok(())
+}
+
+pub fn export(home: &Path, container: &str, out: &Path) -> Result<()> {
+    let c = Client::new(home)?;
+    let bytes = runtime()?.block_on(async {
+        let r = c
+            .send(
+                c.http
+                    .get(format!("{}/v1/state/export", c.api.url))
+                    .query(&[("container", container)]),
+            )
+            .await?;
+        r.bytes()
+            .await
+            .context("reading the export from the daemon")
+    })?;
+    std::fs::write(out, &bytes).with_context(|| format!("cannot write {}", out.display()))?;
+    println!("wrote {} bytes to {}", bytes.len(), out.display());
+    Ok(())
+}

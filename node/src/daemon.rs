@@ -1,0 +1,865 @@
+//! `nuwa-node run`: the daemon. One loop owns the sync engine, the
+//! membership checks, the secure channel and the store; the network actor,
+//! mDNS and the local API feed it through bounded channels.
+//!
+//! Order of trust on a new connection: Noise proves the peer holds the key
+//! behind its PeerId → both sides send a Hello → the Hello is checked
+//! against the agent's DID document (membership) → only then does the engine
+//! learn about the peer, and only verified peers' envelopes are opened.
+//! Anything else is counted, recorded for `status`, and the peer is
+//! disconnected.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use nuwa_discovery::{Announcement, DiscoveryEvent, Mdns, MdnsConfig};
+use nuwa_net::{Multiaddr, NetConfig, NetEvent, NetHandle, PeerId};
+use nuwa_proto::{Frame, SyncPayload};
+use nuwa_state::Container;
+use nuwa_store::{SledStore, Storage};
+use nuwa_sync::{Action, Engine, Membership, Rejection, SecureChannel};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::api::{self, ApiError, ApiFile, ApiRequest, PutBody, PutReply};
+use crate::home::{self, Home};
+use crate::status::{ContainerStatus, DeviceStatus, PeerStatus, RejectionStatus, Status};
+
+/// Options of `nuwa-node run`.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub listen: Vec<Multiaddr>,
+    pub peers: Vec<Multiaddr>,
+    pub mdns: bool,
+    pub mdns_interfaces: Vec<String>,
+    pub api_listen: SocketAddr,
+}
+
+/// Oldest mDNS announcement accepted, and how often ours is re-signed.
+const ANNOUNCE_MAX_AGE_SECS: i64 = 600;
+const ANNOUNCE_REFRESH: Duration = Duration::from_secs(120);
+const TICK: Duration = Duration::from_millis(200);
+/// Rejection records kept for `status`.
+const MAX_REJECTIONS: usize = 256;
+/// API requests taken per loop turn (one durable group commit).
+const MAX_API_BATCH: usize = 512;
+/// Changes logged since the last snapshot before a container is compacted.
+const COMPACT_AFTER_CHANGES: u64 = 2048;
+
+#[derive(Debug, Clone)]
+enum PeerState {
+    /// Connected; Hello not yet verified. Nothing but a Hello is accepted.
+    Pending { public: [u8; 32], remote: Multiaddr },
+    Verified {
+        context_id: String,
+        public: [u8; 32],
+        remote: Multiaddr,
+        since_ms: u64,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct RejectionRecord {
+    label: &'static str,
+    reason: String,
+    count: u64,
+    last_ms: u64,
+}
+
+struct Daemon {
+    home_dir: PathBuf,
+    name: String,
+    membership: Membership,
+    secure: SecureChannel,
+    engine: Engine,
+    store: Arc<dyn Storage>,
+    net: NetHandle,
+    peers: BTreeMap<PeerId, PeerState>,
+    rejections: BTreeMap<(String, String), RejectionRecord>,
+    rejection_order: VecDeque<(String, String)>,
+    counters: BTreeMap<String, u64>,
+    /// Changes logged per container since its last snapshot.
+    logged: BTreeMap<String, u64>,
+    /// Highest change-log sequence number per container.
+    last_seq: BTreeMap<String, u64>,
+    /// Announcements of our agent whose key we do not know yet; retried
+    /// when the DID log grows.
+    unknown_announcements: BTreeMap<String, (Announcement, Vec<Multiaddr>)>,
+    listen_addrs: Vec<Multiaddr>,
+    api_url: String,
+    fatal: Option<anyhow::Error>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
+    let cancel = CancellationToken::new();
+    let lock = lock_home(&home.dir)?;
+    let now = home::now_ms();
+    let context_id = home.info.context_id.clone();
+    let did = home.log.did().to_owned();
+    let membership = Membership::new(
+        home.log.clone(),
+        context_id.clone(),
+        nuwa_identity::keys::DeviceKey::from_seed(&home.device.seed()),
+    );
+    match membership.self_authorised(now) {
+        Ok(()) => {}
+        Err(r) => warn!(
+            reason = %r,
+            "this device is not an active member of the agent's DID document; \
+             peers will refuse it until it is added"
+        ),
+    }
+    let store: Arc<dyn Storage> = Arc::new(
+        SledStore::open(&home.dir.join(home::STORE_DIR), home.at_rest.clone())
+            .with_context(|| format!("cannot open the store in {}", home.dir.display()))?,
+    );
+    let actor = home.device.public().to_vec();
+    let mut engine = Engine::new(actor.clone(), nuwa_sync::Config::default());
+    let mut logged = BTreeMap::new();
+    let mut last_seq = BTreeMap::new();
+    for name in store.list_containers()? {
+        let Some(rec) = store.load_container(&name)? else {
+            continue;
+        };
+        let n = rec.changes.len() as u64;
+        last_seq.insert(name.clone(), rec.last_seq);
+        let container = Container::load(&actor, rec.snapshot.as_deref(), rec.changes)
+            .with_context(|| format!("cannot load container {name:?}"))?;
+        engine.insert_container(name.clone(), container);
+        logged.insert(name, n);
+    }
+    info!(containers = engine.containers().count(), "store opened");
+
+    let net_config = NetConfig {
+        listen: opts.listen.clone(),
+        ..NetConfig::default()
+    };
+    let (net, mut net_events) = nuwa_net::spawn(home.device.seed(), net_config, cancel.clone())
+        .await
+        .context("cannot start the network")?;
+    let local_peer = net.local_peer_id();
+
+    // Wait until the listeners are up so that mDNS announces a real port.
+    let mut listen_addrs = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while listen_addrs.len() < opts.listen.len().max(1) {
+        match tokio::time::timeout_at(deadline, net_events.recv()).await {
+            Ok(Some(NetEvent::Listening(a))) => listen_addrs.push(a),
+            Ok(Some(_)) => {}
+            Ok(None) => anyhow::bail!("the network stopped during start-up"),
+            Err(_) => break,
+        }
+    }
+    if listen_addrs.is_empty() {
+        anyhow::bail!("no listen address came up within 5 s; check --listen");
+    }
+    for a in &listen_addrs {
+        info!(address = %format!("{a}/p2p/{local_peer}"), "listening");
+    }
+
+    let (api_tx, mut api_rx) = mpsc::channel::<ApiRequest>(1024);
+    let token = {
+        let mut t = [0u8; 32];
+        getrandom::fill(&mut t).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+        hex(&t)
+    };
+    let api_addr = api::serve(opts.api_listen, token.clone(), api_tx, cancel.clone())
+        .await
+        .context("cannot start the local API")?;
+    let api_url = format!("http://{api_addr}");
+    home::write_private(
+        &home.dir.join(home::API_FILE),
+        &serde_json::to_vec_pretty(&ApiFile {
+            url: api_url.clone(),
+            token,
+            pid: std::process::id(),
+        })?,
+    )?;
+    info!(url = %api_url, "local API ready");
+
+    let port = listen_addrs.iter().find_map(tcp_port).unwrap_or(0);
+    let mut mdns = None;
+    let mut mdns_events = None;
+    if opts.mdns {
+        let ann = sign_announcement(&membership, &local_peer, port);
+        match Mdns::start(MdnsConfig {
+            instance_name: local_peer.to_string(),
+            port,
+            interfaces: opts.mdns_interfaces.clone(),
+            announcement: ann,
+            refresh_secs: ANNOUNCE_REFRESH.as_secs(),
+        }) {
+            Ok((m, rx)) => {
+                mdns = Some(m);
+                mdns_events = Some(rx);
+                info!("mDNS discovery started");
+            }
+            // A dead discovery source must not stop the others.
+            Err(e) => warn!(error = %e, "mDNS unavailable; continuing without it"),
+        }
+    }
+
+    let secure = SecureChannel::new(did.clone(), context_id.clone(), home.sync_key.clone());
+    let mut d = Daemon {
+        home_dir: home.dir.clone(),
+        name: home.info.name.clone(),
+        membership,
+        secure,
+        engine,
+        store,
+        net: net.clone(),
+        peers: BTreeMap::new(),
+        rejections: BTreeMap::new(),
+        rejection_order: VecDeque::new(),
+        counters: BTreeMap::new(),
+        logged,
+        last_seq,
+        unknown_announcements: BTreeMap::new(),
+        listen_addrs,
+        api_url,
+        fatal: None,
+    };
+    for addr in &opts.peers {
+        let peer = addr.iter().find_map(|p| match p {
+            nuwa_net::Protocol::P2p(id) => Some(id),
+            _ => None,
+        });
+        net.dial(peer, vec![addr.clone()]).await?;
+    }
+
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut announce = tokio::time::interval(ANNOUNCE_REFRESH);
+    announce.tick().await;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    info!(did = %did, context_id = %context_id, peer_id = %local_peer, "daemon running");
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => {
+                info!("shutting down");
+                break;
+            }
+            ev = net_events.recv() => match ev {
+                Some(ev) => d.on_net(ev).await,
+                None => { error!("network task stopped"); break; }
+            },
+            req = api_rx.recv() => {
+                let Some(first) = req else { break };
+                let mut batch = vec![first];
+                while batch.len() < MAX_API_BATCH {
+                    match api_rx.try_recv() {
+                        Ok(r) => batch.push(r),
+                        Err(_) => break,
+                    }
+                }
+                d.on_api_batch(batch).await;
+            }
+            ev = recv_opt(&mut mdns_events) => match ev {
+                Some(ev) => d.on_discovery(ev).await,
+                None => { mdns_events = None; }
+            },
+            _ = tick.tick() => {
+                let actions = d.engine.tick(home::now_ms());
+                d.perform(actions).await;
+            }
+            _ = announce.tick() => {
+                if let Some(m) = &mdns {
+                    if let Err(e) = m.update_announcement(sign_announcement(&d.membership, &local_peer, port)) {
+                        warn!(error = %e, "cannot refresh the mDNS announcement");
+                    }
+                }
+            }
+        }
+        if let Some(e) = d.fatal.take() {
+            error!(error = %e, "fatal storage error; stopping so that nothing unacknowledged is reported durable");
+            cancel.cancel();
+            let _ = std::fs::remove_file(home.dir.join(home::API_FILE));
+            return Err(e);
+        }
+    }
+    cancel.cancel();
+    if let Some(m) = mdns {
+        if let Err(e) = m.shutdown() {
+            debug!(error = %e, "mDNS shutdown");
+        }
+    }
+    d.store.flush().context("final store flush")?;
+    let _ = std::fs::remove_file(home.dir.join(home::API_FILE));
+    drop(lock);
+    info!("stopped cleanly");
+    Ok(())
+}
+
+async fn recv_opt(
+    rx: &mut Option<nuwa_discovery::flume::Receiver<DiscoveryEvent>>,
+) -> Option<DiscoveryEvent> {
+    match rx {
+        Some(rx) => rx.recv_async().await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Holds an exclusive lock on the home so that two daemons never share a
+/// store.
+fn lock_home(dir: &std::path::Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(home::LOCK_FILE);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    f.try_lock().map_err(|_| {
+        anyhow::anyhow!(
+            "another nuwa-node daemon is already running with home {}; stop it first or use another --home",
+            dir.display()
+        )
+    })?;
+    Ok(f)
+}
+
+fn tcp_port(addr: &Multiaddr) -> Option<u16> {
+    addr.iter().find_map(|p| match p {
+        nuwa_net::Protocol::Tcp(port) => Some(port),
+        _ => None,
+    })
+}
+
+fn sign_announcement(m: &Membership, peer: &PeerId, port: u16) -> Announcement {
+    Announcement::new_signed(
+        m.did(),
+        m.context_id(),
+        &peer.to_string(),
+        port,
+        home::now_unix_secs(),
+        |bytes| m.device().sign(bytes),
+    )
+}
+
+impl Daemon {
+    fn count(&mut self, what: &str) {
+        *self.counters.entry(what.to_owned()).or_default() += 1;
+    }
+
+    fn reject(&mut self, source: &str, who: String, rejection: &Rejection) {
+        self.count(&format!("rejected_{source}_{}", rejection.label()));
+        let key = (source.to_owned(), who);
+        let now = home::now_ms();
+        match self.rejections.get_mut(&key) {
+            Some(r) => {
+                r.count += 1;
+                r.last_ms = now;
+                r.reason = rejection.to_string();
+            }
+            None => {
+                if self.rejection_order.len() >= MAX_REJECTIONS {
+                    if let Some(old) = self.rejection_order.pop_front() {
+                        self.rejections.remove(&old);
+                    }
+                }
+                self.rejection_order.push_back(key.clone());
+                self.rejections.insert(
+                    key,
+                    RejectionRecord {
+                        label: rejection.label(),
+                        reason: rejection.to_string(),
+                        count: 1,
+                        last_ms: now,
+                    },
+                );
+            }
+        }
+    }
+
+    async fn on_net(&mut self, ev: NetEvent) {
+        match ev {
+            NetEvent::Listening(a) => {
+                if !self.listen_addrs.contains(&a) {
+                    self.listen_addrs.push(a);
+                }
+            }
+            NetEvent::Connected {
+                peer,
+                public,
+                remote,
+            } => {
+                let Some(public) = public else {
+                    self.reject("connection", peer.to_string(), &Rejection::UnknownKey);
+                    let _ = self.net.disconnect(peer).await;
+                    return;
+                };
+                debug!(%peer, %remote, "connected; sending hello");
+                self.peers
+                    .insert(peer, PeerState::Pending { public, remote });
+                match self.membership.hello(home::now_ms()) {
+                    Ok(hello) => {
+                        let _ = self.net.send(peer, Frame::Hello(hello).encode()).await;
+                    }
+                    Err(e) => warn!(error = %e, "cannot build hello"),
+                }
+            }
+            NetEvent::Disconnected { peer } => {
+                if let Some(PeerState::Verified { context_id, .. }) = self.peers.remove(&peer) {
+                    info!(%peer, context_id = %context_id, "peer disconnected");
+                }
+                self.engine.peer_down(&peer.to_string());
+            }
+            NetEvent::Frame { peer, frame } => self.on_frame(peer, frame).await,
+            NetEvent::SendFailed { peer, reason } => {
+                self.count("send_failed");
+                debug!(%peer, %reason, "frame not delivered");
+            }
+            NetEvent::InboundError { peer, reason } => {
+                self.count("inbound_frame_error");
+                debug!(%peer, %reason, "unreadable frame from peer");
+            }
+            NetEvent::DialFailed { peer, reason } => {
+                self.count("dial_failed");
+                debug!(?peer, %reason, "dial failed");
+            }
+            _ => {}
+        }
+    }
+
+    async fn on_frame(&mut self, peer: PeerId, bytes: Vec<u8>) {
+        let frame = match Frame::decode(&bytes) {
+            Ok(f) => f,
+            Err(e) => {
+                self.count("malformed_frame");
+                debug!(%peer, error = %e, "malformed frame");
+                return;
+            }
+        };
+        let now = home::now_ms();
+        match (frame, self.peers.get(&peer).cloned()) {
+            (Frame::Hello(hello), Some(PeerState::Pending { public, remote })) => {
+                match self.membership.verify_hello(&public, &hello, now) {
+                    Ok(v) => {
+                        if v.log_extended {
+                            info!(
+                                len = self.membership.log().len(),
+                                "adopted a newer DID log from a peer"
+                            );
+                            if let Err(e) = home::save_log(&self.home_dir, self.membership.log()) {
+                                warn!(error = %e, "cannot persist the newer DID log");
+                            }
+                            self.retry_unknown_announcements().await;
+                        }
+                        info!(%peer, context_id = %v.context_id, address = %remote, "peer verified");
+                        self.count("peers_verified");
+                        self.peers.insert(
+                            peer,
+                            PeerState::Verified {
+                                context_id: v.context_id,
+                                public,
+                                remote,
+                                since_ms: now,
+                            },
+                        );
+                        let actions = self.engine.peer_up(&peer.to_string(), now);
+                        self.perform(actions).await;
+                    }
+                    Err(r) => {
+                        info!(%peer, reason = %r, "peer rejected");
+                        self.reject("connection", peer.to_string(), &r);
+                        self.peers.remove(&peer);
+                        let _ = self.net.disconnect(peer).await;
+                    }
+                }
+            }
+            (Frame::Hello(_), Some(PeerState::Verified { .. })) => {
+                self.count("duplicate_hello");
+            }
+            (
+                Frame::Envelope(env),
+                Some(PeerState::Verified {
+                    context_id, public, ..
+                }),
+            ) => match self.secure.open(&env, &context_id, &public, now) {
+                Ok(payload) => self.on_payload(peer, payload, now).await,
+                Err(e) => {
+                    self.count(&format!("envelope_rejected_{}", e.label()));
+                    debug!(%peer, error = %e, "envelope rejected");
+                }
+            },
+            (_, _) => {
+                // State from a peer that has not passed the Hello checks is
+                // never opened.
+                self.count("frame_from_unverified_peer");
+                debug!(%peer, "frame from an unverified peer dropped");
+            }
+        }
+    }
+
+    async fn on_payload(&mut self, peer: PeerId, payload: SyncPayload, now: u64) {
+        match self.engine.handle(&peer.to_string(), payload, now) {
+            Ok(actions) => self.perform(actions).await,
+            Err(e) => {
+                self.count("payload_rejected");
+                debug!(%peer, error = %e, "payload rejected");
+            }
+        }
+    }
+
+    async fn perform(&mut self, actions: Vec<Action>) {
+        let now = home::now_ms();
+        // Persist first (grouped per container), then send.
+        let mut persist: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+        let mut sends = Vec::new();
+        for a in actions {
+            match a {
+                Action::Persist { container, changes } => {
+                    persist.entry(container).or_default().extend(changes)
+                }
+                Action::Send { peer, payload } => sends.push((peer, payload)),
+                Action::Converged { peer, container } => {
+                    let ctx = peer
+                        .parse::<PeerId>()
+                        .ok()
+                        .and_then(|p| match self.peers.get(&p) {
+                            Some(PeerState::Verified { context_id, .. }) => {
+                                Some(context_id.clone())
+                            }
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                    info!(container = %container, peer_context = %ctx, "container converged with peer");
+                }
+            }
+        }
+        for (container, changes) in persist {
+            if let Err(e) = self.persist(&container, changes).await {
+                self.fatal = Some(e);
+                return;
+            }
+        }
+        for (peer, payload) in sends {
+            let Ok(peer_id) = peer.parse::<PeerId>() else {
+                continue;
+            };
+            match self.secure.seal(self.membership.device(), &payload, now) {
+                Ok(env) => {
+                    let bytes = Frame::Envelope(env).encode();
+                    if bytes.len() > nuwa_proto::MAX_FRAME_BYTES {
+                        self.count("frame_too_large");
+                        warn!(%peer_id, len = bytes.len(), "payload exceeds the frame cap; relying on the sync protocol");
+                        continue;
+                    }
+                    self.count("frames_sent");
+                    let _ = self.net.send(peer_id, bytes).await;
+                }
+                Err(e) => warn!(error = %e, "cannot seal payload"),
+            }
+        }
+    }
+
+    async fn persist(&mut self, container: &str, changes: Vec<Vec<u8>>) -> Result<()> {
+        let n = changes.len() as u64;
+        let store = self.store.clone();
+        let name = container.to_owned();
+        let seq = tokio::task::spawn_blocking(move || store.append_changes(&name, &changes))
+            .await
+            .context("store task panicked")?
+            .with_context(|| format!("cannot persist changes of container {container:?}"))?;
+        self.last_seq.insert(container.to_owned(), seq);
+        let logged = self.logged.entry(container.to_owned()).or_default();
+        *logged += n;
+        if *logged >= COMPACT_AFTER_CHANGES {
+            self.compact(container).await?;
+        }
+        Ok(())
+    }
+
+    async fn compact(&mut self, container: &str) -> Result<()> {
+        let Some(doc) = self.engine.container(container) else {
+            return Ok(());
+        };
+        // Every logged change up to `covers` is already in the document.
+        let snapshot = doc.save();
+        let covers = self.last_seq.get(container).copied().unwrap_or(0);
+        let store = self.store.clone();
+        let name = container.to_owned();
+        tokio::task::spawn_blocking(move || store.save_snapshot(&name, &snapshot, covers))
+            .await
+            .context("store task panicked")?
+            .with_context(|| format!("cannot compact container {container:?}"))?;
+        self.logged.insert(container.to_owned(), 0);
+        debug!(container, "compacted");
+        Ok(())
+    }
+
+    async fn on_api_batch(&mut self, batch: Vec<ApiRequest>) {
+        // Apply every put of the batch, persist them in one group commit
+        // per container, and only then acknowledge and push to peers.
+        let mut pending: Vec<(oneshot::Sender<Result<PutReply, ApiError>>, PutBody)> = Vec::new();
+        let mut changes: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+        for req in batch {
+            match req {
+                ApiRequest::Put(body, reply) => {
+                    match self
+                        .engine
+                        .local_put(&body.container, &body.key, &body.value)
+                    {
+                        Ok(change) => {
+                            changes
+                                .entry(body.container.clone())
+                                .or_default()
+                                .push(change);
+                            pending.push((reply, body));
+                        }
+                        Err(e) => {
+                            let _ =
+                                reply.send(Err(ApiError::new(400, "invalid_write", e.to_string())));
+                        }
+                    }
+                }
+                ApiRequest::Get(q, reply) => {
+                    let r = match self.engine.container(&q.container) {
+                        None => Err(ApiError::new(
+                            404,
+                            "no_such_container",
+                            format!("container {:?} does not exist on this device", q.container),
+                        )),
+                        Some(c) => match &q.key {
+                            None => Ok(c.to_json()),
+                            Some(k) => c.get(k).ok_or_else(|| {
+                                ApiError::new(
+                                    404,
+                                    "no_such_key",
+                                    format!("key {k:?} is not set in container {:?}", q.container),
+                                )
+                            }),
+                        },
+                    };
+                    let _ = reply.send(r);
+                }
+                ApiRequest::Export(name, reply) => {
+                    let r = self
+                        .engine
+                        .container(&name)
+                        .map(|c| c.save())
+                        .ok_or_else(|| {
+                            ApiError::new(
+                                404,
+                                "no_such_container",
+                                format!("container {name:?} does not exist on this device"),
+                            )
+                        });
+                    let _ = reply.send(r);
+                }
+                ApiRequest::Status(reply) => {
+                    let _ = reply.send(self.status());
+                }
+            }
+        }
+        for (container, ch) in changes {
+            if let Err(e) = self.persist(&container, ch).await {
+                for (reply, _) in pending.drain(..) {
+                    let _ = reply.send(Err(ApiError::new(500, "storage_failed", e.to_string())));
+                }
+                self.fatal = Some(e);
+                return;
+            }
+        }
+        for (reply, body) in pending {
+            let heads = self
+                .engine
+                .container(&body.container)
+                .map(|c| c.heads().iter().map(|h| hex(h)).collect())
+                .unwrap_or_default();
+            let _ = reply.send(Ok(PutReply {
+                container: body.container,
+                key: body.key,
+                heads,
+                durable: true,
+            }));
+        }
+        let actions = self.engine.flush();
+        self.perform(actions).await;
+    }
+
+    async fn on_discovery(&mut self, ev: DiscoveryEvent) {
+        match ev {
+            DiscoveryEvent::Discovered {
+                announcement,
+                addrs,
+            } => {
+                let addrs: Vec<Multiaddr> = addrs
+                    .iter()
+                    .map(|sa| {
+                        let ip = match sa.ip() {
+                            std::net::IpAddr::V4(v4) => nuwa_net::Protocol::Ip4(v4),
+                            std::net::IpAddr::V6(v6) => nuwa_net::Protocol::Ip6(v6),
+                        };
+                        Multiaddr::empty()
+                            .with(ip)
+                            .with(nuwa_net::Protocol::Tcp(sa.port()))
+                    })
+                    .collect();
+                self.on_announcement(announcement, addrs).await;
+            }
+            DiscoveryEvent::Malformed { instance, reason } => {
+                self.reject("mdns", instance, &Rejection::Malformed(reason));
+            }
+            _ => {}
+        }
+    }
+
+    async fn on_announcement(&mut self, ann: Announcement, addrs: Vec<Multiaddr>) {
+        let now = home::now_ms();
+        let who = ann.peer_id.clone();
+        if who == self.net.local_peer_id().to_string() {
+            return;
+        }
+        if !ann.matches_agent(self.membership.did()) {
+            let theirs = match &ann.agent {
+                nuwa_discovery::AgentRef::Did(d) => d.clone(),
+                nuwa_discovery::AgentRef::DidHash(h) => format!("did hash {}", hex(h)),
+            };
+            self.reject("mdns", who, &Rejection::DifferentAgent(theirs));
+            return;
+        }
+        let key = match self.membership.key_of_context(&ann.context_id, now) {
+            Ok(k) => k,
+            Err(r) => {
+                if matches!(r, Rejection::UnknownKey) {
+                    // Maybe a device newer than our DID log: retried when
+                    // the log grows.
+                    if self.unknown_announcements.len() < 64 {
+                        self.unknown_announcements
+                            .insert(who.clone(), (ann.clone(), addrs.clone()));
+                    }
+                }
+                self.reject("mdns", who, &r);
+                return;
+            }
+        };
+        if let Err(e) = ann.verify(&key, (now / 1000) as i64, ANNOUNCE_MAX_AGE_SECS) {
+            self.reject("mdns", who, &Rejection::Malformed(e.to_string()));
+            return;
+        }
+        let Ok(peer) = nuwa_net::peer_id_from_public(&key) else {
+            return;
+        };
+        if peer.to_string() != ann.peer_id {
+            self.reject(
+                "mdns",
+                who,
+                &Rejection::ContextMismatch {
+                    claimed: ann.peer_id.clone(),
+                    actual: peer.to_string(),
+                },
+            );
+            return;
+        }
+        self.count("mdns_announcements_verified");
+        if self.peers.contains_key(&peer) || addrs.is_empty() {
+            return;
+        }
+        debug!(%peer, context_id = %ann.context_id, "dialing peer found by mDNS");
+        let _ = self.net.dial(Some(peer), addrs).await;
+    }
+
+    async fn retry_unknown_announcements(&mut self) {
+        let pending = std::mem::take(&mut self.unknown_announcements);
+        for (_, (ann, addrs)) in pending {
+            Box::pin(self.on_announcement(ann, addrs)).await;
+        }
+    }
+
+    fn status(&self) -> Status {
+        let now = home::now_ms();
+        let peer_id = self.net.local_peer_id().to_string();
+        Status {
+            agent_did: self.membership.did().to_owned(),
+            device: DeviceStatus {
+                context_id: self.membership.context_id().to_owned(),
+                peer_id: peer_id.clone(),
+                name: self.name.clone(),
+                authorised: self.membership.self_authorised(now).is_ok(),
+                did_log_len: self.membership.log().len(),
+            },
+            listen_addrs: self
+                .listen_addrs
+                .iter()
+                .map(|a| format!("{a}/p2p/{peer_id}"))
+                .collect(),
+            api_url: self.api_url.clone(),
+            peers: self
+                .peers
+                .iter()
+                .filter_map(|(p, s)| match s {
+                    PeerState::Verified {
+                        context_id,
+                        remote,
+                        since_ms,
+                        ..
+                    } => Some(PeerStatus {
+                        peer_id: p.to_string(),
+                        context_id: context_id.clone(),
+                        address: remote.to_string(),
+                        verified_at_unix_ms: *since_ms,
+                    }),
+                    PeerState::Pending { .. } => None,
+                })
+                .collect(),
+            rejections: self
+                .rejection_order
+                .iter()
+                .filter_map(|k| {
+                    self.rejections.get(k).map(|r| RejectionStatus {
+                        source: k.0.clone(),
+                        peer: k.1.clone(),
+                        label: r.label.to_owned(),
+                        reason: r.reason.clone(),
+                        count: r.count,
+                        last_unix_ms: r.last_ms,
+                    })
+                })
+                .collect(),
+            counters: self.counters.clone(),
+            containers: self
+                .engine
+                .containers()
+                .map(|(name, c)| ContainerStatus {
+                    name: name.clone(),
+                    heads: c.heads().iter().map(|h| hex(h)).collect(),
+                    changes: c.change_count(),
+                })
+                .collect(),
+        }
+    }
+}

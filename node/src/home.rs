@@ -1,0 +1,263 @@
+//! The node's home directory: what lives where, and creating, provisioning
+//! and loading it.
+//!
+//! ```text
+//! HOME/
+//!   device.key     0600  this device's Ed25519 seed (its libp2p identity)
+//!   master.key     0600  the agent's master key (only on the device that ran `init`)
+//!   sync.key       0600  the agent's symmetric sync key for the current epoch
+//!   at-rest.key    0600  this device's key for encrypting the store
+//!   did-log.json   0600  the agent's DID document as a signed, hash-chained log
+//!   device.json    0600  this device's context id and name
+//!   store/               sled database; every key and value encrypted
+//!   api.json       0600  while the daemon runs: local API address and bearer token
+//! ```
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use nuwa_crypto::{AtRestKey, SyncKey};
+use nuwa_identity::document::{DidDocument, Relationship};
+use nuwa_identity::keys::{DeviceKey, context_id_for};
+use nuwa_identity::log::DidLog;
+use serde::{Deserialize, Serialize};
+
+pub const DEVICE_KEY: &str = "device.key";
+pub const MASTER_KEY: &str = "master.key";
+pub const SYNC_KEY: &str = "sync.key";
+pub const AT_REST_KEY: &str = "at-rest.key";
+pub const DID_LOG: &str = "did-log.json";
+pub const DEVICE_INFO: &str = "device.json";
+pub const STORE_DIR: &str = "store";
+pub const API_FILE: &str = "api.json";
+pub const LOCK_FILE: &str = "daemon.lock";
+
+/// Relationships every device key gets. `authentication` is what sync
+/// membership checks; the others let a device sign state and invoke
+/// services. Key management (`capabilityDelegation`) stays with the master key.
+pub const DEVICE_RELATIONSHIPS: &[Relationship] = &[
+    Relationship::Authentication,
+    Relationship::AssertionMethod,
+    Relationship::CapabilityInvocation,
+];
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub context_id: String,
+    pub name: String,
+}
+
+/// Everything the daemon needs from the home directory.
+pub struct Home {
+    pub dir: PathBuf,
+    pub device: DeviceKey,
+    pub info: DeviceInfo,
+    pub sync_key: SyncKey,
+    pub at_rest: AtRestKey,
+    pub log: DidLog,
+}
+
+/// The default home: the platform's data directory.
+pub fn default_home() -> Result<PathBuf> {
+    let dirs = directories::ProjectDirs::from("org", "nuwa", "nuwa-node").context(
+        "cannot determine the platform data directory; pass --home DIR or set NUWA_HOME",
+    )?;
+    Ok(dirs.data_dir().to_path_buf())
+}
+
+pub fn now_unix_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Writes `bytes` to `path` with mode 0600, atomically (temp file + rename)
+/// and durably (fsync of file and directory).
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().context("path has no parent directory")?;
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        f.set_permissions(fs::Permissions::from_mode(0o600))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+fn create_dir_private(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    Ok(())
+}
+
+fn ensure_empty(dir: &Path) -> Result<()> {
+    if dir.join(DEVICE_KEY).exists() || dir.join(DID_LOG).exists() {
+        bail!(
+            "{} already holds a nuwa-node home; choose another directory or remove it first",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn write_log(dir: &Path, log: &DidLog) -> Result<()> {
+    write_private(&dir.join(DID_LOG), &serde_json::to_vec_pretty(log)?)
+}
+
+/// Persists a newer DID log learned from a peer.
+pub fn save_log(dir: &Path, log: &DidLog) -> Result<()> {
+    write_log(dir, log)
+}
+
+fn write_device(
+    dir: &Path,
+    device: &DeviceKey,
+    name: &str,
+    sync_key: &SyncKey,
+) -> Result<DeviceInfo> {
+    let info = DeviceInfo {
+        context_id: context_id_for(&device.public()),
+        name: name.to_owned(),
+    };
+    write_private(&dir.join(DEVICE_KEY), &device.to_seed_file_bytes())?;
+    write_private(&dir.join(SYNC_KEY), &sync_key.to_file_bytes())?;
+    let at_rest = AtRestKey::generate().context("cannot generate the at-rest key")?;
+    write_private(&dir.join(AT_REST_KEY), &at_rest.to_file_bytes())?;
+    write_private(&dir.join(DEVICE_INFO), &serde_json::to_vec_pretty(&info)?)?;
+    Ok(info)
+}
+
+fn add_device(log: &mut DidLog, master: &DeviceKey, device: &DeviceKey) -> Result<String> {
+    let context_id = context_id_for(&device.public());
+    let mut doc: DidDocument = log.current().clone();
+    doc.add_key(&context_id, &device.public(), DEVICE_RELATIONSHIPS, None)
+        .context("cannot add the device key to the DID document")?;
+    let master_key_id = master_key_id(log)?;
+    log.append(doc, master, &master_key_id, now_unix_secs())
+        .context("cannot sign the DID document update")?;
+    Ok(context_id)
+}
+
+fn master_key_id(log: &DidLog) -> Result<String> {
+    // The genesis document is the did:key document of the master key, which
+    // holds `capabilityDelegation` there and signs every key change.
+    let genesis = &log.updates().first().context("DID log is empty")?.document;
+    genesis
+        .capability_delegation
+        .first()
+        .cloned()
+        .context("DID log genesis has no capabilityDelegation key")
+}
+
+/// `init`: a new agent with this device as its first device.
+pub fn init(dir: &Path, name: &str) -> Result<Home> {
+    create_dir_private(dir)?;
+    ensure_empty(dir)?;
+    let master = DeviceKey::generate().context("cannot generate the master key")?;
+    let device = DeviceKey::generate().context("cannot generate the device key")?;
+    let sync_key = SyncKey::generate(0).context("cannot generate the sync key")?;
+    let mut log = DidLog::genesis(&master, now_unix_secs()).context("cannot create the DID")?;
+    add_device(&mut log, &master, &device)?;
+    write_private(&dir.join(MASTER_KEY), &master.to_seed_file_bytes())?;
+    write_log(dir, &log)?;
+    write_device(dir, &device, name, &sync_key)?;
+    load(dir)
+}
+
+/// `device provision`: a new device home in `out`, created offline from a
+/// home that holds the master key.
+pub fn provision(dir: &Path, out: &Path, name: &str) -> Result<DeviceInfo> {
+    let master_path = dir.join(MASTER_KEY);
+    if !master_path.exists() {
+        bail!(
+            "{} holds no master key; run `device provision` in the home where `init` ran",
+            dir.display()
+        );
+    }
+    let master = DeviceKey::from_seed_file_bytes(&read(&master_path)?)
+        .with_context(|| format!("cannot read {}", master_path.display()))?;
+    let home = load(dir)?;
+    create_dir_private(out)?;
+    ensure_empty(out)?;
+    let device = DeviceKey::generate().context("cannot generate the device key")?;
+    let mut log = home.log.clone();
+    add_device(&mut log, &master, &device)?;
+    // The provisioning home learns the new device at once; other devices
+    // learn it from the newer log in the new device's Hello.
+    write_log(dir, &log)?;
+    write_log(out, &log)?;
+    write_device(out, &device, name, &home.sync_key)
+}
+
+/// Loads an existing home.
+pub fn load(dir: &Path) -> Result<Home> {
+    if !dir.join(DEVICE_KEY).exists() {
+        bail!(
+            "{} is not a nuwa-node home (no {DEVICE_KEY}); create one with `nuwa-node --home {} init`",
+            dir.display(),
+            dir.display()
+        );
+    }
+    for name in [DEVICE_KEY, SYNC_KEY, AT_REST_KEY, MASTER_KEY] {
+        let p = dir.join(name);
+        if let Ok(meta) = fs::metadata(&p) {
+            if meta.permissions().mode() & 0o077 != 0 {
+                bail!(
+                    "{} is readable by other users; run `chmod 600 {}`",
+                    p.display(),
+                    p.display()
+                );
+            }
+        }
+    }
+    let device = DeviceKey::from_seed_file_bytes(&read(&dir.join(DEVICE_KEY))?)
+        .with_context(|| format!("cannot read {}", dir.join(DEVICE_KEY).display()))?;
+    let sync_key = SyncKey::from_file_bytes(&read(&dir.join(SYNC_KEY))?)
+        .with_context(|| format!("cannot read {}", dir.join(SYNC_KEY).display()))?;
+    let at_rest = AtRestKey::from_file_bytes(&read(&dir.join(AT_REST_KEY))?)
+        .with_context(|| format!("cannot read {}", dir.join(AT_REST_KEY).display()))?;
+    let log: DidLog = serde_json::from_slice(&read(&dir.join(DID_LOG))?)
+        .with_context(|| format!("cannot parse {}", dir.join(DID_LOG).display()))?;
+    log.verify(None, now_unix_secs())
+        .with_context(|| format!("{} does not verify", dir.join(DID_LOG).display()))?;
+    let info: DeviceInfo = match fs::read(dir.join(DEVICE_INFO)) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .with_context(|| format!("cannot parse {}", dir.join(DEVICE_INFO).display()))?,
+        Err(_) => DeviceInfo {
+            context_id: context_id_for(&device.public()),
+            name: String::new(),
+        },
+    };
+    Ok(Home {
+        dir: dir.to_path_buf(),
+        device,
+        info,
+        sync_key,
+        at_rest,
+        log,
+    })
+}

@@ -1,0 +1,113 @@
+//! The `status` report: shared by the daemon (which fills it) and the CLI
+//! (which prints it).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    pub agent_did: String,
+    pub device: DeviceStatus,
+    pub listen_addrs: Vec<String>,
+    pub api_url: String,
+    pub peers: Vec<PeerStatus>,
+    pub rejections: Vec<RejectionStatus>,
+    pub counters: BTreeMap<String, u64>,
+    pub containers: Vec<ContainerStatus>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeviceStatus {
+    pub context_id: String,
+    pub peer_id: String,
+    pub name: String,
+    /// Whether this device's key is an active member of the DID document.
+    pub authorised: bool,
+    pub did_log_len: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerStatus {
+    pub peer_id: String,
+    pub context_id: String,
+    pub address: String,
+    pub verified_at_unix_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RejectionStatus {
+    /// Where the rejected claim came from: `mdns` or `connection`.
+    pub source: String,
+    /// Who: a PeerId, or an mDNS instance name.
+    pub peer: String,
+    pub label: String,
+    pub reason: String,
+    pub count: u64,
+    pub last_unix_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ContainerStatus {
+    pub name: String,
+    pub heads: Vec<String>,
+    pub changes: usize,
+}
+
+impl Status {
+    /// Human-readable rendering for `nuwa-node status`.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let auth = if self.device.authorised {
+            "authorised"
+        } else {
+            "NOT AUTHORISED (key not active in the DID document)"
+        };
+        out.push_str(&format!("agent      {}\n", self.agent_did));
+        out.push_str(&format!(
+            "device     {} ({}) {}\n",
+            self.device.context_id,
+            if self.device.name.is_empty() {
+                "unnamed"
+            } else {
+                &self.device.name
+            },
+            auth
+        ));
+        out.push_str(&format!("peer id    {}\n", self.device.peer_id));
+        for a in &self.listen_addrs {
+            out.push_str(&format!("listening  {a}\n"));
+        }
+        out.push_str(&format!("\nverified peers ({}):\n", self.peers.len()));
+        for p in &self.peers {
+            out.push_str(&format!(
+                "  {}  {}  {}\n",
+                p.context_id, p.peer_id, p.address
+            ));
+        }
+        out.push_str(&format!("\nrejections ({}):\n", self.rejections.len()));
+        for r in &self.rejections {
+            out.push_str(&format!(
+                "  [{}] {}  {} (x{})\n",
+                r.source, r.peer, r.reason, r.count
+            ));
+        }
+        out.push_str(&format!("\ncontainers ({}):\n", self.containers.len()));
+        for c in &self.containers {
+            let heads: Vec<&str> = c.heads.iter().map(|h| &h[..h.len().min(12)]).collect();
+            out.push_str(&format!(
+                "  {}  {} changes  heads {}\n",
+                c.name,
+                c.changes,
+                heads.join(",")
+            ));
+        }
+        if !self.counters.is_empty() {
+            out.push_str("\ncounters:\n");
+            for (k, v) in &self.counters {
+                out.push_str(&format!("  {k} {v}\n"));
+            }
+        }
+        out
+    }
+}

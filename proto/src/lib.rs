@@ -1,0 +1,442 @@
+//! Wire format of nuwa-sync: the protobuf messages of `nuwa/sync.proto`, their
+//! conversion into validated domain types, and length-prefixed framing with a
+//! hard size cap.
+//!
+//! The prost-generated structs stay private to this crate: other crates see
+//! only [`Frame`], [`Hello`], [`SyncPayload`] and [`Ack`], which are produced
+//! by decode-validate-convert (`TryFrom`) and can therefore be trusted to be
+//! within every bound listed below. This crate does no IO and knows nothing
+//! about libp2p, sled or Automerge semantics (Automerge messages and changes
+//! are opaque bytes here).
+
+use nuwa_crypto::Envelope;
+use prost::Message as _;
+
+mod pb {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/nuwa.sync.v1.rs"));
+}
+
+/// The protocol version this build speaks in [`Hello::protocol_version`].
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Hard cap of one frame's body on the wire; larger frames are refused before
+/// they are read into memory.
+pub const MAX_FRAME_BYTES: usize = 8 * 1024 * 1024;
+/// Length of the big-endian length prefix in front of every frame.
+pub const LENGTH_PREFIX_BYTES: usize = 4;
+/// Longest container name accepted.
+pub const MAX_CONTAINER_NAME_BYTES: usize = 256;
+/// Most changes in one [`SyncPayload::Delta`].
+pub const MAX_CHANGES_PER_DELTA: usize = 16 * 1024;
+/// Most containers in one [`SyncPayload::Heads`].
+pub const MAX_CONTAINERS_PER_SUMMARY: usize = 4096;
+/// Most heads listed for one container.
+pub const MAX_HEADS_PER_CONTAINER: usize = 256;
+/// Largest DID log carried in a [`Hello`].
+pub const MAX_DID_LOG_BYTES: usize = 512 * 1024;
+/// Longest DID or context id string accepted.
+pub const MAX_ID_BYTES: usize = 512;
+/// Longest reason string in an [`Ack`].
+pub const MAX_REASON_BYTES: usize = 512;
+
+/// Why bytes from the wire were refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    #[error("frame of {len} bytes exceeds the cap of {max} bytes")]
+    TooLarge { len: usize, max: usize },
+    #[error("malformed protobuf in {what}: {source}")]
+    Decode {
+        what: &'static str,
+        #[source]
+        source: prost::DecodeError,
+    },
+    #[error("invalid {what}: {reason}")]
+    Invalid { what: &'static str, reason: String },
+}
+
+fn invalid(what: &'static str, reason: impl Into<String>) -> WireError {
+    WireError::Invalid {
+        what,
+        reason: reason.into(),
+    }
+}
+
+/// The unencrypted first message of a connection (see `sync.proto`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    pub protocol_version: u32,
+    pub agent_did: String,
+    pub context_id: String,
+    pub did_log_json: Vec<u8>,
+    pub timestamp_ms: u64,
+    pub nonce: [u8; 16],
+    pub signature: [u8; 64],
+}
+
+impl Hello {
+    /// Domain separator of the Hello signature (NIP-2 style).
+    pub const DOMAIN: &'static str = "NUWA_SYNC_HELLO_V1:";
+
+    /// The bytes the sender signs: every field but the signature, each
+    /// length-prefixed so that no two field tuples share an encoding.
+    pub fn signing_content(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + self.did_log_json.len());
+        out.extend_from_slice(&self.protocol_version.to_be_bytes());
+        for field in [
+            self.agent_did.as_bytes(),
+            self.context_id.as_bytes(),
+            &self.did_log_json,
+        ] {
+            out.extend_from_slice(&(field.len() as u64).to_be_bytes());
+            out.extend_from_slice(field);
+        }
+        out.extend_from_slice(&self.timestamp_ms.to_be_bytes());
+        out.extend_from_slice(&self.nonce);
+        out
+    }
+}
+
+/// One request on `/nuwa/sync/1`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    Hello(Hello),
+    Envelope(Envelope),
+}
+
+/// The plaintext carried inside an [`Envelope`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SyncPayload {
+    /// One Automerge sync-protocol message for `container`.
+    Sync { container: String, message: Vec<u8> },
+    /// Raw Automerge changes for `container`, pushed live.
+    Delta {
+        container: String,
+        changes: Vec<Vec<u8>>,
+    },
+    /// The sender's heads per container (anti-entropy).
+    Heads(Vec<ContainerHeads>),
+}
+
+/// Heads of one container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerHeads {
+    pub container: String,
+    pub heads: Vec<[u8; 32]>,
+}
+
+/// The response to every frame: a receipt with a status code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ack {
+    pub code: AckCode,
+    pub reason: String,
+}
+
+/// Status of an [`Ack`]. Unknown codes from newer peers decode as `Rejected`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckCode {
+    Ok,
+    Rejected,
+}
+
+impl Ack {
+    pub fn ok() -> Self {
+        Ack {
+            code: AckCode::Ok,
+            reason: String::new(),
+        }
+    }
+
+    pub fn rejected(reason: impl Into<String>) -> Self {
+        let mut reason = reason.into();
+        truncate_utf8(&mut reason, MAX_REASON_BYTES);
+        Ack {
+            code: AckCode::Rejected,
+            reason,
+        }
+    }
+}
+
+fn truncate_utf8(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+}
+
+fn check_id(what: &'static str, s: &str) -> Result<(), WireError> {
+    if s.is_empty() {
+        return Err(invalid(what, "empty"));
+    }
+    if s.len() > MAX_ID_BYTES {
+        return Err(invalid(
+            what,
+            format!("{} bytes, max {MAX_ID_BYTES}", s.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_container(name: &str) -> Result<(), WireError> {
+    if name.is_empty() {
+        return Err(invalid("container name", "empty"));
+    }
+    if name.len() > MAX_CONTAINER_NAME_BYTES {
+        return Err(invalid(
+            "container name",
+            format!("{} bytes, max {MAX_CONTAINER_NAME_BYTES}", name.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn fixed<const N: usize>(what: &'static str, bytes: &[u8]) -> Result<[u8; N], WireError> {
+    bytes
+        .try_into()
+        .map_err(|_| invalid(what, format!("{} bytes, expected {N}", bytes.len())))
+}
+
+/// Checks a frame length read from the prefix before its body is read.
+pub fn check_frame_len(len: usize) -> Result<(), WireError> {
+    if len > MAX_FRAME_BYTES {
+        return Err(WireError::TooLarge {
+            len,
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Prefixes `body` with its big-endian u32 length.
+pub fn length_prefixed(body: &[u8]) -> Result<Vec<u8>, WireError> {
+    check_frame_len(body.len())?;
+    let mut out = Vec::with_capacity(LENGTH_PREFIX_BYTES + body.len());
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(body);
+    Ok(out)
+}
+
+/// Splits one length-prefixed frame off the front of `buf`. Returns
+/// `Ok(None)` when `buf` does not yet hold a whole frame.
+pub fn split_frame(buf: &[u8]) -> Result<Option<(&[u8], &[u8])>, WireError> {
+    let Some(prefix) = buf.get(..LENGTH_PREFIX_BYTES) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes(fixed::<4>("length prefix", prefix)?) as usize;
+    check_frame_len(len)?;
+    let rest = &buf[LENGTH_PREFIX_BYTES..];
+    if rest.len() < len {
+        return Ok(None);
+    }
+    Ok(Some(rest.split_at(len)))
+}
+
+impl Frame {
+    /// Encodes the frame body (without the length prefix).
+    pub fn encode(&self) -> Vec<u8> {
+        let kind = match self {
+            Frame::Hello(h) => pb::frame::Kind::Hello(pb::Hello {
+                protocol_version: h.protocol_version,
+                agent_did: h.agent_did.clone(),
+                context_id: h.context_id.clone(),
+                did_log_json: h.did_log_json.clone(),
+                timestamp_ms: h.timestamp_ms,
+                nonce: h.nonce.to_vec(),
+                signature: h.signature.to_vec(),
+            }),
+            Frame::Envelope(e) => pb::frame::Kind::Envelope(pb::Envelope {
+                sender: e.sender.clone(),
+                epoch: e.epoch,
+                timestamp_ms: e.timestamp_ms,
+                nonce: e.nonce.to_vec(),
+                ciphertext: e.ciphertext.clone(),
+                signature: e.signature.to_vec(),
+            }),
+        };
+        pb::Frame { kind: Some(kind) }.encode_to_vec()
+    }
+
+    /// Decodes and validates a frame body.
+    pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
+        check_frame_len(body.len())?;
+        let frame = pb::Frame::decode(body).map_err(|source| WireError::Decode {
+            what: "frame",
+            source,
+        })?;
+        match frame.kind {
+            None => Err(invalid("frame", "no message kind")),
+            Some(pb::frame::Kind::Hello(h)) => Ok(Frame::Hello(h.try_into()?)),
+            Some(pb::frame::Kind::Envelope(e)) => Ok(Frame::Envelope(envelope_from_pb(e)?)),
+        }
+    }
+}
+
+impl TryFrom<pb::Hello> for Hello {
+    type Error = WireError;
+
+    fn try_from(h: pb::Hello) -> Result<Self, WireError> {
+        check_id("hello agent did", &h.agent_did)?;
+        check_id("hello context id", &h.context_id)?;
+        if h.did_log_json.len() > MAX_DID_LOG_BYTES {
+            return Err(invalid(
+                "hello did log",
+                format!("{} bytes, max {MAX_DID_LOG_BYTES}", h.did_log_json.len()),
+            ));
+        }
+        Ok(Hello {
+            protocol_version: h.protocol_version,
+            agent_did: h.agent_did,
+            context_id: h.context_id,
+            did_log_json: h.did_log_json,
+            timestamp_ms: h.timestamp_ms,
+            nonce: fixed("hello nonce", &h.nonce)?,
+            signature: fixed("hello signature", &h.signature)?,
+        })
+    }
+}
+
+fn envelope_from_pb(e: pb::Envelope) -> Result<Envelope, WireError> {
+    check_id("envelope sender", &e.sender)?;
+    Ok(Envelope {
+        sender: e.sender,
+        epoch: e.epoch,
+        timestamp_ms: e.timestamp_ms,
+        nonce: fixed("envelope nonce", &e.nonce)?,
+        ciphertext: e.ciphertext,
+        signature: fixed("envelope signature", &e.signature)?,
+    })
+}
+
+impl SyncPayload {
+    pub fn encode(&self) -> Vec<u8> {
+        let kind = match self {
+            SyncPayload::Sync { container, message } => {
+                pb::sync_payload::Kind::Sync(pb::AutomergeSync {
+                    container: container.clone(),
+                    message: message.clone(),
+                })
+            }
+            SyncPayload::Delta { container, changes } => pb::sync_payload::Kind::Delta(pb::Delta {
+                container: container.clone(),
+                changes: changes.clone(),
+            }),
+            SyncPayload::Heads(containers) => pb::sync_payload::Kind::Heads(pb::HeadsSummary {
+                containers: containers
+                    .iter()
+                    .map(|c| pb::ContainerHeads {
+                        container: c.container.clone(),
+                        heads: c.heads.iter().map(|h| h.to_vec()).collect(),
+                    })
+                    .collect(),
+            }),
+        };
+        pb::SyncPayload { kind: Some(kind) }.encode_to_vec()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<SyncPayload, WireError> {
+        check_frame_len(bytes.len())?;
+        let payload = pb::SyncPayload::decode(bytes).map_err(|source| WireError::Decode {
+            what: "sync payload",
+            source,
+        })?;
+        match payload.kind {
+            None => Err(invalid("sync payload", "no message kind")),
+            Some(pb::sync_payload::Kind::Sync(s)) => {
+                check_container(&s.container)?;
+                Ok(SyncPayload::Sync {
+                    container: s.container,
+                    message: s.message,
+                })
+            }
+            Some(pb::sync_payload::Kind::Delta(d)) => {
+                check_container(&d.container)?;
+                if d.changes.len() > MAX_CHANGES_PER_DELTA {
+                    return Err(invalid(
+                        "delta",
+                        format!("{} changes, max {MAX_CHANGES_PER_DELTA}", d.changes.len()),
+                    ));
+                }
+                if d.changes.iter().any(|c| c.is_empty()) {
+                    return Err(invalid("delta", "empty change"));
+                }
+                Ok(SyncPayload::Delta {
+                    container: d.container,
+                    changes: d.changes,
+                })
+            }
+            Some(pb::sync_payload::Kind::Heads(h)) => {
+                if h.containers.len() > MAX_CONTAINERS_PER_SUMMARY {
+                    return Err(invalid(
+                        "heads summary",
+                        format!(
+                            "{} containers, max {MAX_CONTAINERS_PER_SUMMARY}",
+                            h.containers.len()
+                        ),
+                    ));
+                }
+                let mut out = Vec::with_capacity(h.containers.len());
+                for c in h.containers {
+                    check_container(&c.container)?;
+                    if c.heads.len() > MAX_HEADS_PER_CONTAINER {
+                        return Err(invalid(
+                            "heads summary",
+                            format!("{} heads, max {MAX_HEADS_PER_CONTAINER}", c.heads.len()),
+                        ));
+                    }
+                    let heads = c
+                        .heads
+                        .iter()
+                        .map(|h| fixed::<32>("change hash", h))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    out.push(ContainerHeads {
+                        container: c.container,
+                        heads,
+                    });
+                }
+                Ok(SyncPayload::Heads(out))
+            }
+        }
+    }
+}
+
+impl Ack {
+    pub fn encode(&self) -> Vec<u8> {
+        pb::Ack {
+            code: match self.code {
+                AckCode::Ok => 0,
+                AckCode::Rejected => 1,
+            },
+            reason: self.reason.clone(),
+        }
+        .encode_to_vec()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Ack, WireError> {
+        if bytes.len() > MAX_REASON_BYTES + 64 {
+            return Err(WireError::TooLarge {
+                len: bytes.len(),
+                max: MAX_REASON_BYTES + 64,
+            });
+        }
+        let ack = pb::Ack::decode(bytes).map_err(|source| WireError::Decode {
+            what: "ack",
+            source,
+        })?;
+        let mut reason = ack.reason;
+        truncate_utf8(&mut reason, MAX_REASON_BYTES);
+        Ok(Ack {
+            code: if ack.code == 0 {
+                AckCode::Ok
+            } else {
+                AckCode::Rejected
+            },
+            reason,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
