@@ -634,10 +634,13 @@ impl Daemon {
                         .local_put(&body.container, &body.key, &body.value)
                     {
                         Ok(change) => {
-                            changes
-                                .entry(body.container.clone())
-                                .or_default()
-                                .push(change);
+                            // `None`: the key already held this value.
+                            if let Some(change) = change {
+                                changes
+                                    .entry(body.container.clone())
+                                    .or_default()
+                                    .push(change);
+                            }
                             pending.push((reply, body));
                         }
                         Err(e) => {

@@ -209,8 +209,9 @@ impl Container {
     }
 
     /// Sets `key` to the JSON `value`. Returns the raw bytes of the new
-    /// Automerge change, to be persisted and sent to peers.
-    pub fn put(&mut self, key: &str, value: &Value) -> Result<Vec<u8>, StateError> {
+    /// Automerge change, to be persisted and sent to peers, or `None` when
+    /// the key already holds exactly this scalar (nothing changes).
+    pub fn put(&mut self, key: &str, value: &Value) -> Result<Option<Vec<u8>>, StateError> {
         check_key(key)?;
         validate(value)?;
         let key = key.to_owned();
@@ -218,10 +219,10 @@ impl Container {
             .doc
             .transact(|tx| put_value(tx, &ROOT, automerge::Prop::Map(key), value, false))
             .map_err(|f| StateError::Automerge(f.error))?;
-        let hash = success
-            .hash
-            .ok_or_else(|| StateError::BadChange("transaction produced no change".into()))?;
-        self.change_bytes(&hash)
+        match success.hash {
+            Some(hash) => self.change_bytes(&hash).map(Some),
+            None => Ok(None),
+        }
     }
 
     fn change_bytes(&self, hash: &ChangeHash) -> Result<Vec<u8>, StateError> {
@@ -335,9 +336,14 @@ mod tests {
     fn concurrent_puts_converge() {
         let mut a = Container::new(b"aaaa");
         let mut b = Container::new(b"bbbb");
-        let ca = a.put("k", &json!({"from": "a", "n": [1, 2]})).unwrap();
-        let cb = b.put("k", &json!("b")).unwrap();
-        let cb2 = b.put("other", &json!(3.5)).unwrap();
+        let ca = a
+            .put("k", &json!({"from": "a", "n": [1, 2]}))
+            .unwrap()
+            .unwrap();
+        let cb = b.put("k", &json!("b")).unwrap().unwrap();
+        let cb2 = b.put("other", &json!(3.5)).unwrap().unwrap();
+        // Writing the same scalar again changes nothing and is not an error.
+        assert_eq!(b.put("other", &json!(3.5)).unwrap(), None);
         a.apply_changes([cb2.clone(), cb.clone()]).unwrap();
         b.apply_changes([ca]).unwrap();
         assert_eq!(a.to_json(), b.to_json());
@@ -351,7 +357,7 @@ mod tests {
         let mut a = Container::new(b"aaaa");
         a.put("x", &json!([true, null, "s", -4, u64::MAX])).unwrap();
         let snap = a.save();
-        let later = a.put("y", &json!({"z": 1})).unwrap();
+        let later = a.put("y", &json!({"z": 1})).unwrap().unwrap();
         let b = Container::load(b"aaaa", Some(&snap), [later]).unwrap();
         assert_eq!(a.to_json(), b.to_json());
         assert_eq!(

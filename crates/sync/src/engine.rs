@@ -157,22 +157,26 @@ impl Engine {
         Ok(self.containers.get_mut(name).expect("container present"))
     }
 
-    /// Applies a local put and returns the change bytes. The caller must
-    /// persist them durably before acknowledging the write; they go to peers
-    /// at the next [`Engine::flush`].
+    /// Applies a local put and returns the change bytes (`None` when the
+    /// put changed nothing). The caller must persist them durably before
+    /// acknowledging the write; they go to peers at the next
+    /// [`Engine::flush`].
     pub fn local_put(
         &mut self,
         container: &str,
         key: &str,
         value: &serde_json::Value,
-    ) -> Result<Vec<u8>, EngineError> {
-        let change = self
+    ) -> Result<Option<Vec<u8>>, EngineError> {
+        let Some(change) = self
             .container_mut(container)?
             .put(key, value)
             .map_err(|source| EngineError::State {
                 container: container.to_owned(),
                 source,
-            })?;
+            })?
+        else {
+            return Ok(None);
+        };
         self.pending_local
             .entry(container.to_owned())
             .or_default()
@@ -182,7 +186,7 @@ impl Engine {
                 pc.converged = false;
             }
         }
-        Ok(change)
+        Ok(Some(change))
     }
 
     /// Pushes queued local changes to every peer, one delta per container.

@@ -1,0 +1,307 @@
+//! Harness for real-process tests: `nuwa-node` daemons started as child
+//! processes, talking over real TCP and real mDNS packets, inside a private
+//! network namespace that holds only `lo`.
+//!
+//! Each test calls [`isolated`], which re-runs that one test under
+//! `unshare --net` so that mDNS multicast never reaches a real interface.
+//! Every wait polls a condition against a deadline; nothing sleeps and hopes.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const IN_NETNS_ENV: &str = "NUWA_NODE_TEST_IN_NETNS";
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_nuwa-node")
+}
+
+/// Runs `body` inside a fresh network namespace (re-executing this test
+/// binary for just `test_name`).
+pub fn isolated(test_name: &str, body: impl FnOnce()) {
+    if std::env::var_os(IN_NETNS_ENV).is_some() {
+        let status = Command::new("ip")
+            .args(["link", "set", "dev", "lo", "up", "multicast", "on"])
+            .status()
+            .expect("run ip");
+        assert!(status.success(), "cannot bring lo up in the test namespace");
+        body();
+        return;
+    }
+    let flavours: [&[&str]; 2] = [&["--net"], &["--net", "--map-root-user"]];
+    let args = flavours
+        .into_iter()
+        .find(|a| {
+            Command::new("unshare")
+                .args(*a)
+                .args(["--", "true"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .expect(
+            "these tests need a private network namespace (`unshare --net`, as root or with \
+             user namespaces) so that mDNS stays off real networks",
+        );
+    let exe = std::env::current_exe().expect("test binary path");
+    let out = Command::new("unshare")
+        .args(args)
+        .arg("--")
+        .arg(exe)
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(IN_NETNS_ENV, "1")
+        .output()
+        .expect("re-run the test under unshare");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{test_name} failed in its network namespace ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
+    // Show what the inner run printed (timings etc.).
+    println!("{stdout}");
+}
+
+/// Polls `cond` every 50 ms until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = cond() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A scratch directory with homes and daemon logs (logs live outside the
+/// homes so that home-directory scans see only what the node wrote).
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    daemons: Vec<Daemon>,
+}
+
+pub struct Daemon {
+    pub home: PathBuf,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Cluster {
+    pub fn new() -> Self {
+        Cluster {
+            dir: tempfile::tempdir().expect("tempdir"),
+            daemons: Vec::new(),
+        }
+    }
+
+    pub fn home(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `init` a new agent in home `name`.
+    pub fn init(&self, name: &str) -> PathBuf {
+        let home = self.home(name);
+        cli_ok(&home, &["init", "--name", name]);
+        home
+    }
+
+    /// `device provision` a new device `name` from home `from`.
+    pub fn provision(&self, from: &Path, name: &str) -> PathBuf {
+        let home = self.home(name);
+        cli_ok(
+            from,
+            &[
+                "device",
+                "provision",
+                "--out",
+                home.to_str().unwrap(),
+                "--name",
+                name,
+            ],
+        );
+        home
+    }
+
+    /// Starts a daemon for `home` with extra `run` args; waits for its API.
+    pub fn start(&mut self, home: &Path, extra: &[&str]) -> usize {
+        let name = home.file_name().unwrap().to_string_lossy().into_owned();
+        let logs = self.dir.path().join("logs");
+        fs::create_dir_all(&logs).unwrap();
+        let n = self.daemons.len();
+        let log = logs.join(format!("{name}-{n}.log"));
+        let _ = fs::remove_file(home.join("api.json"));
+        let child = Command::new(bin())
+            .arg("--home")
+            .arg(home)
+            .args([
+                "run",
+                "--listen",
+                "/ip4/127.0.0.1/tcp/0",
+                "--mdns-interface",
+                "lo",
+            ])
+            .args(extra)
+            .env("RUST_LOG", "info,nuwa_node=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn nuwa-node run");
+        self.daemons.push(Daemon {
+            home: home.to_path_buf(),
+            child,
+            log: log.clone(),
+        });
+        wait_for(
+            &format!("daemon {name} API"),
+            Duration::from_secs(20),
+            || {
+                if let Ok(Some(st)) = self.daemons[n].child.try_wait() {
+                    panic!(
+                        "daemon {name} exited early ({st}):\n{}",
+                        fs::read_to_string(&log).unwrap_or_default()
+                    );
+                }
+                status(home).ok()
+            },
+        );
+        n
+    }
+
+    /// SIGKILL, no chance to clean up.
+    pub fn kill9(&mut self, idx: usize) {
+        let d = &mut self.daemons[idx];
+        d.child.kill().expect("kill -9");
+        d.child.wait().unwrap();
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self, idx: usize) {
+        let d = &mut self.daemons[idx];
+        let pid = d.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let st = wait_for("daemon exit", Duration::from_secs(20), || {
+            d.child.try_wait().ok().flatten()
+        });
+        assert!(
+            st.success(),
+            "daemon did not shut down cleanly ({st}):\n{}",
+            fs::read_to_string(&d.log).unwrap_or_default()
+        );
+    }
+
+    pub fn logs(&self) -> String {
+        self.daemons
+            .iter()
+            .map(|d| {
+                format!(
+                    "=== {}\n{}",
+                    d.log.display(),
+                    fs::read_to_string(&d.log).unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for d in &mut self.daemons {
+            let _ = d.child.kill();
+            let _ = d.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+    }
+}
+
+pub fn cli(home: &Path, args: &[&str]) -> Output {
+    Command::new(bin())
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .output()
+        .expect("run nuwa-node")
+}
+
+pub fn cli_ok(home: &Path, args: &[&str]) -> String {
+    let out = cli(home, args);
+    assert!(
+        out.status.success(),
+        "nuwa-node {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+pub fn status(home: &Path) -> Result<Value, String> {
+    let out = cli(home, &["status", "--json"]);
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+}
+
+/// Context ids of the verified peers in a status report, sorted.
+pub fn verified(st: &Value) -> Vec<String> {
+    let mut v: Vec<String> = st["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["context_id"].as_str().unwrap().to_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+pub fn context_id(home: &Path) -> String {
+    let info: Value = serde_json::from_slice(&fs::read(home.join("device.json")).unwrap()).unwrap();
+    info["context_id"].as_str().unwrap().to_owned()
+}
+
+/// `state get CONTAINER --json`, or None when the container is absent.
+pub fn get_json(home: &Path, container: &str) -> Option<Value> {
+    let out = cli(home, &["state", "get", container, "--json"]);
+    if !out.status.success() {
+        return None;
+    }
+    Some(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// Every file under `dir` whose bytes contain `needle`.
+pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in fs::read_dir(&d).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(bytes) = fs::read(&p) {
+                if bytes.windows(needle.len()).any(|w| w == needle) {
+                    hits.push(p);
+                }
+            }
+        }
+    }
+    hits
+}
+
+pub fn unique_marker() -> String {
+    // The kernel hands out a fresh random UUID on every read.
+    let uuid = fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap();
+    format!("nuwa-marker-{}", uuid.trim().replace('-', ""))
+}
