@@ -269,7 +269,9 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                 None => { mdns_events = None; }
             },
             _ = tick.tick() => {
-                let actions = d.engine.tick(home::now_ms());
+                let now = home::now_ms();
+                d.secure.prune(now);
+                let actions = d.engine.tick(now);
                 d.perform(actions).await;
             }
             _ = announce.tick() => {
@@ -362,7 +364,7 @@ fn sign_announcement(m: &Membership, peer: &PeerId, port: u16) -> Announcement {
     Announcement::new_signed(
         m.did(),
         m.context_id(),
-        &peer.to_string(),
+        peer.to_string(),
         port,
         home::now_unix_secs(),
         |bytes| m.device().sign(bytes),
@@ -382,6 +384,7 @@ impl Daemon {
             Some(r) => {
                 r.count += 1;
                 r.last_ms = now;
+                r.label = rejection.label();
                 r.reason = rejection.to_string();
             }
             None => {

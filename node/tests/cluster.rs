@@ -102,15 +102,32 @@ fn three_devices_verify_and_converge() {
         // Automerge document holds the marker literally (larger documents
         // deflate their columns), so the scan would find it if the store
         // kept plaintext.
-        cli_ok(&a, &["state", "put", "probe", &marker, &format!("\"{marker}\"")]);
-        wait_for("probe reaches d", Duration::from_secs(10), || get_json(&d, "probe"));
+        cli_ok(
+            &a,
+            &["state", "put", "probe", &marker, &format!("\"{marker}\"")],
+        );
+        wait_for("probe reaches d", Duration::from_secs(10), || {
+            get_json(&d, "probe")
+        });
         for h in all {
             let hits = files_containing(h, marker.as_bytes());
             assert!(hits.is_empty(), "plaintext state found in {hits:?}");
         }
         let export = c.dir.path().join("probe.automerge");
-        cli_ok(&a, &["state", "export", "probe", "--out", export.to_str().unwrap()]);
-        assert_eq!(files_containing(c.dir.path(), marker.as_bytes()), vec![export]);
+        cli_ok(
+            &a,
+            &[
+                "state",
+                "export",
+                "probe",
+                "--out",
+                export.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(
+            files_containing(c.dir.path(), marker.as_bytes()),
+            vec![export]
+        );
     });
 }
 
@@ -219,8 +236,12 @@ fn strangers_are_seen_but_never_verified() {
             (get_json(&b, "notes")? == json!({"secret": "a-secret"})).then_some(())
         });
         // a records every kind of rejection.
-        let st = wait_for("a records the rejections", Duration::from_secs(10), || {
+        // mDNS re-queries back off exponentially, so a loaded machine may
+        // take a few seconds to resolve every instance.
+        let st = wait_for("a records the rejections", Duration::from_secs(20), || {
             let st = status(&a).ok()?;
+            // Shown only if the test fails.
+            eprintln!("a's rejections so far: {}", st["rejections"]);
             let rej = st["rejections"].as_array()?.clone();
             let has = |source: &str, peer: &str, label: &str| {
                 rej.iter()

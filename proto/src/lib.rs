@@ -219,9 +219,12 @@ pub fn length_prefixed(body: &[u8]) -> Result<Vec<u8>, WireError> {
     Ok(out)
 }
 
+/// One frame body and the bytes after it.
+pub type Split<'a> = (&'a [u8], &'a [u8]);
+
 /// Splits one length-prefixed frame off the front of `buf`. Returns
 /// `Ok(None)` when `buf` does not yet hold a whole frame.
-pub fn split_frame(buf: &[u8]) -> Result<Option<(&[u8], &[u8])>, WireError> {
+pub fn split_frame(buf: &[u8]) -> Result<Option<Split<'_>>, WireError> {
     let Some(prefix) = buf.get(..LENGTH_PREFIX_BYTES) else {
         return Ok(None);
     };

@@ -378,10 +378,10 @@ impl Actor {
                     None => break,
                 },
                 ev = self.swarm.select_next_some() => {
-                    if let Some(out) = self.on_swarm_event(ev) {
-                        if self.events.send(out).await.is_err() {
-                            break;
-                        }
+                    if let Some(out) = self.on_swarm_event(ev)
+                        && self.events.send(out).await.is_err()
+                    {
+                        break;
                     }
                 }
             }
@@ -538,10 +538,10 @@ impl Actor {
     }
 
     fn finish(&mut self, peer: PeerId, request_id: OutboundRequestId) {
-        if let Some(q) = self.queues.get_mut(&peer) {
-            if q.in_flight == Some(request_id) {
-                q.in_flight = None;
-            }
+        if let Some(q) = self.queues.get_mut(&peer)
+            && q.in_flight == Some(request_id)
+        {
+            q.in_flight = None;
         }
         self.pump(peer);
     }

@@ -76,8 +76,9 @@ pub enum EngineError {
     #[error("container {container:?}: {source}")]
     State {
         container: String,
+        // Boxed: Automerge's error type is large and this path is cold.
         #[source]
-        source: StateError,
+        source: Box<StateError>,
     },
     #[error("container limit of {0} reached")]
     TooManyContainers(usize),
@@ -172,7 +173,7 @@ impl Engine {
             .put(key, value)
             .map_err(|source| EngineError::State {
                 container: container.to_owned(),
-                source,
+                source: Box::new(source),
             })?
         else {
             return Ok(None);
@@ -294,7 +295,7 @@ impl Engine {
                     .apply_changes(changes)
                     .map_err(|source| EngineError::State {
                         container: container.clone(),
-                        source,
+                        source: Box::new(source),
                     })?;
                 if !applied.new_changes.is_empty() {
                     out.push(Action::Persist {
@@ -393,7 +394,7 @@ impl Engine {
             .receive_sync_message(&mut pc.state, message)
             .map_err(|source| EngineError::State {
                 container: container.to_owned(),
-                source,
+                source: Box::new(source),
             })?;
         if !new_changes.is_empty() {
             out.push(Action::Persist {

@@ -65,6 +65,13 @@ impl SecureChannel {
         }
     }
 
+    /// Forgets nonces that fell out of the replay window (called from the
+    /// runtime's periodic tick so memory stays proportional to traffic in
+    /// the window).
+    pub fn prune(&mut self, now_ms: u64) {
+        self.nonces.prune((now_ms / 1000) as i64);
+    }
+
     pub fn epoch(&self) -> u64 {
         self.sync_key.epoch()
     }
