@@ -856,7 +856,14 @@ impl Daemon {
                     })
                 })
                 .collect(),
-            counters: self.counters.clone(),
+            counters: {
+                let mut c = self.counters.clone();
+                let oversized = self.net.stats().oversized_frames_refused;
+                if oversized > 0 {
+                    c.insert("oversized_frames_refused".into(), oversized);
+                }
+                c
+            },
             containers: self
                 .engine
                 .containers()
