@@ -30,14 +30,24 @@ use crate::api::{self, ApiError, ApiFile, ApiRequest, PutBody, PutReply};
 use crate::home::{self, Home};
 use crate::status::{ContainerStatus, DeviceStatus, PeerStatus, RejectionStatus, Status};
 
-/// Options of `nuwa-node run`.
+mod wide;
+
+/// Options of `nuwa-node run` and `sync --once`.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     pub listen: Vec<Multiaddr>,
     pub peers: Vec<Multiaddr>,
+    pub known_peers: bool,
     pub mdns: bool,
     pub mdns_interfaces: Vec<String>,
+    pub dht: bool,
+    pub bootstrap: Vec<Multiaddr>,
+    pub rendezvous: bool,
+    pub rendezvous_servers: Vec<Multiaddr>,
     pub api_listen: SocketAddr,
+    /// `sync --once`: stop when converged with every verified peer (Ok) or
+    /// when this much time has passed (Err with the reason).
+    pub once: Option<Duration>,
 }
 
 /// Oldest mDNS announcement accepted, and how often ours is re-signed.
@@ -93,6 +103,7 @@ struct Daemon {
     listen_addrs: Vec<Multiaddr>,
     api_url: String,
     fatal: Option<anyhow::Error>,
+    wide: wide::Wide,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -141,6 +152,12 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
 
     let net_config = NetConfig {
         listen: opts.listen.clone(),
+        features: nuwa_net::Features {
+            kad: opts.dht,
+            rendezvous_client: opts.rendezvous,
+            gossip: true,
+            infrastructure: None,
+        },
         ..NetConfig::default()
     };
     let (net, mut net_events) = nuwa_net::spawn(home.device.seed(), net_config, cancel.clone())
@@ -227,14 +244,9 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         listen_addrs,
         api_url,
         fatal: None,
+        wide: wide::Wide::new(&did, &opts),
     };
-    for addr in &opts.peers {
-        let peer = addr.iter().find_map(|p| match p {
-            nuwa_net::Protocol::P2p(id) => Some(id),
-            _ => None,
-        });
-        net.dial(peer, vec![addr.clone()]).await?;
-    }
+    d.start_wide().await;
 
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -242,6 +254,9 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     announce.tick().await;
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
+    let once_deadline = opts.once.map(|t| home::now_ms() + t.as_millis() as u64);
+    let mut once_last_line = String::new();
+    let mut once_result: Option<Result<(), String>> = None;
     info!(did = %did, context_id = %context_id, peer_id = %local_peer, "daemon running");
     loop {
         tokio::select! {
@@ -273,6 +288,16 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                 d.secure.prune(now);
                 let actions = d.engine.tick(now);
                 d.perform(actions).await;
+                d.wide_tick(now).await;
+                if let Some(deadline) = once_deadline {
+                    match d.once_progress(now, deadline, &mut once_last_line) {
+                        None => {}
+                        Some(result) => {
+                            once_result = Some(result);
+                            break;
+                        }
+                    }
+                }
             }
             _ = announce.tick() => {
                 if let Some(m) = &mdns {
@@ -299,7 +324,10 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     let _ = std::fs::remove_file(home.dir.join(home::API_FILE));
     drop(lock);
     info!("stopped cleanly");
-    Ok(())
+    match once_result {
+        Some(Err(reason)) => Err(anyhow::anyhow!(reason)),
+        _ => Ok(()),
+    }
 }
 
 async fn recv_opt(
@@ -419,6 +447,12 @@ impl Daemon {
                 public,
                 remote,
             } => {
+                if self.wide.is_infra(&peer) {
+                    // Bootstrap and rendezvous nodes are introducers, not
+                    // devices: no Hello, no state.
+                    self.on_infra_connected(peer).await;
+                    return;
+                }
                 let Some(public) = public else {
                     self.reject("connection", peer.to_string(), &Rejection::UnknownKey);
                     let _ = self.net.disconnect(peer).await;
@@ -435,6 +469,7 @@ impl Daemon {
                 }
             }
             NetEvent::Disconnected { peer } => {
+                self.wide.on_disconnected(&peer);
                 if let Some(PeerState::Verified { context_id, .. }) = self.peers.remove(&peer) {
                     info!(%peer, context_id = %context_id, "peer disconnected");
                 }
@@ -453,7 +488,7 @@ impl Daemon {
                 self.count("dial_failed");
                 debug!(?peer, %reason, "dial failed");
             }
-            _ => {}
+            other => self.on_wide_event(other).await,
         }
     }
 
@@ -492,6 +527,7 @@ impl Daemon {
                                 since_ms: now,
                             },
                         );
+                        self.on_verified(peer).await;
                         let actions = self.engine.peer_up(&peer.to_string(), now);
                         self.perform(actions).await;
                     }
@@ -714,6 +750,7 @@ impl Daemon {
             }));
         }
         let actions = self.engine.flush();
+        let actions = self.gossip_deltas(actions).await;
         self.perform(actions).await;
     }
 
@@ -858,9 +895,14 @@ impl Daemon {
                 .collect(),
             counters: {
                 let mut c = self.counters.clone();
-                let oversized = self.net.stats().oversized_frames_refused;
-                if oversized > 0 {
-                    c.insert("oversized_frames_refused".into(), oversized);
+                let stats = self.net.stats();
+                for (k, v) in [
+                    ("oversized_frames_refused", stats.oversized_frames_refused),
+                    ("gossip_publish_dropped", stats.gossip_publish_dropped),
+                ] {
+                    if v > 0 {
+                        c.insert(k.into(), v);
+                    }
                 }
                 c
             },

@@ -185,6 +185,7 @@ pub fn init(dir: &Path, name: &str) -> Result<Home> {
     write_private(&dir.join(MASTER_KEY), &master.to_seed_file_bytes())?;
     write_log(dir, &log)?;
     write_device(dir, &device, name, &sync_key)?;
+    crate::config::write_default(dir)?;
     load(dir)
 }
 
@@ -210,7 +211,9 @@ pub fn provision(dir: &Path, out: &Path, name: &str) -> Result<DeviceInfo> {
     // learn it from the newer log in the new device's Hello.
     write_log(dir, &log)?;
     write_log(out, &log)?;
-    write_device(out, &device, name, &home.sync_key)
+    let info = write_device(out, &device, name, &home.sync_key)?;
+    crate::config::write_default(out)?;
+    Ok(info)
 }
 
 /// Loads an existing home.

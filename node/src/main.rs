@@ -6,11 +6,12 @@
 
 mod api;
 mod client;
+mod config;
 mod daemon;
 mod home;
+mod infra;
 mod status;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -59,22 +60,41 @@ enum Command {
     },
     /// Run the daemon in the foreground until SIGINT or SIGTERM.
     Run {
-        /// Address to listen on for peers (repeatable).
-        #[arg(long, value_name = "MULTIADDR", default_value = "/ip4/0.0.0.0/tcp/0")]
-        listen: Vec<Multiaddr>,
-        /// Peer address to dial at start, e.g. /ip4/10.0.0.2/tcp/4001/p2p/12D3... (repeatable).
-        #[arg(long = "peer", value_name = "MULTIADDR")]
-        peers: Vec<Multiaddr>,
-        /// Do not discover or announce on the LAN via mDNS.
+        #[command(flatten)]
+        net: NetArgs,
+    },
+    /// Sync headlessly (for CI): start, discover, sync every container with
+    /// every reachable verified peer, and exit 0 once converged with at least
+    /// one peer, non-zero with the reason otherwise.
+    Sync {
+        /// Exit after one convergence (required; the only mode so far).
         #[arg(long)]
-        no_mdns: bool,
-        /// Network interface for mDNS (repeatable), e.g. `lo` for tests on
-        /// one machine. Default: every non-loopback interface.
-        #[arg(long = "mdns-interface", value_name = "NAME")]
-        mdns_interfaces: Vec<String>,
-        /// Address of the local API (loopback only).
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
-        api_listen: SocketAddr,
+        once: bool,
+        /// Give up after this long, e.g. 30s, 2m, 500ms.
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+        timeout: std::time::Duration,
+        #[command(flatten)]
+        net: NetArgs,
+    },
+    /// Run an infrastructure node: libp2p rendezvous server, DHT server and
+    /// bootstrap node, and relay. It is an untrusted introducer: it sees no
+    /// state, verifies DHT records before storing them, and bounds
+    /// registrations per peer and in total. Prints each listen address with
+    /// its /p2p/ id on start.
+    Rendezvous {
+        /// Address to listen on (repeatable).
+        #[arg(
+            long,
+            value_name = "MULTIADDR",
+            default_value = "/ip4/0.0.0.0/tcp/4001"
+        )]
+        listen: Vec<Multiaddr>,
+        /// Most registrations one peer may hold.
+        #[arg(long, default_value_t = 16)]
+        max_registrations_per_peer: usize,
+        /// Most registrations in total.
+        #[arg(long, default_value_t = 100_000)]
+        max_registrations: usize,
     },
     /// Show this device, the agent DID, verified peers, rejections and
     /// containers (asks the running daemon).
@@ -88,6 +108,107 @@ enum Command {
         #[command(subcommand)]
         command: StateCommand,
     },
+}
+
+/// Network and discovery options of `run` and `sync`. They override
+/// `HOME/config.toml`.
+#[derive(clap::Args, Debug)]
+struct NetArgs {
+    /// Address to listen on for peers (repeatable). Default: /ip4/0.0.0.0/tcp/0.
+    #[arg(long, value_name = "MULTIADDR")]
+    listen: Vec<String>,
+    /// Peer address to dial, e.g. /ip4/10.0.0.2/tcp/4001/p2p/12D3... (repeatable).
+    #[arg(long = "peer", value_name = "MULTIADDR")]
+    peers: Vec<String>,
+    /// Rendezvous server address with /p2p/ (repeatable).
+    #[arg(long, value_name = "MULTIADDR")]
+    rendezvous: Vec<String>,
+    /// DHT bootstrap node address with /p2p/ (repeatable).
+    #[arg(long, value_name = "MULTIADDR")]
+    bootstrap: Vec<String>,
+    /// Do not discover or announce on the LAN via mDNS.
+    #[arg(long)]
+    no_mdns: bool,
+    /// Do not use the DHT.
+    #[arg(long)]
+    no_dht: bool,
+    /// Do not use rendezvous servers.
+    #[arg(long)]
+    no_rendezvous: bool,
+    /// Do not dial (or remember) peers that verified before.
+    #[arg(long)]
+    no_known_peers: bool,
+    /// Network interface for mDNS (repeatable), e.g. `lo` for tests on one
+    /// machine. Default: every non-loopback interface.
+    #[arg(long = "mdns-interface", value_name = "NAME")]
+    mdns_interfaces: Vec<String>,
+    /// Address of the local API (loopback only). Default: 127.0.0.1:0.
+    #[arg(long, value_name = "ADDR")]
+    api_listen: Option<String>,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration; use e.g. 30s, 2m or 500ms"))?;
+    let ms = match unit {
+        "ms" => n,
+        "s" | "" => n * 1000,
+        "m" => n * 60_000,
+        "h" => n * 3_600_000,
+        _ => return Err(format!("unknown unit in {s:?}; use ms, s, m or h")),
+    };
+    Ok(std::time::Duration::from_millis(ms))
+}
+
+fn parse_addrs(what: &str, list: &[String]) -> Result<Vec<Multiaddr>> {
+    list.iter()
+        .map(|a| {
+            a.parse::<Multiaddr>()
+                .with_context(|| format!("{what} {a:?} is not a valid multiaddr"))
+        })
+        .collect()
+}
+
+fn run_options(
+    home: &std::path::Path,
+    net: NetArgs,
+    once: Option<std::time::Duration>,
+) -> Result<daemon::RunOptions> {
+    let file = config::load(home)?;
+    let eff = config::resolve(
+        file,
+        config::Overrides {
+            listen: net.listen,
+            peers: net.peers,
+            no_mdns: net.no_mdns,
+            mdns_interfaces: net.mdns_interfaces,
+            no_dht: net.no_dht,
+            no_rendezvous: net.no_rendezvous,
+            no_known_peers: net.no_known_peers,
+            bootstrap: net.bootstrap,
+            rendezvous: net.rendezvous,
+            api_listen: net.api_listen,
+        },
+    )?;
+    Ok(daemon::RunOptions {
+        listen: parse_addrs("--listen", &eff.listen)?,
+        peers: parse_addrs("--peer", &eff.peers)?,
+        known_peers: eff.known_peers,
+        mdns: eff.mdns,
+        mdns_interfaces: eff.mdns_interfaces,
+        dht: eff.dht,
+        bootstrap: parse_addrs("--bootstrap", &eff.bootstrap)?,
+        rendezvous: eff.rendezvous,
+        rendezvous_servers: parse_addrs("--rendezvous", &eff.rendezvous_servers)?,
+        api_listen: eff.api_listen,
+        once,
+    })
 }
 
 #[derive(Subcommand, Debug)]
@@ -142,6 +263,18 @@ fn init_tracing() {
         .init();
 }
 
+/// For `sync --once`: progress goes to stderr, so logs stay at warn unless
+/// RUST_LOG says otherwise.
+fn init_tracing_quiet() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match real_main(cli) {
@@ -179,28 +312,35 @@ fn real_main(cli: Cli) -> Result<()> {
             println!("next: nuwa-node --home {} run", out.display());
             Ok(())
         }
-        Command::Run {
-            listen,
-            peers,
-            no_mdns,
-            mdns_interfaces,
-            api_listen,
-        } => {
+        Command::Run { net } => {
             init_tracing();
-            if !api_listen.ip().is_loopback() {
-                anyhow::bail!("--api-listen must be a loopback address (got {api_listen})");
-            }
+            let opts = run_options(&home_dir, net, None)?;
             let h = home::load(&home_dir)?;
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-            rt.block_on(daemon::run(
-                h,
-                daemon::RunOptions {
-                    listen,
-                    peers,
-                    mdns: !no_mdns,
-                    mdns_interfaces,
-                    api_listen,
-                },
+            rt.block_on(daemon::run(h, opts))
+        }
+        Command::Sync { once, timeout, net } => {
+            if !once {
+                anyhow::bail!("only `sync --once` exists so far; for continuous sync use `run`");
+            }
+            init_tracing_quiet();
+            let opts = run_options(&home_dir, net, Some(timeout))?;
+            let h = home::load(&home_dir)?;
+            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            rt.block_on(daemon::run(h, opts))
+        }
+        Command::Rendezvous {
+            listen,
+            max_registrations_per_peer,
+            max_registrations,
+        } => {
+            init_tracing();
+            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            rt.block_on(infra::run(
+                &home_dir,
+                listen,
+                max_registrations_per_peer,
+                max_registrations,
             ))
         }
         Command::Status { json } => client::status(&home_dir, json),

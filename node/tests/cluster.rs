@@ -133,9 +133,9 @@ fn three_devices_verify_and_converge() {
 
 // Goal: a daemon killed with SIGKILL right after acknowledged puts keeps them
 // all, and catches up on puts made elsewhere while it was down.
-// Method: put on b, kill -9 b, put on a; restart b alone (no mDNS, no peers)
-// and read its own puts back; then restart it with discovery and wait until
-// it has a's puts.
+// Method: put on b, kill -9 b, put on a; restart b alone (no mDNS, no known
+// peers) and read its own puts back; then restart it with only its
+// known-peers cache and wait until it has a's puts.
 #[test]
 fn kill_9_keeps_acknowledged_writes_and_catches_up() {
     isolated("kill_9_keeps_acknowledged_writes_and_catches_up", || {
@@ -169,7 +169,7 @@ fn kill_9_keeps_acknowledged_writes_and_catches_up() {
         }
 
         // Alone: everything b acknowledged is in b's own store.
-        let alone = c.start(&b, &["--no-mdns"]);
+        let alone = c.start(&b, &["--no-mdns", "--no-known-peers"]);
         let doc = get_json(&b, "log").expect("container survives the crash");
         for i in 0..20 {
             assert_eq!(
@@ -181,8 +181,9 @@ fn kill_9_keeps_acknowledged_writes_and_catches_up() {
         assert!(verified(&status(&b).unwrap()).is_empty());
         c.stop(alone);
 
-        // With discovery: b catches up on what a wrote meanwhile.
-        c.start(&b, &[]);
+        // With only the known-peers cache (no mDNS): b finds a again and
+        // catches up on what a wrote meanwhile.
+        c.start(&b, &["--no-mdns"]);
         wait_for("b catches up on a's puts", Duration::from_secs(15), || {
             let doc = get_json(&b, "log")?;
             (doc.as_object()?.len() == 30 && Some(&doc) == get_json(&a, "log").as_ref())

@@ -1,34 +1,44 @@
-//! The libp2p side of nuwa-sync: one swarm (TCP + Noise + Yamux) speaking the
-//! request-response protocol `/nuwa/sync/1`, run as an actor behind a
-//! [`NetHandle`].
+//! The libp2p side of nuwa-sync, run as an actor behind a [`NetHandle`].
 //!
-//! Frames are opaque, length-prefixed byte strings with a hard size cap; this
-//! crate does not parse them, does not know the DID document and does not
-//! decide who is trusted. It reports connections with the Ed25519 key behind
-//! each PeerId (Noise proved possession of it) and leaves the verdict to the
-//! caller, which disconnects peers it rejects.
+//! One swarm (TCP, Noise, Yamux, plus relay circuits) carries:
+//! - `/nuwa/sync/1`: request-response of opaque, length-prefixed frames with
+//!   a hard cap (see `codec`);
+//! - identify and ping;
+//! - a private Kademlia DHT on `/nuwa/kad/1.0.0`, with every inbound record
+//!   held back for the caller to verify before it is stored;
+//! - rendezvous (client on devices, server on infrastructure nodes);
+//! - relay (server on infrastructure nodes, client everywhere);
+//! - gossipsub with manual validation: nothing is forwarded until the caller
+//!   accepts it.
 //!
-//! Outbound frames to one peer are sent in order, one at a time: the next
-//! frame goes out when the previous one was acknowledged. Each peer's queue
-//! is bounded; overflow drops the frame and reports it (anti-entropy heals
-//! what is lost).
+//! The crate does not parse frames, records or gossip payloads. It does not
+//! know the DID document, and it does not decide who is trusted. It reports
+//! the Ed25519 key behind each PeerId (Noise proved possession of it) and
+//! leaves every verdict to the caller.
 //!
-//! This is the only crate that imports libp2p. It re-exports [`PeerId`] and
-//! [`Multiaddr`] so callers can name peers and addresses without depending on
-//! libp2p themselves.
+//! Outbound frames to one peer go in order, one at a time: the next frame
+//! leaves when the previous one was acknowledged. Every queue is bounded.
+//!
+//! This is the only crate that imports libp2p. It re-exports [`PeerId`],
+//! [`Multiaddr`] and [`Protocol`] so that callers can name peers and
+//! addresses without depending on libp2p themselves.
+
+mod codec;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
+use futures::StreamExt;
 use libp2p::core::ConnectedPoint;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport};
+use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{StreamProtocol, Swarm, noise, tcp, yamux};
+use libp2p::{
+    StreamProtocol, Swarm, gossipsub, identify, kad, noise, ping, relay, rendezvous, tcp, yamux,
+};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, trace, warn};
@@ -37,8 +47,68 @@ use zeroize::Zeroizing;
 pub use libp2p::multiaddr::Protocol;
 pub use libp2p::{Multiaddr, PeerId};
 
+use codec::FrameCodec;
+
 /// The sync protocol id.
 pub const SYNC_PROTOCOL: &str = "/nuwa/sync/1";
+/// The private DHT's protocol id.
+pub const KAD_PROTOCOL: &str = "/nuwa/kad/1.0.0";
+/// identify's protocol version string.
+pub const IDENTIFY_VERSION: &str = "/nuwa/id/1.0.0";
+/// Largest gossip message; bigger deltas go over the sync stream.
+pub const MAX_GOSSIP_BYTES: usize = 64 * 1024;
+/// Gossip publishes held while no peer is subscribed yet.
+const MAX_PENDING_PUBLISHES: usize = 1024;
+
+/// Which optional behaviours run.
+#[derive(Debug, Clone)]
+pub struct Features {
+    /// Private Kademlia DHT (server mode: answers queries and stores
+    /// verified records).
+    pub kad: bool,
+    /// Rendezvous client (devices).
+    pub rendezvous_client: bool,
+    /// Gossipsub (devices).
+    pub gossip: bool,
+    /// Infrastructure node: rendezvous server and relay server.
+    pub infrastructure: Option<InfraLimits>,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Features {
+            kad: true,
+            rendezvous_client: true,
+            gossip: true,
+            infrastructure: None,
+        }
+    }
+}
+
+/// Bounds of an infrastructure node, so that floods degrade nothing for
+/// honest agents.
+#[derive(Debug, Clone)]
+pub struct InfraLimits {
+    pub rendezvous_min_ttl_secs: u64,
+    pub rendezvous_max_ttl_secs: u64,
+    pub max_registrations_per_peer: usize,
+    pub max_registrations_total: usize,
+    pub max_relay_reservations: usize,
+    pub max_relay_circuits: usize,
+}
+
+impl Default for InfraLimits {
+    fn default() -> Self {
+        InfraLimits {
+            rendezvous_min_ttl_secs: 60,
+            rendezvous_max_ttl_secs: 72 * 3600,
+            max_registrations_per_peer: 16,
+            max_registrations_total: 100_000,
+            max_relay_reservations: 1024,
+            max_relay_circuits: 1024,
+        }
+    }
+}
 
 /// Tunables of the network actor.
 #[derive(Debug, Clone)]
@@ -50,6 +120,7 @@ pub struct NetConfig {
     pub max_queue_per_peer: usize,
     pub request_timeout: Duration,
     pub idle_connection_timeout: Duration,
+    pub features: Features,
 }
 
 impl Default for NetConfig {
@@ -60,8 +131,26 @@ impl Default for NetConfig {
             max_queue_per_peer: 4096,
             request_timeout: Duration::from_secs(30),
             idle_connection_timeout: Duration::from_secs(120),
+            features: Features::default(),
         }
     }
+}
+
+/// A peer found at a rendezvous server (its signed peer record proved the
+/// addresses belong to the PeerId; membership is the caller's check).
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub peer: PeerId,
+    pub addrs: Vec<Multiaddr>,
+    pub namespace: String,
+    pub ttl_secs: u64,
+}
+
+/// Opaque id of a gossip message, for reporting the validation verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GossipId {
+    id: gossipsub::MessageId,
+    propagation_source: PeerId,
 }
 
 /// What the network reports.
@@ -80,7 +169,7 @@ pub enum NetEvent {
     Disconnected {
         peer: PeerId,
     },
-    /// A frame arrived.
+    /// A frame arrived on `/nuwa/sync/1`.
     Frame {
         peer: PeerId,
         frame: Vec<u8>,
@@ -90,7 +179,7 @@ pub enum NetEvent {
         peer: PeerId,
         reason: String,
     },
-    /// A peer sent something unreadable (oversized or broken frame).
+    /// A peer sent something unreadable.
     InboundError {
         peer: PeerId,
         reason: String,
@@ -98,6 +187,60 @@ pub enum NetEvent {
     DialFailed {
         peer: Option<PeerId>,
         reason: String,
+    },
+    /// identify told us a peer's listen addresses (already fed to the DHT).
+    Identified {
+        peer: PeerId,
+        listen_addrs: Vec<Multiaddr>,
+    },
+    /// A peer asks us to store a DHT record. It is stored only if the caller
+    /// calls [`NetHandle::kad_store`] after verifying it.
+    KadInboundRecord {
+        from: PeerId,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    /// A DHT record found by [`NetHandle::kad_get_record`].
+    KadRecord {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    /// Providers found by [`NetHandle::kad_get_providers`], with the
+    /// addresses the routing table knows for them.
+    KadProviders {
+        key: Vec<u8>,
+        providers: Vec<(PeerId, Vec<Multiaddr>)>,
+    },
+    /// A DHT bootstrap finished (or failed, with a reason).
+    KadBootstrapped {
+        ok: bool,
+        reason: String,
+    },
+    RendezvousDiscovered {
+        server: PeerId,
+        registrations: Vec<Registration>,
+    },
+    RendezvousRegistered {
+        server: PeerId,
+        namespace: String,
+        ttl_secs: u64,
+    },
+    RendezvousFailed {
+        server: PeerId,
+        reason: String,
+    },
+    /// A gossip message awaiting the caller's verdict
+    /// ([`NetHandle::gossip_report`]). `author` is the verified signer.
+    GossipMessage {
+        id: GossipId,
+        author: Option<PeerId>,
+        topic: String,
+        data: Vec<u8>,
+    },
+    /// A peer subscribed to a topic we are on.
+    GossipSubscribed {
+        peer: PeerId,
+        topic: String,
     },
 }
 
@@ -113,6 +256,22 @@ pub enum NetError {
     Listen { addr: Multiaddr, reason: String },
     #[error("the network task has stopped")]
     Stopped,
+}
+
+/// Counters kept by the network actor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetStats {
+    pub oversized_frames_refused: u64,
+    /// Provider records refused because the provider was not the sender.
+    pub kad_forged_providers: u64,
+    pub gossip_publish_dropped: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    oversized: Arc<AtomicU64>,
+    forged_providers: AtomicU64,
+    publish_dropped: AtomicU64,
 }
 
 /// The PeerId of an Ed25519 public key (a device key is its libp2p identity).
@@ -133,111 +292,25 @@ pub fn public_from_peer_id(peer: &PeerId) -> Option<[u8; 32]> {
     Some(key.try_into_ed25519().ok()?.to_bytes())
 }
 
-/// Length-prefixed opaque frames with a size cap.
-#[derive(Debug, Clone)]
-struct FrameCodec {
-    max_frame_bytes: usize,
-    /// Inbound frames refused for size. libp2p drops a failed inbound read
-    /// without an event, so the codec counts them itself.
-    oversized: Arc<AtomicU64>,
-}
-
-/// Counters kept by the network actor.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NetStats {
-    pub oversized_frames_refused: u64,
-}
-
-/// Responses are short receipts.
-const MAX_RESPONSE_BYTES: usize = 4096;
-
-async fn read_frame<T>(io: &mut T, max: usize) -> io::Result<Vec<u8>>
-where
-    T: futures::AsyncRead + Unpin + Send,
-{
-    let mut len = [0u8; 4];
-    io.read_exact(&mut len).await?;
-    let len = u32::from_be_bytes(len) as usize;
-    if len > max {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("frame of {len} bytes exceeds the cap of {max} bytes"),
-        ));
-    }
-    let mut body = vec![0u8; len];
-    io.read_exact(&mut body).await?;
-    Ok(body)
-}
-
-async fn write_frame<T>(io: &mut T, body: &[u8], max: usize) -> io::Result<()>
-where
-    T: futures::AsyncWrite + Unpin + Send,
-{
-    if body.len() > max {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "frame of {} bytes exceeds the cap of {max} bytes",
-                body.len()
-            ),
-        ));
-    }
-    io.write_all(&(body.len() as u32).to_be_bytes()).await?;
-    io.write_all(body).await?;
-    io.close().await
-}
-
-impl request_response::Codec for FrameCodec {
-    type Protocol = StreamProtocol;
-    type Request = Vec<u8>;
-    type Response = Vec<u8>;
-
-    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Vec<u8>>
-    where
-        T: futures::AsyncRead + Unpin + Send,
-    {
-        let r = read_frame(io, self.max_frame_bytes).await;
-        if matches!(&r, Err(e) if e.kind() == io::ErrorKind::InvalidData) {
-            self.oversized.fetch_add(1, Ordering::Relaxed);
-        }
-        r
-    }
-
-    async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Vec<u8>>
-    where
-        T: futures::AsyncRead + Unpin + Send,
-    {
-        read_frame(io, MAX_RESPONSE_BYTES).await
-    }
-
-    async fn write_request<T>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        req: Vec<u8>,
-    ) -> io::Result<()>
-    where
-        T: futures::AsyncWrite + Unpin + Send,
-    {
-        write_frame(io, &req, self.max_frame_bytes).await
-    }
-
-    async fn write_response<T>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        res: Vec<u8>,
-    ) -> io::Result<()>
-    where
-        T: futures::AsyncWrite + Unpin + Send,
-    {
-        write_frame(io, &res, MAX_RESPONSE_BYTES).await
-    }
+/// The PeerId in a multiaddr's `/p2p/` component, if any.
+pub fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
+    addr.iter().find_map(|p| match p {
+        Protocol::P2p(id) => Some(id),
+        _ => None,
+    })
 }
 
 #[derive(NetworkBehaviour)]
 struct Behaviour {
     sync: request_response::Behaviour<FrameCodec>,
+    identify: identify::Behaviour,
+    ping: ping::Behaviour,
+    kad: Toggle<kad::Behaviour<kad::store::MemoryStore>>,
+    rendezvous: Toggle<rendezvous::client::Behaviour>,
+    rendezvous_server: Toggle<rendezvous::server::Behaviour>,
+    relay_server: Toggle<relay::Behaviour>,
+    relay_client: relay::client::Behaviour,
+    gossip: Toggle<gossipsub::Behaviour>,
 }
 
 enum Command {
@@ -255,6 +328,54 @@ enum Command {
     ListenAddrs {
         reply: oneshot::Sender<Vec<Multiaddr>>,
     },
+    ListenOn {
+        addr: Multiaddr,
+    },
+    AddAddress {
+        peer: PeerId,
+        addr: Multiaddr,
+    },
+    KadBootstrap,
+    KadPut {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    KadStore {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    KadGet {
+        key: Vec<u8>,
+    },
+    KadProvide {
+        key: Vec<u8>,
+    },
+    KadGetProviders {
+        key: Vec<u8>,
+    },
+    RendezvousRegister {
+        server: PeerId,
+        namespace: String,
+        ttl_secs: u64,
+    },
+    RendezvousDiscover {
+        server: PeerId,
+        namespace: String,
+    },
+    GossipSubscribe {
+        topic: String,
+    },
+    GossipPublish {
+        topic: String,
+        data: Vec<u8>,
+    },
+    GossipReport {
+        id: GossipId,
+        accept: bool,
+    },
+    GossipAddExplicitPeer {
+        peer: PeerId,
+    },
 }
 
 /// Handle to the network actor. Dropping every handle stops the actor.
@@ -262,7 +383,7 @@ enum Command {
 pub struct NetHandle {
     tx: mpsc::Sender<Command>,
     local_peer_id: PeerId,
-    oversized: Arc<AtomicU64>,
+    counters: Arc<Counters>,
 }
 
 impl NetHandle {
@@ -272,43 +393,118 @@ impl NetHandle {
 
     pub fn stats(&self) -> NetStats {
         NetStats {
-            oversized_frames_refused: self.oversized.load(Ordering::Relaxed),
+            oversized_frames_refused: self.counters.oversized.load(Ordering::Relaxed),
+            kad_forged_providers: self.counters.forged_providers.load(Ordering::Relaxed),
+            gossip_publish_dropped: self.counters.publish_dropped.load(Ordering::Relaxed),
         }
     }
 
-    /// Dials `addrs` (of `peer`, when known; an already connected or dialing
-    /// peer is not dialed again). Cancel safe: a cancelled call sends nothing.
+    async fn cmd(&self, c: Command) -> Result<(), NetError> {
+        self.tx.send(c).await.map_err(|_| NetError::Stopped)
+    }
+
+    /// Dials `addrs` (of `peer`, when known; a connected or dialing peer is
+    /// not dialed again). Every command method is cancel safe: a cancelled
+    /// call sends nothing.
     pub async fn dial(&self, peer: Option<PeerId>, addrs: Vec<Multiaddr>) -> Result<(), NetError> {
-        self.tx
-            .send(Command::Dial { peer, addrs })
-            .await
-            .map_err(|_| NetError::Stopped)
+        self.cmd(Command::Dial { peer, addrs }).await
     }
 
-    /// Queues `frame` for `peer`. Cancel safe.
+    /// Queues `frame` for `peer` on `/nuwa/sync/1`.
     pub async fn send(&self, peer: PeerId, frame: Vec<u8>) -> Result<(), NetError> {
-        self.tx
-            .send(Command::Send { peer, frame })
-            .await
-            .map_err(|_| NetError::Stopped)
+        self.cmd(Command::Send { peer, frame }).await
     }
 
-    /// Closes every connection to `peer`. Cancel safe.
+    /// Closes every connection to `peer`.
     pub async fn disconnect(&self, peer: PeerId) -> Result<(), NetError> {
-        self.tx
-            .send(Command::Disconnect { peer })
-            .await
-            .map_err(|_| NetError::Stopped)
+        self.cmd(Command::Disconnect { peer }).await
     }
 
-    /// Addresses the swarm listens on. Cancel safe.
+    /// Addresses the swarm listens on.
     pub async fn listen_addrs(&self) -> Result<Vec<Multiaddr>, NetError> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Command::ListenAddrs { reply })
-            .await
-            .map_err(|_| NetError::Stopped)?;
+        self.cmd(Command::ListenAddrs { reply }).await?;
         rx.await.map_err(|_| NetError::Stopped)
+    }
+
+    /// Listens on one more address (e.g. a relay circuit).
+    pub async fn listen_on(&self, addr: Multiaddr) -> Result<(), NetError> {
+        self.cmd(Command::ListenOn { addr }).await
+    }
+
+    /// Tells the swarm and the DHT where `peer` can be reached.
+    pub async fn add_address(&self, peer: PeerId, addr: Multiaddr) -> Result<(), NetError> {
+        self.cmd(Command::AddAddress { peer, addr }).await
+    }
+
+    pub async fn kad_bootstrap(&self) -> Result<(), NetError> {
+        self.cmd(Command::KadBootstrap).await
+    }
+
+    /// Stores a record locally and replicates it to the closest peers.
+    pub async fn kad_put_record(&self, key: Vec<u8>, value: Vec<u8>) -> Result<(), NetError> {
+        self.cmd(Command::KadPut { key, value }).await
+    }
+
+    /// Stores an inbound record the caller has verified.
+    pub async fn kad_store(&self, key: Vec<u8>, value: Vec<u8>) -> Result<(), NetError> {
+        self.cmd(Command::KadStore { key, value }).await
+    }
+
+    pub async fn kad_get_record(&self, key: Vec<u8>) -> Result<(), NetError> {
+        self.cmd(Command::KadGet { key }).await
+    }
+
+    pub async fn kad_start_providing(&self, key: Vec<u8>) -> Result<(), NetError> {
+        self.cmd(Command::KadProvide { key }).await
+    }
+
+    pub async fn kad_get_providers(&self, key: Vec<u8>) -> Result<(), NetError> {
+        self.cmd(Command::KadGetProviders { key }).await
+    }
+
+    pub async fn rendezvous_register(
+        &self,
+        server: PeerId,
+        namespace: String,
+        ttl_secs: u64,
+    ) -> Result<(), NetError> {
+        self.cmd(Command::RendezvousRegister {
+            server,
+            namespace,
+            ttl_secs,
+        })
+        .await
+    }
+
+    pub async fn rendezvous_discover(
+        &self,
+        server: PeerId,
+        namespace: String,
+    ) -> Result<(), NetError> {
+        self.cmd(Command::RendezvousDiscover { server, namespace })
+            .await
+    }
+
+    pub async fn gossip_subscribe(&self, topic: String) -> Result<(), NetError> {
+        self.cmd(Command::GossipSubscribe { topic }).await
+    }
+
+    /// Publishes on `topic`. Before any peer has subscribed the message is
+    /// held (bounded) and published when one does.
+    pub async fn gossip_publish(&self, topic: String, data: Vec<u8>) -> Result<(), NetError> {
+        self.cmd(Command::GossipPublish { topic, data }).await
+    }
+
+    /// The verdict on a gossip message: accepted messages are forwarded,
+    /// rejected ones are dropped and their sender penalised.
+    pub async fn gossip_report(&self, id: GossipId, accept: bool) -> Result<(), NetError> {
+        self.cmd(Command::GossipReport { id, accept }).await
+    }
+
+    /// Keeps a direct gossip link to a known sibling device.
+    pub async fn gossip_add_explicit_peer(&self, peer: PeerId) -> Result<(), NetError> {
+        self.cmd(Command::GossipAddExplicitPeer { peer }).await
     }
 }
 
@@ -323,6 +519,37 @@ struct Actor {
     events: mpsc::Sender<NetEvent>,
     queues: BTreeMap<PeerId, PeerQueue>,
     config: NetConfig,
+    counters: Arc<Counters>,
+    pending_publishes: VecDeque<(String, Vec<u8>)>,
+    /// Queries whose results carry the key we asked for.
+    get_queries: std::collections::HashMap<kad::QueryId, Vec<u8>>,
+}
+
+fn gossip_config() -> Result<gossipsub::Config, NetError> {
+    // Sized for the 2-20 devices of one agent: a small mesh, fast
+    // heartbeats, and flood publishing so a fresh message reaches every
+    // connected sibling at once.
+    gossipsub::ConfigBuilder::default()
+        .validation_mode(gossipsub::ValidationMode::Strict)
+        .validate_messages()
+        .mesh_n(4)
+        .mesh_n_low(2)
+        .mesh_n_high(8)
+        .mesh_outbound_min(1)
+        .gossip_lazy(3)
+        .heartbeat_interval(Duration::from_millis(500))
+        .max_transmit_size(MAX_GOSSIP_BYTES + 1024)
+        .message_id_fn(|m: &gossipsub::Message| {
+            // Content-addressed ids: the same envelope is one message, even
+            // if published twice.
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            m.data.hash(&mut h);
+            m.source.hash(&mut h);
+            gossipsub::MessageId::from(h.finish().to_be_bytes().to_vec())
+        })
+        .build()
+        .map_err(|e| NetError::Transport(format!("gossipsub config: {e}")))
 }
 
 /// Starts the network actor with the device's Ed25519 seed as identity.
@@ -335,15 +562,21 @@ pub async fn spawn(
     // `ed25519_from_bytes` zeroizes the buffer it is given.
     let keypair = libp2p::identity::Keypair::ed25519_from_bytes(&mut seed_copy)
         .map_err(|e| NetError::Key(e.to_string()))?;
-    let oversized = Arc::new(AtomicU64::new(0));
+    let counters = Arc::new(Counters::default());
     let codec = FrameCodec {
         max_frame_bytes: config.max_frame_bytes,
-        oversized: oversized.clone(),
+        oversized: counters.oversized.clone(),
     };
     let rr_config = request_response::Config::default()
         .with_request_timeout(config.request_timeout)
         .with_max_concurrent_streams(256);
     let idle = config.idle_connection_timeout;
+    let features = config.features.clone();
+    let gossip_cfg = if features.gossip {
+        Some(gossip_config()?)
+    } else {
+        None
+    };
     let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
         .with_tcp(
@@ -352,12 +585,77 @@ pub async fn spawn(
             yamux::Config::default,
         )
         .map_err(|e| NetError::Transport(e.to_string()))?
-        .with_behaviour(|_| Behaviour {
-            sync: request_response::Behaviour::with_codec(
-                codec,
-                [(StreamProtocol::new(SYNC_PROTOCOL), ProtocolSupport::Full)],
-                rr_config,
-            ),
+        .with_relay_client(noise::Config::new, yamux::Config::default)
+        .map_err(|e| NetError::Transport(e.to_string()))?
+        .with_behaviour(|key, relay_client| {
+            let peer = key.public().to_peer_id();
+            let kad = features.kad.then(|| {
+                let mut cfg = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
+                cfg.set_record_filtering(kad::StoreInserts::FilterBoth);
+                cfg.set_query_timeout(Duration::from_secs(10));
+                cfg.set_periodic_bootstrap_interval(Some(Duration::from_secs(60)));
+                let store_cfg = kad::store::MemoryStoreConfig {
+                    max_records: 4096,
+                    max_provided_keys: 1024,
+                    max_providers_per_key: 64,
+                    ..Default::default()
+                };
+                let store = kad::store::MemoryStore::with_config(peer, store_cfg);
+                let mut k = kad::Behaviour::with_config(peer, store, cfg);
+                // Nodes here are reachable by the peers that learn their
+                // addresses; serve the DHT rather than waiting for an
+                // external address confirmation.
+                k.set_mode(Some(kad::Mode::Server));
+                k
+            });
+            let infra = features.infrastructure.clone();
+            let rendezvous_server = infra.as_ref().map(|l| {
+                rendezvous::server::Behaviour::new(
+                    rendezvous::server::Config::default()
+                        .with_min_ttl(l.rendezvous_min_ttl_secs)
+                        .with_max_ttl(l.rendezvous_max_ttl_secs)
+                        .with_max_registration_per_peer(l.max_registrations_per_peer)
+                        .with_max_registration_total(l.max_registrations_total),
+                )
+            });
+            let relay_server = infra.as_ref().map(|l| {
+                relay::Behaviour::new(
+                    peer,
+                    relay::Config {
+                        max_reservations: l.max_relay_reservations,
+                        max_circuits: l.max_relay_circuits,
+                        ..relay::Config::default()
+                    },
+                )
+            });
+            let gossip = match gossip_cfg {
+                Some(cfg) => Some(gossipsub::Behaviour::new(
+                    gossipsub::MessageAuthenticity::Signed(key.clone()),
+                    cfg,
+                )?),
+                None => None,
+            };
+            Ok(Behaviour {
+                sync: request_response::Behaviour::with_codec(
+                    codec,
+                    [(StreamProtocol::new(SYNC_PROTOCOL), ProtocolSupport::Full)],
+                    rr_config,
+                ),
+                identify: identify::Behaviour::new(
+                    identify::Config::new(IDENTIFY_VERSION.to_owned(), key.public())
+                        .with_cache_size(256),
+                ),
+                ping: ping::Behaviour::default(),
+                kad: kad.into(),
+                rendezvous: features
+                    .rendezvous_client
+                    .then(|| rendezvous::client::Behaviour::new(key.clone()))
+                    .into(),
+                rendezvous_server: rendezvous_server.into(),
+                relay_server: relay_server.into(),
+                relay_client,
+                gossip: gossip.into(),
+            })
         })
         .map_err(|e| NetError::Transport(e.to_string()))?
         .with_swarm_config(|c| c.with_idle_connection_timeout(idle))
@@ -378,6 +676,9 @@ pub async fn spawn(
         events: ev_tx,
         queues: BTreeMap::new(),
         config,
+        counters: counters.clone(),
+        pending_publishes: VecDeque::new(),
+        get_queries: std::collections::HashMap::new(),
     };
     tokio::spawn(tracing::Instrument::instrument(
         actor.run(cmd_rx, cancel),
@@ -387,7 +688,7 @@ pub async fn spawn(
         NetHandle {
             tx: cmd_tx,
             local_peer_id,
-            oversized,
+            counters,
         },
         ev_rx,
     ))
@@ -403,10 +704,10 @@ impl Actor {
                     None => break,
                 },
                 ev = self.swarm.select_next_some() => {
-                    if let Some(out) = self.on_swarm_event(ev)
-                        && self.events.send(out).await.is_err()
-                    {
-                        break;
+                    for out in self.on_swarm_event(ev) {
+                        if self.events.send(out).await.is_err() {
+                            return;
+                        }
                     }
                 }
             }
@@ -453,6 +754,137 @@ impl Actor {
             Command::ListenAddrs { reply } => {
                 let _ = reply.send(self.swarm.listeners().cloned().collect());
             }
+            Command::ListenOn { addr } => {
+                if let Err(e) = self.swarm.listen_on(addr.clone()) {
+                    warn!(%addr, error = %e, "cannot listen");
+                }
+            }
+            Command::AddAddress { peer, addr } => {
+                self.swarm.add_peer_address(peer, addr.clone());
+                if let Some(k) = self.swarm.behaviour_mut().kad.as_mut() {
+                    k.add_address(&peer, addr);
+                }
+            }
+            Command::KadBootstrap => {
+                if let Some(k) = self.swarm.behaviour_mut().kad.as_mut()
+                    && let Err(e) = k.bootstrap()
+                {
+                    let _ = self.events.try_send(NetEvent::KadBootstrapped {
+                        ok: false,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+            Command::KadPut { key, value } => {
+                if let Some(k) = self.swarm.behaviour_mut().kad.as_mut() {
+                    let record = kad::Record::new(key, value);
+                    if let Err(e) = k.put_record(record, kad::Quorum::One) {
+                        debug!(error = %e, "dht put failed");
+                    }
+                }
+            }
+            Command::KadStore { key, value } => {
+                if let Some(k) = self.swarm.behaviour_mut().kad.as_mut() {
+                    use kad::store::RecordStore;
+                    if let Err(e) = k.store_mut().put(kad::Record::new(key, value)) {
+                        debug!(error = %e, "dht store refused a record");
+                    }
+                }
+            }
+            Command::KadGet { key } => {
+                if let Some(k) = self.swarm.behaviour_mut().kad.as_mut() {
+                    let id = k.get_record(kad::RecordKey::new(&key));
+                    self.get_queries.insert(id, key);
+                }
+            }
+            Command::KadProvide { key } => {
+                if let Some(k) = self.swarm.behaviour_mut().kad.as_mut()
+                    && let Err(e) = k.start_providing(kad::RecordKey::new(&key))
+                {
+                    debug!(error = %e, "dht start_providing failed");
+                }
+            }
+            Command::KadGetProviders { key } => {
+                if let Some(k) = self.swarm.behaviour_mut().kad.as_mut() {
+                    let id = k.get_providers(kad::RecordKey::new(&key));
+                    self.get_queries.insert(id, key);
+                }
+            }
+            Command::RendezvousRegister {
+                server,
+                namespace,
+                ttl_secs,
+            } => {
+                let Ok(ns) = rendezvous::Namespace::new(namespace) else {
+                    return;
+                };
+                if let Some(r) = self.swarm.behaviour_mut().rendezvous.as_mut()
+                    && let Err(e) = r.register(ns, server, Some(ttl_secs))
+                {
+                    let _ = self.events.try_send(NetEvent::RendezvousFailed {
+                        server,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+            Command::RendezvousDiscover { server, namespace } => {
+                let Ok(ns) = rendezvous::Namespace::new(namespace) else {
+                    return;
+                };
+                if let Some(r) = self.swarm.behaviour_mut().rendezvous.as_mut() {
+                    r.discover(Some(ns), None, Some(256), server);
+                }
+            }
+            Command::GossipSubscribe { topic } => {
+                if let Some(g) = self.swarm.behaviour_mut().gossip.as_mut()
+                    && let Err(e) = g.subscribe(&gossipsub::IdentTopic::new(topic))
+                {
+                    warn!(error = %e, "cannot subscribe");
+                }
+            }
+            Command::GossipPublish { topic, data } => self.publish(topic, data),
+            Command::GossipReport { id, accept } => {
+                if let Some(g) = self.swarm.behaviour_mut().gossip.as_mut() {
+                    let verdict = if accept {
+                        gossipsub::MessageAcceptance::Accept
+                    } else {
+                        gossipsub::MessageAcceptance::Reject
+                    };
+                    g.report_message_validation_result(&id.id, &id.propagation_source, verdict);
+                }
+            }
+            Command::GossipAddExplicitPeer { peer } => {
+                if let Some(g) = self.swarm.behaviour_mut().gossip.as_mut() {
+                    g.add_explicit_peer(&peer);
+                }
+            }
+        }
+    }
+
+    fn publish(&mut self, topic: String, data: Vec<u8>) {
+        let Some(g) = self.swarm.behaviour_mut().gossip.as_mut() else {
+            return;
+        };
+        match g.publish(gossipsub::IdentTopic::new(topic.clone()), data.clone()) {
+            Ok(_) => {}
+            Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => {
+                // Not lost: held until a peer subscribes (and anti-entropy
+                // covers the rest).
+                if self.pending_publishes.len() >= MAX_PENDING_PUBLISHES {
+                    self.pending_publishes.pop_front();
+                    self.counters
+                        .publish_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                self.pending_publishes.push_back((topic, data));
+            }
+            Err(gossipsub::PublishError::Duplicate) => {}
+            Err(e) => {
+                self.counters
+                    .publish_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(error = %e, "gossip publish failed");
+            }
         }
     }
 
@@ -469,11 +901,22 @@ impl Actor {
         }
     }
 
-    fn on_swarm_event(&mut self, ev: SwarmEvent<BehaviourEvent>) -> Option<NetEvent> {
+    fn on_swarm_event(&mut self, ev: SwarmEvent<BehaviourEvent>) -> Vec<NetEvent> {
         match ev {
             SwarmEvent::NewListenAddr { address, .. } => {
                 info!(%address, "listening");
-                Some(NetEvent::Listening(address))
+                // Advertise what we listen on (rendezvous registration needs
+                // an external address; peers that cannot route to it simply
+                // fail to dial it).
+                let unspecified = address.iter().any(|p| match p {
+                    Protocol::Ip4(ip) => ip.is_unspecified(),
+                    Protocol::Ip6(ip) => ip.is_unspecified(),
+                    _ => false,
+                });
+                if !unspecified {
+                    self.swarm.add_external_address(address.clone());
+                }
+                vec![NetEvent::Listening(address)]
             }
             SwarmEvent::ConnectionEstablished {
                 peer_id,
@@ -482,18 +925,18 @@ impl Actor {
                 ..
             } => {
                 if num_established.get() != 1 {
-                    return None;
+                    return vec![];
                 }
                 let remote = match endpoint {
                     ConnectedPoint::Dialer { address, .. } => address,
                     ConnectedPoint::Listener { send_back_addr, .. } => send_back_addr,
                 };
                 self.pump(peer_id);
-                Some(NetEvent::Connected {
+                vec![NetEvent::Connected {
                     peer: peer_id,
                     public: public_from_peer_id(&peer_id),
                     remote,
-                })
+                }]
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
@@ -501,19 +944,210 @@ impl Actor {
                 ..
             } => {
                 if num_established != 0 {
-                    return None;
+                    return vec![];
                 }
                 self.queues.remove(&peer_id);
-                Some(NetEvent::Disconnected { peer: peer_id })
+                vec![NetEvent::Disconnected { peer: peer_id }]
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
-                Some(NetEvent::DialFailed {
+                vec![NetEvent::DialFailed {
                     peer: peer_id,
                     reason: error.to_string(),
-                })
+                }]
             }
-            SwarmEvent::Behaviour(BehaviourEvent::Sync(ev)) => self.on_sync_event(ev),
-            _ => None,
+            SwarmEvent::Behaviour(ev) => self.on_behaviour_event(ev),
+            _ => vec![],
+        }
+    }
+
+    fn on_behaviour_event(&mut self, ev: BehaviourEvent) -> Vec<NetEvent> {
+        match ev {
+            BehaviourEvent::Sync(ev) => self.on_sync_event(ev).into_iter().collect(),
+            BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. }) => {
+                let listen_addrs: Vec<Multiaddr> = info.listen_addrs.into_iter().take(32).collect();
+                let speaks_kad = info.protocols.iter().any(|p| p.as_ref() == KAD_PROTOCOL);
+                if speaks_kad && let Some(k) = self.swarm.behaviour_mut().kad.as_mut() {
+                    for a in &listen_addrs {
+                        k.add_address(&peer_id, a.clone());
+                    }
+                }
+                for a in &listen_addrs {
+                    self.swarm.add_peer_address(peer_id, a.clone());
+                }
+                vec![NetEvent::Identified {
+                    peer: peer_id,
+                    listen_addrs,
+                }]
+            }
+            BehaviourEvent::Kad(ev) => self.on_kad_event(ev),
+            BehaviourEvent::Rendezvous(ev) => self.on_rendezvous_event(ev),
+            BehaviourEvent::Gossip(ev) => self.on_gossip_event(ev),
+            _ => vec![],
+        }
+    }
+
+    fn on_kad_event(&mut self, ev: kad::Event) -> Vec<NetEvent> {
+        match ev {
+            kad::Event::InboundRequest { request } => match request {
+                kad::InboundRequest::PutRecord {
+                    source,
+                    record: Some(record),
+                    ..
+                } => vec![NetEvent::KadInboundRecord {
+                    from: source,
+                    key: record.key.to_vec(),
+                    value: record.value,
+                }],
+                kad::InboundRequest::AddProvider {
+                    record: Some(provider),
+                } => {
+                    // The provider record names who provides; accept it only
+                    // from that peer itself, so nobody can enlist others.
+                    // Membership in an agent is checked by whoever dials.
+                    if let Some(k) = self.swarm.behaviour_mut().kad.as_mut() {
+                        use kad::store::RecordStore;
+                        if let Err(e) = k.store_mut().add_provider(provider) {
+                            debug!(error = %e, "provider not stored");
+                        }
+                    }
+                    vec![]
+                }
+                _ => vec![],
+            },
+            kad::Event::OutboundQueryProgressed {
+                id, result, step, ..
+            } => {
+                let key = if step.last {
+                    self.get_queries.remove(&id)
+                } else {
+                    self.get_queries.get(&id).cloned()
+                };
+                match result {
+                    kad::QueryResult::GetRecord(Ok(kad::GetRecordOk::FoundRecord(r))) => {
+                        vec![NetEvent::KadRecord {
+                            key: r.record.key.to_vec(),
+                            value: r.record.value,
+                        }]
+                    }
+                    kad::QueryResult::GetProviders(Ok(kad::GetProvidersOk::FoundProviders {
+                        providers,
+                        ..
+                    })) => {
+                        let key = key.unwrap_or_default();
+                        let providers = providers
+                            .into_iter()
+                            .take(64)
+                            .map(|p| {
+                                let addrs = self.known_addrs(&p);
+                                (p, addrs)
+                            })
+                            .collect();
+                        vec![NetEvent::KadProviders { key, providers }]
+                    }
+                    kad::QueryResult::Bootstrap(r) => {
+                        if step.last || r.is_err() {
+                            vec![NetEvent::KadBootstrapped {
+                                ok: r.is_ok(),
+                                reason: r.err().map(|e| e.to_string()).unwrap_or_default(),
+                            }]
+                        } else {
+                            vec![]
+                        }
+                    }
+                    _ => vec![],
+                }
+            }
+            _ => vec![],
+        }
+    }
+
+    fn known_addrs(&mut self, peer: &PeerId) -> Vec<Multiaddr> {
+        let Some(k) = self.swarm.behaviour_mut().kad.as_mut() else {
+            return vec![];
+        };
+        let mut out = Vec::new();
+        for bucket in k.kbuckets() {
+            for entry in bucket.iter() {
+                if entry.node.key.preimage() == peer {
+                    out.extend(entry.node.value.iter().cloned());
+                }
+            }
+        }
+        out
+    }
+
+    fn on_rendezvous_event(&mut self, ev: rendezvous::client::Event) -> Vec<NetEvent> {
+        match ev {
+            rendezvous::client::Event::Discovered {
+                rendezvous_node,
+                registrations,
+                ..
+            } => vec![NetEvent::RendezvousDiscovered {
+                server: rendezvous_node,
+                registrations: registrations
+                    .into_iter()
+                    .take(256)
+                    .map(|r| Registration {
+                        peer: r.record.peer_id(),
+                        addrs: r.record.addresses().iter().take(32).cloned().collect(),
+                        namespace: r.namespace.to_string(),
+                        ttl_secs: r.ttl,
+                    })
+                    .collect(),
+            }],
+            rendezvous::client::Event::Registered {
+                rendezvous_node,
+                ttl,
+                namespace,
+            } => vec![NetEvent::RendezvousRegistered {
+                server: rendezvous_node,
+                namespace: namespace.to_string(),
+                ttl_secs: ttl,
+            }],
+            rendezvous::client::Event::RegisterFailed {
+                rendezvous_node,
+                error,
+                ..
+            }
+            | rendezvous::client::Event::DiscoverFailed {
+                rendezvous_node,
+                error,
+                ..
+            } => vec![NetEvent::RendezvousFailed {
+                server: rendezvous_node,
+                reason: format!("{error:?}"),
+            }],
+            _ => vec![],
+        }
+    }
+
+    fn on_gossip_event(&mut self, ev: gossipsub::Event) -> Vec<NetEvent> {
+        match ev {
+            gossipsub::Event::Message {
+                propagation_source,
+                message_id,
+                message,
+            } => vec![NetEvent::GossipMessage {
+                id: GossipId {
+                    id: message_id,
+                    propagation_source,
+                },
+                author: message.source,
+                topic: message.topic.to_string(),
+                data: message.data,
+            }],
+            gossipsub::Event::Subscribed { peer_id, topic } => {
+                // Retry what was published before anyone listened.
+                let pending = std::mem::take(&mut self.pending_publishes);
+                for (t, data) in pending {
+                    self.publish(t, data);
+                }
+                vec![NetEvent::GossipSubscribed {
+                    peer: peer_id,
+                    topic: topic.to_string(),
+                }]
+            }
+            _ => vec![],
         }
     }
 
@@ -669,10 +1303,10 @@ mod tests {
     async fn codec_refuses_oversized_prefix() {
         let mut bytes = (1025u32).to_be_bytes().to_vec();
         bytes.extend([0u8; 16]);
-        let err = read_frame(&mut futures::io::Cursor::new(bytes), 1024)
+        let err = codec::read_frame(&mut futures::io::Cursor::new(bytes), 1024)
             .await
             .unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
         assert!(err.to_string().contains("exceeds the cap"), "{err}");
     }
 

@@ -64,8 +64,9 @@ impl std::fmt::Debug for Container {
 /// Result of applying remote changes.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Applied {
-    /// Raw bytes of the changes this document did not have before (to be
-    /// persisted by the caller).
+    /// Raw bytes of every change integrated by this call, including queued
+    /// changes it released (to be persisted by the caller). Changes still
+    /// waiting for dependencies are not included.
     pub new_changes: Vec<Vec<u8>>,
     /// Whether some applied changes wait for dependencies not yet received.
     pub missing_deps: bool,
@@ -240,19 +241,27 @@ impl Container {
         changes: impl IntoIterator<Item = Vec<u8>>,
     ) -> Result<Applied, StateError> {
         let mut parsed = Vec::new();
-        let mut new_changes = Vec::new();
         for bytes in changes {
             let change =
                 Change::from_bytes(bytes).map_err(|e| StateError::BadChange(e.to_string()))?;
             if self.doc.get_change_by_hash(&change.hash()).is_none() {
-                new_changes.push(change.raw_bytes().to_vec());
                 parsed.push(change);
             }
         }
         if parsed.is_empty() {
             return Ok(Applied::default());
         }
+        let before = self.doc.get_heads();
         self.doc.apply_changes(parsed)?;
+        // Report everything that became part of the document, including
+        // changes that earlier messages left waiting for their dependencies
+        // and that this batch released: all of them must be persisted.
+        let new_changes = self
+            .doc
+            .get_changes(&before)
+            .into_iter()
+            .map(|c| c.raw_bytes().to_vec())
+            .collect();
         Ok(Applied {
             new_changes,
             missing_deps: !self.doc.get_missing_deps(&[]).is_empty(),

@@ -82,6 +82,8 @@ pub enum EngineError {
     },
     #[error("container limit of {0} reached")]
     TooManyContainers(usize),
+    #[error("only deltas travel by gossip")]
+    NotGossip,
 }
 
 #[derive(Default)]
@@ -90,6 +92,12 @@ struct PeerContainer {
     /// When the last sync message for this container went out or came in;
     /// `None` when no exchange is running.
     active_since_ms: Option<u64>,
+    /// When either side's heads last moved during the exchange. An exchange
+    /// can keep messages flowing without progress (a change sent in a lost
+    /// message stays in Automerge's `sent_hashes` and is never resent), so
+    /// stalls are judged by progress, not by traffic.
+    last_progress_ms: u64,
+    progress_mark: (Vec<Hash>, Option<Vec<Hash>>),
     their_heads: Option<Vec<Hash>>,
     converged: bool,
 }
@@ -97,6 +105,9 @@ struct PeerContainer {
 struct Peer {
     containers: BTreeMap<String, PeerContainer>,
     next_summary_ms: u64,
+    /// Whether a heads summary from this peer has arrived (so we know every
+    /// container it holds).
+    summary_seen: bool,
 }
 
 /// The engine of one node.
@@ -144,6 +155,48 @@ impl Engine {
             .get(peer)
             .and_then(|p| p.containers.get(container))
             .is_some_and(|pc| pc.converged)
+    }
+
+    /// Whether we hold exactly what `peer` holds: its summary arrived and
+    /// every container we have (a superset of its containers once the
+    /// summary was handled) has equal heads on both sides.
+    pub fn in_sync_with(&self, peer: &str) -> bool {
+        let Some(p) = self.peers.get(peer) else {
+            return false;
+        };
+        p.summary_seen
+            && self
+                .containers
+                .keys()
+                .all(|name| p.containers.get(name).is_some_and(|pc| pc.converged))
+    }
+
+    /// Applies a delta that arrived by gossip (its author need not be a
+    /// direct peer). Missing dependencies are left to anti-entropy.
+    pub fn handle_gossip(&mut self, payload: SyncPayload) -> Result<Vec<Action>, EngineError> {
+        let SyncPayload::Delta { container, changes } = payload else {
+            return Err(EngineError::NotGossip);
+        };
+        let applied = self
+            .container_mut(&container)?
+            .apply_changes(changes)
+            .map_err(|source| EngineError::State {
+                container: container.clone(),
+                source: Box::new(source),
+            })?;
+        let mut out = Vec::new();
+        if !applied.new_changes.is_empty() {
+            for peer in self.peers.values_mut() {
+                if let Some(pc) = peer.containers.get_mut(&container) {
+                    pc.converged = false;
+                }
+            }
+            out.push(Action::Persist {
+                container,
+                changes: applied.new_changes,
+            });
+        }
+        Ok(out)
     }
 
     fn container_mut(&mut self, name: &str) -> Result<&mut Container, EngineError> {
@@ -228,6 +281,7 @@ impl Engine {
             Peer {
                 containers: BTreeMap::new(),
                 next_summary_ms: now_ms + self.config.anti_entropy_ms,
+                summary_seen: false,
             },
         );
         vec![Action::Send {
@@ -255,9 +309,8 @@ impl Engine {
                 });
             }
             for pc in peer.containers.values_mut() {
-                if pc
-                    .active_since_ms
-                    .is_some_and(|t| now_ms.saturating_sub(t) > stall)
+                if pc.active_since_ms.is_some()
+                    && now_ms.saturating_sub(pc.last_progress_ms) > stall
                 {
                     // A lost message leaves Automerge's state "in flight"
                     // forever; a fresh state re-announces our heads.
@@ -282,6 +335,9 @@ impl Engine {
         let mut out = Vec::new();
         match payload {
             SyncPayload::Heads(list) => {
+                if let Some(p) = self.peers.get_mut(peer) {
+                    p.summary_seen = true;
+                }
                 for ContainerHeads { container, heads } in list {
                     self.on_heads(peer, &container, heads, now_ms, &mut out)?;
                 }
@@ -303,9 +359,14 @@ impl Engine {
                         changes: applied.new_changes,
                     });
                 }
-                if applied.missing_deps {
+                let running = self
+                    .peers
+                    .get(peer)
+                    .and_then(|p| p.containers.get(&container))
+                    .is_some_and(|pc| pc.active_since_ms.is_some());
+                if applied.missing_deps && !running {
                     self.start_sync(peer, &container, now_ms, &mut out);
-                } else {
+                } else if !applied.missing_deps {
                     self.check_converged(peer, &container, &mut out);
                 }
             }
@@ -330,12 +391,17 @@ impl Engine {
             self.check_converged(peer, container, out);
             return Ok(());
         }
+        let stall = self.config.sync_stall_ms;
         if let Some(pc) = self.peer_container_opt(peer, container) {
             pc.converged = false;
             if pc.active_since_ms.is_some() {
-                // An exchange is already running; the tick restarts it if it
-                // stalls.
-                return Ok(());
+                if now_ms.saturating_sub(pc.last_progress_ms) <= stall {
+                    // An exchange is running and moving; let it finish.
+                    return Ok(());
+                }
+                // Still different after a stall: start afresh.
+                pc.state = SyncState::new();
+                pc.active_since_ms = None;
             }
         }
         self.start_sync(peer, container, now_ms, out);
@@ -362,6 +428,7 @@ impl Engine {
         }
         if let Some(message) = msg {
             pc.active_since_ms = Some(now_ms);
+            pc.last_progress_ms = now_ms;
             out.push(Action::Send {
                 peer: peer.to_owned(),
                 payload: SyncPayload::Sync {
@@ -402,10 +469,22 @@ impl Engine {
                 changes: new_changes,
             });
         }
+        // What the peer says it still needs must be sendable again, even if
+        // Automerge believes it already sent it (in a message that was lost).
+        if let Some(need) = pc.state.their_need.clone() {
+            for h in need {
+                pc.state.sent_hashes.remove(&h);
+            }
+        }
         if let Some(theirs) = &pc.state.their_heads {
             let mut theirs: Vec<Hash> = theirs.iter().map(|h| h.0).collect();
             theirs.sort();
             pc.their_heads = Some(theirs);
+        }
+        let mark = (doc.heads(), pc.their_heads.clone());
+        if mark != pc.progress_mark || pc.active_since_ms.is_none() {
+            pc.progress_mark = mark;
+            pc.last_progress_ms = now_ms;
         }
         match doc.generate_sync_message(&mut pc.state) {
             Some(reply) => {

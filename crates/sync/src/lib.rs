@@ -11,6 +11,7 @@
 
 pub mod engine;
 pub mod membership;
+pub mod pointer;
 pub mod secure;
 
 pub use engine::{Action, Config, Engine, EngineError, PeerKey};

@@ -1,0 +1,642 @@
+//! Discovery and delivery beyond the LAN, in NIP-6's order: known peers
+//! (a persisted cache of peers that verified before), mDNS (in the parent
+//! module), the private DHT, and rendezvous. Also live deltas over the
+//! agent's gossipsub topic, and the `sync --once` progress check.
+//!
+//! Every source here is only a hint. A peer found through the cache, the
+//! DHT, rendezvous or gossip is dialed only if the key behind its PeerId is
+//! an active device of our DID document, and it still has to pass the Hello
+//! checks before any state flows. Gossip messages are forwarded only after
+//! their author is a member and their envelope opens. A dead source never
+//! blocks the others: each has its own timers and failures are only counted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::IsTerminal;
+
+use nuwa_net::{Multiaddr, NetEvent, PeerId, peer_of, public_from_peer_id};
+use nuwa_proto::{Frame, SyncPayload};
+use nuwa_sync::Action;
+use nuwa_sync::Rejection;
+use nuwa_sync::pointer::{AgentPointer, dht_key, gossip_topic};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tracing::{debug, info, warn};
+
+use super::{Daemon, PeerState, RunOptions, hex};
+use crate::home;
+
+/// Registration TTL requested from rendezvous servers; we re-register at
+/// half of whatever the server grants.
+const RENDEZVOUS_TTL_SECS: u64 = 2 * 3600;
+/// Known peers kept in the cache.
+const MAX_KNOWN_PEERS: usize = 64;
+const KNOWN_PEERS_META: &str = "known_peers";
+/// Redial known and static peers that are not connected this often.
+const REDIAL_MS: u64 = 5_000;
+/// DHT and rendezvous lookups: fast while starting, then slower.
+const LOOKUP_FAST_MS: u64 = 2_000;
+const LOOKUP_SLOW_MS: u64 = 30_000;
+const FAST_PHASE_MS: u64 = 60_000;
+/// Re-publish our DHT pointer and provider record this often.
+const POINTER_REPUT_MS: u64 = 10 * 60_000;
+
+/// The rendezvous namespace of an agent: a hash of its DID (namespaces are
+/// limited to 255 bytes and should not reveal the DID in the clear).
+pub fn rendezvous_namespace(did: &str) -> String {
+    let h = Sha256::digest(format!("nuwa-rendezvous-{did}").as_bytes());
+    format!("nuwa-{}", hex(&h[..16]))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct KnownPeer {
+    peer_id: String,
+    addrs: Vec<String>,
+}
+
+pub struct Wide {
+    dht_key: [u8; 32],
+    topic: String,
+    namespace: String,
+    dht: bool,
+    rendezvous: bool,
+    use_known: bool,
+    bootstrap: Vec<(PeerId, Multiaddr)>,
+    rv_servers: Vec<(PeerId, Multiaddr)>,
+    infra: BTreeSet<PeerId>,
+    static_peers: Vec<(Option<PeerId>, Multiaddr)>,
+    known: BTreeMap<PeerId, Vec<Multiaddr>>,
+    identified: BTreeMap<PeerId, Vec<Multiaddr>>,
+    connected_infra: BTreeSet<PeerId>,
+    rv_register_due: BTreeMap<PeerId, u64>,
+    started_ms: u64,
+    next_redial_ms: u64,
+    next_lookup_ms: u64,
+    next_pointer_ms: u64,
+}
+
+impl Wide {
+    pub fn new(did: &str, opts: &RunOptions) -> Self {
+        let with_peer = |addrs: &[Multiaddr]| -> Vec<(PeerId, Multiaddr)> {
+            addrs
+                .iter()
+                .filter_map(|a| peer_of(a).map(|p| (p, a.clone())))
+                .collect()
+        };
+        let bootstrap = if opts.dht {
+            with_peer(&opts.bootstrap)
+        } else {
+            Vec::new()
+        };
+        let rv_servers = if opts.rendezvous {
+            with_peer(&opts.rendezvous_servers)
+        } else {
+            Vec::new()
+        };
+        let infra = bootstrap
+            .iter()
+            .chain(rv_servers.iter())
+            .map(|(p, _)| *p)
+            .collect();
+        Wide {
+            dht_key: dht_key(did),
+            topic: gossip_topic(did),
+            namespace: rendezvous_namespace(did),
+            dht: opts.dht,
+            rendezvous: opts.rendezvous,
+            use_known: opts.known_peers,
+            bootstrap,
+            rv_servers,
+            infra,
+            static_peers: opts.peers.iter().map(|a| (peer_of(a), a.clone())).collect(),
+            known: BTreeMap::new(),
+            identified: BTreeMap::new(),
+            connected_infra: BTreeSet::new(),
+            rv_register_due: BTreeMap::new(),
+            started_ms: home::now_ms(),
+            next_redial_ms: 0,
+            next_lookup_ms: 0,
+            next_pointer_ms: 0,
+        }
+    }
+
+    pub fn is_infra(&self, peer: &PeerId) -> bool {
+        self.infra.contains(peer)
+    }
+
+    pub fn on_disconnected(&mut self, peer: &PeerId) {
+        self.connected_infra.remove(peer);
+    }
+}
+
+impl Daemon {
+    /// Loads the known-peers cache, subscribes to the agent's topic and
+    /// dials every configured source.
+    pub(super) async fn start_wide(&mut self) {
+        if self.wide.use_known {
+            match self.store.get_meta(KNOWN_PEERS_META) {
+                Ok(Some(bytes)) => {
+                    let list: Vec<KnownPeer> = serde_json::from_slice(&bytes).unwrap_or_default();
+                    for k in list.into_iter().take(MAX_KNOWN_PEERS) {
+                        let (Ok(p), addrs) = (
+                            k.peer_id.parse::<PeerId>(),
+                            k.addrs.iter().filter_map(|a| a.parse().ok()).collect(),
+                        ) else {
+                            continue;
+                        };
+                        self.wide.known.insert(p, addrs);
+                    }
+                    info!(peers = self.wide.known.len(), "known peers loaded");
+                }
+                Ok(None) => {}
+                Err(e) => warn!(error = %e, "cannot read the known-peers cache"),
+            }
+        }
+        let _ = self.net.gossip_subscribe(self.wide.topic.clone()).await;
+        for (peer, addr) in self
+            .wide
+            .bootstrap
+            .clone()
+            .into_iter()
+            .chain(self.wide.rv_servers.clone())
+        {
+            let _ = self.net.add_address(peer, addr.clone()).await;
+            let _ = self.net.dial(Some(peer), vec![addr]).await;
+        }
+        self.redial().await;
+    }
+
+    async fn redial(&mut self) {
+        let connected: BTreeSet<PeerId> = self.peers.keys().copied().collect();
+        let mut targets: Vec<(Option<PeerId>, Vec<Multiaddr>)> = Vec::new();
+        for (peer, addrs) in &self.wide.known {
+            if !connected.contains(peer) && !addrs.is_empty() {
+                targets.push((Some(*peer), addrs.clone()));
+            }
+        }
+        for (peer, addr) in &self.wide.static_peers {
+            if peer.is_none_or(|p| !connected.contains(&p)) {
+                targets.push((*peer, vec![addr.clone()]));
+            }
+        }
+        for (peer, addr) in self
+            .wide
+            .bootstrap
+            .iter()
+            .chain(self.wide.rv_servers.iter())
+        {
+            if !self.wide.connected_infra.contains(peer) {
+                targets.push((Some(*peer), vec![addr.clone()]));
+            }
+        }
+        for (peer, addrs) in targets {
+            let _ = self.net.dial(peer, addrs).await;
+        }
+    }
+
+    /// A bootstrap or rendezvous node connected: join the DHT, register.
+    pub(super) async fn on_infra_connected(&mut self, peer: PeerId) {
+        self.wide.connected_infra.insert(peer);
+        info!(%peer, "infrastructure node connected");
+        if self.wide.bootstrap.iter().any(|(p, _)| *p == peer) {
+            let _ = self.net.kad_bootstrap().await;
+            self.wide.next_pointer_ms = 0;
+            self.wide.next_lookup_ms = 0;
+        }
+        if self.wide.rv_servers.iter().any(|(p, _)| *p == peer) {
+            self.wide.rv_register_due.insert(peer, 0);
+            self.wide.next_lookup_ms = 0;
+        }
+    }
+
+    /// A peer passed the Hello checks: remember it and keep a direct gossip
+    /// link to it.
+    pub(super) async fn on_verified(&mut self, peer: PeerId) {
+        let _ = self.net.gossip_add_explicit_peer(peer).await;
+        if !self.wide.use_known {
+            return;
+        }
+        let mut addrs = self.wide.identified.get(&peer).cloned().unwrap_or_default();
+        if let Some(PeerState::Pending { remote, .. } | PeerState::Verified { remote, .. }) =
+            self.peers.get(&peer)
+            && peer_of(remote).is_some()
+        {
+            // We dialed it: the remote address is a listen address.
+            addrs.push(remote.clone());
+        }
+        addrs.sort();
+        addrs.dedup();
+        if addrs.is_empty() {
+            return;
+        }
+        if self.wide.known.len() >= MAX_KNOWN_PEERS && !self.wide.known.contains_key(&peer) {
+            return;
+        }
+        self.wide.known.insert(peer, addrs);
+        self.save_known();
+    }
+
+    fn save_known(&self) {
+        let list: Vec<KnownPeer> = self
+            .wide
+            .known
+            .iter()
+            .map(|(p, a)| KnownPeer {
+                peer_id: p.to_string(),
+                addrs: a.iter().map(|x| x.to_string()).collect(),
+            })
+            .collect();
+        if let Ok(bytes) = serde_json::to_vec(&list)
+            && let Err(e) = self.store.put_meta(KNOWN_PEERS_META, &bytes)
+        {
+            warn!(error = %e, "cannot persist the known-peers cache");
+        }
+    }
+
+    pub(super) async fn wide_tick(&mut self, now: u64) {
+        if now >= self.wide.next_redial_ms {
+            self.wide.next_redial_ms = now + REDIAL_MS;
+            self.redial().await;
+        }
+        let fast =
+            now.saturating_sub(self.wide.started_ms) < FAST_PHASE_MS || self.verified_count() == 0;
+        if self.wide.dht
+            && !self.wide.connected_infra.is_empty()
+            && now >= self.wide.next_pointer_ms
+        {
+            self.wide.next_pointer_ms = now + POINTER_REPUT_MS;
+            self.publish_pointer().await;
+        }
+        if now >= self.wide.next_lookup_ms {
+            self.wide.next_lookup_ms = now + if fast { LOOKUP_FAST_MS } else { LOOKUP_SLOW_MS };
+            if self.wide.dht && !self.wide.connected_infra.is_empty() {
+                let _ = self.net.kad_get_providers(self.wide.dht_key.to_vec()).await;
+                let _ = self.net.kad_get_record(self.wide.dht_key.to_vec()).await;
+            }
+            if self.wide.rendezvous {
+                for (server, _) in self.wide.rv_servers.clone() {
+                    if self.wide.connected_infra.contains(&server) {
+                        let _ = self
+                            .net
+                            .rendezvous_discover(server, self.wide.namespace.clone())
+                            .await;
+                    }
+                }
+            }
+        }
+        let due: Vec<PeerId> = self
+            .wide
+            .rv_register_due
+            .iter()
+            .filter(|(p, t)| **t <= now && self.wide.connected_infra.contains(p))
+            .map(|(p, _)| *p)
+            .collect();
+        for server in due {
+            // Retry in a minute unless the server confirms (which schedules
+            // the TTL/2 refresh).
+            self.wide.rv_register_due.insert(server, now + 60_000);
+            let _ = self
+                .net
+                .rendezvous_register(server, self.wide.namespace.clone(), RENDEZVOUS_TTL_SECS)
+                .await;
+        }
+    }
+
+    fn verified_count(&self) -> usize {
+        self.peers
+            .values()
+            .filter(|s| matches!(s, PeerState::Verified { .. }))
+            .count()
+    }
+
+    async fn publish_pointer(&mut self) {
+        let now = home::now_unix_secs();
+        match AgentPointer::new_signed(
+            self.membership.log(),
+            self.membership.context_id(),
+            &self.net.local_peer_id().to_string(),
+            self.membership.device(),
+            now,
+        )
+        .and_then(|p| p.encode())
+        {
+            Ok(bytes) => {
+                let key = self.wide.dht_key.to_vec();
+                let _ = self.net.kad_store(key.clone(), bytes.clone()).await;
+                let _ = self.net.kad_put_record(key.clone(), bytes).await;
+                let _ = self.net.kad_start_providing(key).await;
+                debug!("published the DHT pointer and provider record");
+            }
+            Err(e) => warn!(error = %e, "cannot build the DHT pointer"),
+        }
+    }
+
+    /// Dials a peer that a wide-area source proposed, if it is an active
+    /// device of our agent; otherwise records the rejection.
+    async fn consider(&mut self, source: &str, peer: PeerId, addrs: Vec<Multiaddr>) {
+        if peer == self.net.local_peer_id() || self.peers.contains_key(&peer) {
+            return;
+        }
+        let now = home::now_ms();
+        let verdict = match public_from_peer_id(&peer) {
+            Some(public) => self.membership.authorise_public(&public, now),
+            None => Err(Rejection::UnknownKey),
+        };
+        match verdict {
+            Ok(ctx) => {
+                self.count(&format!("{source}_peers_found"));
+                debug!(%peer, context_id = %ctx, source, "dialing a device found remotely");
+                for a in &addrs {
+                    let _ = self.net.add_address(peer, a.clone()).await;
+                }
+                let _ = self.net.dial(Some(peer), addrs).await;
+            }
+            Err(r) => self.reject(source, peer.to_string(), &r),
+        }
+    }
+
+    pub(super) async fn on_wide_event(&mut self, ev: NetEvent) {
+        match ev {
+            NetEvent::Identified { peer, listen_addrs } => {
+                if self.wide.identified.len() < 1024 || self.wide.identified.contains_key(&peer) {
+                    self.wide.identified.insert(peer, listen_addrs);
+                }
+            }
+            NetEvent::KadInboundRecord { from, key, value } => {
+                // Any DHT node must be able to verify a record alone: the
+                // pointer carries the agent's DID log.
+                let now = home::now_unix_secs();
+                match AgentPointer::decode(&value).and_then(|p| p.verify(&key, now).map(|_| p)) {
+                    Ok(_) => {
+                        self.count("dht_records_stored");
+                        let _ = self.net.kad_store(key, value).await;
+                    }
+                    Err(e) => {
+                        info!(peer = %from, reason = %e, "forged or invalid DHT record refused");
+                        self.reject(
+                            "dht",
+                            from.to_string(),
+                            &Rejection::Malformed(format!("DHT record: {e}")),
+                        );
+                    }
+                }
+            }
+            NetEvent::KadRecord { key, value } => {
+                let now = home::now_unix_secs();
+                match AgentPointer::decode(&value).and_then(|p| {
+                    p.verify_for_agent(&key, self.membership.log(), now)
+                        .map(|_| p)
+                }) {
+                    Ok(p) => {
+                        self.count("dht_pointers_verified");
+                        if p.topic != self.wide.topic {
+                            self.count("dht_pointer_topic_mismatch");
+                        }
+                    }
+                    Err(e) => {
+                        self.reject(
+                            "dht",
+                            "record".to_owned(),
+                            &Rejection::Malformed(format!("DHT pointer: {e}")),
+                        );
+                    }
+                }
+            }
+            NetEvent::KadProviders { key, providers } => {
+                if key != self.wide.dht_key {
+                    return;
+                }
+                for (peer, addrs) in providers {
+                    let addrs = if addrs.is_empty() {
+                        self.wide.identified.get(&peer).cloned().unwrap_or_default()
+                    } else {
+                        addrs
+                    };
+                    self.consider("dht", peer, addrs).await;
+                }
+            }
+            NetEvent::KadBootstrapped { ok, reason } => {
+                if ok {
+                    debug!("DHT bootstrap done");
+                } else {
+                    self.count("dht_bootstrap_failed");
+                    debug!(%reason, "DHT bootstrap failed");
+                }
+            }
+            NetEvent::RendezvousDiscovered {
+                server,
+                registrations,
+            } => {
+                for r in registrations {
+                    if r.namespace != self.wide.namespace {
+                        continue;
+                    }
+                    debug!(%server, peer = %r.peer, "rendezvous registration");
+                    self.consider("rendezvous", r.peer, r.addrs).await;
+                }
+            }
+            NetEvent::RendezvousRegistered {
+                server,
+                ttl_secs,
+                namespace,
+            } => {
+                info!(%server, ttl_secs, namespace, "registered at rendezvous");
+                // The client does not refresh by itself: re-register at TTL/2.
+                self.wide
+                    .rv_register_due
+                    .insert(server, home::now_ms() + ttl_secs * 500);
+            }
+            NetEvent::RendezvousFailed { server, reason } => {
+                self.count("rendezvous_failed");
+                debug!(%server, %reason, "rendezvous request failed");
+            }
+            NetEvent::GossipMessage {
+                id,
+                author,
+                topic,
+                data,
+            } => {
+                let accept = self.on_gossip(author, &topic, &data).await;
+                let _ = self.net.gossip_report(id, accept).await;
+            }
+            _ => {}
+        }
+    }
+
+    /// Validates a gossip message before it is forwarded: the author must be
+    /// an active device, the envelope must open as that device's, and it
+    /// must carry a delta.
+    async fn on_gossip(&mut self, author: Option<PeerId>, topic: &str, data: &[u8]) -> bool {
+        let who = author
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "anonymous".into());
+        if topic != self.wide.topic {
+            self.reject("gossip", who, &Rejection::Malformed("unknown topic".into()));
+            return false;
+        }
+        let now = home::now_ms();
+        let Some(author) = author else {
+            self.reject("gossip", who, &Rejection::BadSignature);
+            return false;
+        };
+        if author == self.net.local_peer_id() {
+            return false;
+        }
+        let Some(public) = public_from_peer_id(&author) else {
+            self.reject("gossip", who, &Rejection::UnknownKey);
+            return false;
+        };
+        let ctx = match self.membership.authorise_public(&public, now) {
+            Ok(ctx) => ctx,
+            Err(r) => {
+                self.reject("gossip", who, &r);
+                return false;
+            }
+        };
+        let env = match Frame::decode(data) {
+            Ok(Frame::Envelope(env)) => env,
+            Ok(_) | Err(_) => {
+                self.reject(
+                    "gossip",
+                    who,
+                    &Rejection::Malformed("not an envelope".into()),
+                );
+                return false;
+            }
+        };
+        let payload = match self.secure.open(&env, &ctx, &public, now) {
+            Ok(p) => p,
+            Err(e) => {
+                self.count(&format!("envelope_rejected_{}", e.label()));
+                self.reject("gossip", who, &Rejection::Malformed(e.to_string()));
+                return false;
+            }
+        };
+        match self.engine.handle_gossip(payload) {
+            Ok(actions) => {
+                self.count("gossip_deltas_applied");
+                self.perform(actions).await;
+                true
+            }
+            Err(e) => {
+                self.count("payload_rejected");
+                debug!(error = %e, "gossip payload rejected");
+                false
+            }
+        }
+    }
+
+    /// Sends live deltas through gossip when they fit (one publish reaches
+    /// every device), and over the direct stream otherwise.
+    pub(super) async fn gossip_deltas(&mut self, actions: Vec<Action>) -> Vec<Action> {
+        let mut rest = Vec::new();
+        let mut published: BTreeSet<String> = BTreeSet::new();
+        let now = home::now_ms();
+        for a in actions {
+            let Action::Send {
+                payload: SyncPayload::Delta { container, changes },
+                peer,
+            } = a
+            else {
+                rest.push(a);
+                continue;
+            };
+            if published.contains(&container) {
+                continue;
+            }
+            let payload = SyncPayload::Delta {
+                container: container.clone(),
+                changes,
+            };
+            let bytes = match self.secure.seal(self.membership.device(), &payload, now) {
+                Ok(env) => Frame::Envelope(env).encode(),
+                Err(e) => {
+                    warn!(error = %e, "cannot seal a delta");
+                    continue;
+                }
+            };
+            if bytes.len() <= nuwa_net::MAX_GOSSIP_BYTES {
+                self.count("gossip_deltas_published");
+                let _ = self
+                    .net
+                    .gossip_publish(self.wide.topic.clone(), bytes)
+                    .await;
+                published.insert(container);
+            } else {
+                self.count("deltas_over_stream");
+                rest.push(Action::Send { peer, payload });
+            }
+        }
+        rest
+    }
+
+    /// `sync --once`: `Some(Ok)` once converged with every verified peer,
+    /// `Some(Err)` at the deadline, `None` while still working.
+    pub(super) fn once_progress(
+        &mut self,
+        now: u64,
+        deadline: u64,
+        last_line: &mut String,
+    ) -> Option<Result<(), String>> {
+        let verified: Vec<String> = self
+            .peers
+            .iter()
+            .filter(|(_, s)| matches!(s, PeerState::Verified { .. }))
+            .map(|(p, _)| p.to_string())
+            .collect();
+        let in_sync = verified
+            .iter()
+            .filter(|p| self.engine.in_sync_with(p))
+            .count();
+        let containers = self.engine.containers().count();
+        let line = format!(
+            "peers verified: {}  in sync: {}  containers: {}",
+            verified.len(),
+            in_sync,
+            containers
+        );
+        if line != *last_line {
+            if std::io::stderr().is_terminal() {
+                eprint!("\r\x1b[2K{line}");
+            } else {
+                eprintln!("{line}");
+            }
+            *last_line = line;
+        }
+        if !verified.is_empty() && in_sync == verified.len() {
+            if std::io::stderr().is_terminal() {
+                eprintln!();
+            }
+            eprintln!(
+                "converged with {} peer(s); {containers} container(s) in sync",
+                verified.len()
+            );
+            return Some(Ok(()));
+        }
+        if now >= deadline {
+            if std::io::stderr().is_terminal() {
+                eprintln!();
+            }
+            let reason = if verified.is_empty() {
+                let rejected = self.rejections.len();
+                if rejected > 0 {
+                    format!(
+                        "no verified peer before the timeout ({rejected} rejected; see the log). \
+                         Check that the other devices run and that this home belongs to the same agent"
+                    )
+                } else {
+                    "no peer reachable before the timeout: no device of this agent was found by \
+                     known peers, mDNS, the DHT or rendezvous. Start another device, or pass \
+                     --peer, --bootstrap or --rendezvous"
+                        .to_owned()
+                }
+            } else {
+                format!(
+                    "not converged before the timeout: {in_sync} of {} verified peer(s) in sync",
+                    verified.len()
+                )
+            };
+            return Some(Err(reason));
+        }
+        None
+    }
+}

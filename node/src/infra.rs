@@ -1,0 +1,128 @@
+//! `nuwa-node rendezvous`: an infrastructure node. It runs the stock libp2p
+//! rendezvous server, serves the private DHT (and bootstraps devices into
+//! it), and relays circuits for devices behind NAT.
+//!
+//! It is an untrusted introducer: it holds no agent keys and sees no state.
+//! Devices verify everything it hands them against their DID document. It
+//! still refuses DHT records that do not verify on their own (the pointer
+//! record carries the agent's self-certifying DID log), and it bounds
+//! registrations per peer and in total so that floods degrade nothing for
+//! honest agents.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use nuwa_identity::keys::DeviceKey;
+use nuwa_net::{Features, InfraLimits, Multiaddr, NetConfig, NetEvent};
+use nuwa_sync::pointer::AgentPointer;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use crate::home;
+
+const INFRA_KEY: &str = "infra.key";
+
+fn load_or_create_key(dir: &Path) -> Result<DeviceKey> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = dir.join(INFRA_KEY);
+    if path.exists() {
+        let bytes =
+            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        return DeviceKey::from_seed_file_bytes(&bytes)
+            .with_context(|| format!("cannot read {}", path.display()));
+    }
+    let key = DeviceKey::generate().context("cannot generate the node key")?;
+    home::write_private(&path, &key.to_seed_file_bytes())?;
+    Ok(key)
+}
+
+pub async fn run(
+    dir: &Path,
+    listen: Vec<Multiaddr>,
+    max_registrations_per_peer: usize,
+    max_registrations: usize,
+) -> Result<()> {
+    let key = load_or_create_key(dir)?;
+    let cancel = CancellationToken::new();
+    let config = NetConfig {
+        listen: listen.clone(),
+        // Infrastructure connections carry DHT and rendezvous traffic only.
+        idle_connection_timeout: Duration::from_secs(300),
+        features: Features {
+            kad: true,
+            rendezvous_client: false,
+            gossip: false,
+            infrastructure: Some(InfraLimits {
+                max_registrations_per_peer,
+                max_registrations_total: max_registrations,
+                ..InfraLimits::default()
+            }),
+        },
+        ..NetConfig::default()
+    };
+    let (net, mut events) = nuwa_net::spawn(key.seed(), config, cancel.clone())
+        .await
+        .context("cannot start the network")?;
+    let me = net.local_peer_id();
+    let mut counters: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut report = tokio::time::interval(Duration::from_secs(60));
+    report.tick().await;
+    let mut shutdown = Box::pin(super_shutdown());
+    info!(peer_id = %me, "rendezvous node starting");
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = report.tick() => info!(?counters, "rendezvous node counters"),
+            ev = events.recv() => {
+                let Some(ev) = ev else { break };
+                match ev {
+                    NetEvent::Listening(addr) => {
+                        // Operators and scripts read these lines.
+                        println!("{addr}/p2p/{me}");
+                        let _ = std::io::stdout().flush();
+                    }
+                    NetEvent::KadInboundRecord { from, key, value } => {
+                        let now = home::now_unix_secs();
+                        match AgentPointer::decode(&value).and_then(|p| p.verify(&key, now)) {
+                            Ok(()) => {
+                                *counters.entry("dht_records_stored").or_default() += 1;
+                                let _ = net.kad_store(key, value).await;
+                            }
+                            Err(e) => {
+                                *counters.entry("dht_records_refused").or_default() += 1;
+                                info!(peer = %from, reason = %e, "forged or invalid DHT record refused");
+                            }
+                        }
+                    }
+                    NetEvent::Frame { peer, .. } => {
+                        *counters.entry("sync_frames_ignored").or_default() += 1;
+                        debug!(%peer, "sync frame sent to an infrastructure node ignored");
+                    }
+                    NetEvent::Connected { peer, .. } => debug!(%peer, "connected"),
+                    _ => {}
+                }
+            }
+        }
+    }
+    cancel.cancel();
+    info!("rendezvous node stopped");
+    Ok(())
+}
+
+async fn super_shutdown() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = ctrl_c.await;
+        }
+    }
+}
