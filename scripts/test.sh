@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The project's test command: formatting, lints, every unit and integration
-# test (real daemons in private network namespaces), and a smoke run of the
-# local testnet. CI (.ci/run) runs exactly this.
+# test (real daemons in private network namespaces), a smoke run of the local
+# testnet, and the multi-host namespace suite. CI (.ci/run) runs exactly this.
 #
 # Needs: the Rust toolchain, iproute2 (`ip`), util-linux (`unshare`),
 # python3, and root (or unprivileged user namespaces) for the network
 # namespaces that keep mDNS off real networks.
 #
 # Slower suites run only when asked:
-#   SIM_SEEDS=5000     more seeds for the sync simulator (default: a few hundred)
+#   SIM_SEEDS=5000     more seeds for the sync simulator (default 150)
 #   NUWA_CRASH_RUNS=100  more kill -9 rounds in the store crash test (default 10)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,4 +29,11 @@ if [ "$(id -u)" = 0 ]; then
   ./testnet/local.sh -n 3 --smoke
 else
   ./testnet/local.sh -n 3 --smoke --host
+fi
+
+step "multi-host network-namespace suite (rendezvous, DHT, partitions, sync --once)"
+if [ "$(id -u)" = 0 ]; then
+  ./testnet/netns-suite.sh
+else
+  echo "skipped: needs root for network namespaces"
 fi

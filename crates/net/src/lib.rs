@@ -645,7 +645,13 @@ pub async fn spawn(
                     identify::Config::new(IDENTIFY_VERSION.to_owned(), key.public())
                         .with_cache_size(256),
                 ),
-                ping: ping::Behaviour::default(),
+                // Detect dead links within ~15 s so partitions are noticed and
+                // healed by redialing, not hidden behind TCP retransmits.
+                ping: ping::Behaviour::new(
+                    ping::Config::new()
+                        .with_interval(Duration::from_secs(5))
+                        .with_timeout(Duration::from_secs(10)),
+                ),
                 kad: kad.into(),
                 rendezvous: features
                     .rendezvous_client
@@ -978,6 +984,17 @@ impl Actor {
                     peer: peer_id,
                     listen_addrs,
                 }]
+            }
+            BehaviourEvent::Ping(ping::Event {
+                peer,
+                connection,
+                result: Err(e),
+            }) => {
+                // libp2p reports ping failures but leaves the connection
+                // open; a dead link must close so that it can be redialed.
+                debug!(%peer, error = %e, "ping failed; closing the connection");
+                self.swarm.close_connection(connection);
+                vec![]
             }
             BehaviourEvent::Kad(ev) => self.on_kad_event(ev),
             BehaviourEvent::Rendezvous(ev) => self.on_rendezvous_event(ev),

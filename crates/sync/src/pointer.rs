@@ -77,6 +77,14 @@ pub fn dht_key(did: &str) -> [u8; 32] {
 }
 
 /// The agent's meeting place: hex SHA-256(`"nuwa-sync-"` ‖ DID), the gossip topic NIP-6 recommends.
+/// The rendezvous namespace of an agent: a hash of its DID (namespaces are
+/// limited to 255 bytes, and a hash does not show the DID to the server).
+pub fn rendezvous_namespace(did: &str) -> String {
+    let h = signing_hash("", format!("nuwa-rendezvous-{did}").as_bytes());
+    let hex: String = h[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("nuwa-{hex}")
+}
+
 pub fn gossip_topic(did: &str) -> String {
     hex_lower(&signing_hash(TOPIC_PREFIX, did.as_bytes()))
 }

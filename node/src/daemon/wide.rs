@@ -17,12 +17,11 @@ use nuwa_net::{Multiaddr, NetEvent, PeerId, peer_of, public_from_peer_id};
 use nuwa_proto::{Frame, SyncPayload};
 use nuwa_sync::Action;
 use nuwa_sync::Rejection;
-use nuwa_sync::pointer::{AgentPointer, dht_key, gossip_topic};
+use nuwa_sync::pointer::{AgentPointer, dht_key, gossip_topic, rendezvous_namespace};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use tracing::{debug, info, warn};
 
-use super::{Daemon, PeerState, RunOptions, hex};
+use super::{Daemon, PeerState, RunOptions};
 use crate::home;
 
 /// Registration TTL requested from rendezvous servers; we re-register at
@@ -39,13 +38,6 @@ const LOOKUP_SLOW_MS: u64 = 30_000;
 const FAST_PHASE_MS: u64 = 60_000;
 /// Re-publish our DHT pointer and provider record this often.
 const POINTER_REPUT_MS: u64 = 10 * 60_000;
-
-/// The rendezvous namespace of an agent: a hash of its DID (namespaces are
-/// limited to 255 bytes and should not reveal the DID in the clear).
-pub fn rendezvous_namespace(did: &str) -> String {
-    let h = Sha256::digest(format!("nuwa-rendezvous-{did}").as_bytes());
-    format!("nuwa-{}", hex(&h[..16]))
-}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct KnownPeer {
@@ -208,10 +200,10 @@ impl Daemon {
         }
     }
 
-    /// A peer passed the Hello checks: remember it and keep a direct gossip
-    /// link to it.
+    /// A peer passed the Hello checks: remember it in the known-peers cache.
+    /// (Gossip needs no explicit link: flood publishing reaches every
+    /// connected sibling subscribed to the topic.)
     pub(super) async fn on_verified(&mut self, peer: PeerId) {
-        let _ = self.net.gossip_add_explicit_peer(peer).await;
         if !self.wide.use_known {
             return;
         }
@@ -333,7 +325,9 @@ impl Daemon {
     /// Dials a peer that a wide-area source proposed, if it is an active
     /// device of our agent; otherwise records the rejection.
     async fn consider(&mut self, source: &str, peer: PeerId, addrs: Vec<Multiaddr>) {
-        if peer == self.net.local_peer_id() || self.peers.contains_key(&peer) {
+        if peer == self.net.local_peer_id()
+            || matches!(self.peers.get(&peer), Some(PeerState::Verified { .. }))
+        {
             return;
         }
         let now = home::now_ms();
@@ -342,6 +336,7 @@ impl Daemon {
             None => Err(Rejection::UnknownKey),
         };
         match verdict {
+            Ok(_) if self.peers.contains_key(&peer) => {}
             Ok(ctx) => {
                 self.count(&format!("{source}_peers_found"));
                 debug!(%peer, context_id = %ctx, source, "dialing a device found remotely");

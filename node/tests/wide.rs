@@ -1,0 +1,356 @@
+//! Real-process tests of discovery beyond the LAN on loopback, in a private
+//! network namespace: a `nuwa-node rendezvous` infrastructure node, devices
+//! that find each other through it, a dead bootstrap address, headless
+//! `sync --once`, and an in-process attacker swarm that forges DHT records,
+//! rendezvous registrations and gossip.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use nuwa_identity::keys::DeviceKey;
+use nuwa_identity::log::DidLog;
+use nuwa_net::{Features, NetConfig, NetEvent, PeerId};
+use nuwa_sync::pointer::{AgentPointer, dht_key, gossip_topic, rendezvous_namespace};
+use serde_json::{Value, json};
+use zeroize::Zeroizing;
+
+/// A running `nuwa-node rendezvous` and its first listen address.
+struct Infra {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Infra {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_infra(c: &Cluster) -> Infra {
+    let mut child = Command::new(bin())
+        .arg("--home")
+        .arg(c.home("infra"))
+        .args(["rendezvous", "--listen", "/ip4/127.0.0.1/tcp/0"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(c.dir.path().join("infra.log")).unwrap())
+        .spawn()
+        .expect("spawn nuwa-node rendezvous");
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let addr = line.trim().to_owned();
+    assert!(
+        addr.starts_with("/ip4/127.0.0.1/tcp/") && addr.contains("/p2p/"),
+        "the rendezvous node prints its address with /p2p/: {addr:?}"
+    );
+    Infra { child, addr }
+}
+
+fn counter(st: &Value, name: &str) -> u64 {
+    st["counters"][name].as_u64().unwrap_or(0)
+}
+
+fn did_of(home: &std::path::Path) -> String {
+    let log: DidLog =
+        serde_json::from_slice(&std::fs::read(home.join("did-log.json")).unwrap()).unwrap();
+    log.did().to_owned()
+}
+
+// Goal: two devices with mDNS off find each other through rendezvous alone,
+// and again through the DHT alone, on loopback. Method: one infrastructure
+// node; start the devices with only one source switched on each time.
+#[test]
+fn rendezvous_only_and_dht_only() {
+    isolated("rendezvous_only_and_dht_only", || {
+        let mut c = Cluster::new();
+        let infra = start_infra(&c);
+        let a = c.init("a");
+        let b = c.provision(&a, "b");
+        for (label, args) in [
+            (
+                "rendezvous",
+                vec![
+                    "--no-mdns",
+                    "--no-dht",
+                    "--no-known-peers",
+                    "--rendezvous",
+                    infra.addr.as_str(),
+                ],
+            ),
+            (
+                "dht",
+                vec![
+                    "--no-mdns",
+                    "--no-rendezvous",
+                    "--no-known-peers",
+                    "--bootstrap",
+                    infra.addr.as_str(),
+                ],
+            ),
+        ] {
+            let t0 = Instant::now();
+            let ia = c.start(&a, &args);
+            let ib = c.start(&b, &args);
+            wait_for(
+                &format!("{label}: both verified"),
+                Duration::from_secs(10),
+                || {
+                    (verified(&status(&a).ok()?).len() == 1
+                        && verified(&status(&b).ok()?).len() == 1)
+                        .then_some(())
+                },
+            );
+            println!("{label} only: verified {:?} after start", t0.elapsed());
+            let key = format!("via-{label}");
+            cli_ok(&a, &["state", "put", "notes", &key, "true"]);
+            wait_for(
+                &format!("{label}: put reaches b"),
+                Duration::from_secs(10),
+                || (get_json(&b, "notes")?[&key] == json!(true)).then_some(()),
+            );
+            c.stop(ia);
+            c.stop(ib);
+        }
+    });
+}
+
+// Goal: a configured DHT bootstrap address that is dead does not stop two
+// devices on one LAN from syncing through mDNS. Method: give both a
+// bootstrap address nobody listens on.
+#[test]
+fn dead_bootstrap_does_not_block_mdns() {
+    isolated("dead_bootstrap_does_not_block_mdns", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        let b = c.provision(&a, "b");
+        let nobody = DeviceKey::generate().unwrap();
+        let dead = format!(
+            "/ip4/127.0.0.1/tcp/9/p2p/{}",
+            nuwa_net::peer_id_from_public(&nobody.public()).unwrap()
+        );
+        let dead_rv = format!(
+            "/ip4/127.0.0.1/tcp/7/p2p/{}",
+            nuwa_net::peer_id_from_public(&nobody.public()).unwrap()
+        );
+        let t0 = Instant::now();
+        c.start(&a, &["--bootstrap", &dead, "--rendezvous", &dead_rv]);
+        c.start(&b, &["--bootstrap", &dead, "--rendezvous", &dead_rv]);
+        wait_for("verified through mDNS", Duration::from_secs(5), || {
+            (verified(&status(&a).ok()?).len() == 1).then_some(())
+        });
+        println!(
+            "verified {:?} after start despite dead sources",
+            t0.elapsed()
+        );
+        cli_ok(&a, &["state", "put", "notes", "k", "1"]);
+        wait_for("sync through mDNS", Duration::from_secs(10), || {
+            (get_json(&b, "notes")? == json!({"k": 1})).then_some(())
+        });
+        assert!(counter(&status(&a).unwrap(), "dial_failed") >= 1);
+    });
+}
+
+// Goal: `sync --once` in a fresh home provisioned for the agent pulls the
+// full state and exits 0; with no peer reachable it exits non-zero within its
+// timeout and says why. Method: run it against a running device, then alone.
+#[test]
+fn sync_once_pulls_state_or_explains() {
+    isolated("sync_once_pulls_state_or_explains", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        let fresh = c.provision(&a, "fresh");
+        let lonely = c.provision(&a, "lonely");
+        c.start(&a, &[]);
+        for i in 0..30 {
+            cli_ok(
+                &a,
+                &["state", "put", "big", &format!("k{i}"), &i.to_string()],
+            );
+        }
+        cli_ok(&a, &["state", "put", "small", "x", "\"y\""]);
+
+        let t0 = Instant::now();
+        let out = Command::new(bin())
+            .arg("--home")
+            .arg(&fresh)
+            .args([
+                "sync",
+                "--once",
+                "--timeout",
+                "30s",
+                "--listen",
+                "/ip4/127.0.0.1/tcp/0",
+                "--mdns-interface",
+                "lo",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "sync --once failed: {err}");
+        assert!(err.contains("converged with 1 peer"), "{err}");
+        println!("sync --once converged in {:?}", t0.elapsed());
+        // What it pulled is in its store: read it back alone.
+        c.start(&fresh, &["--no-mdns", "--no-known-peers"]);
+        assert_eq!(
+            get_json(&fresh, "big").unwrap().as_object().unwrap().len(),
+            30
+        );
+        assert_eq!(get_json(&fresh, "small").unwrap(), json!({"x": "y"}));
+
+        let t0 = Instant::now();
+        let out = Command::new(bin())
+            .arg("--home")
+            .arg(&lonely)
+            .args([
+                "sync",
+                "--once",
+                "--timeout",
+                "3s",
+                "--no-mdns",
+                "--no-known-peers",
+                "--listen",
+                "/ip4/127.0.0.1/tcp/0",
+            ])
+            .output()
+            .unwrap();
+        let took = t0.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "sync --once must fail with no peer: {err}"
+        );
+        assert!(err.contains("no peer reachable"), "{err}");
+        assert!(took < Duration::from_secs(10), "took {took:?}");
+    });
+}
+
+// Goal: forged DHT records, forged rendezvous registrations and gossip from
+// a non-member are rejected, counted, and change nothing. Method: two real
+// devices meet through a real rendezvous/DHT node; an attacker swarm in this
+// process stores a tampered pointer record under the agent's DHT key,
+// registers its own key under the agent's rendezvous namespace, and
+// publishes on the agent's gossip topic.
+#[test]
+fn forgeries_are_rejected_and_counted() {
+    isolated("forgeries_are_rejected_and_counted", || {
+        let mut c = Cluster::new();
+        let infra = start_infra(&c);
+        let a = c.init("a");
+        let b = c.provision(&a, "b");
+        let args = [
+            "--no-mdns",
+            "--rendezvous",
+            infra.addr.as_str(),
+            "--bootstrap",
+            infra.addr.as_str(),
+        ];
+        c.start(&a, &args);
+        c.start(&b, &args);
+        wait_for("a and b verified", Duration::from_secs(10), || {
+            (verified(&status(&a).ok()?).len() == 1).then_some(())
+        });
+        cli_ok(&a, &["state", "put", "notes", "k", "\"honest\""]);
+        wait_for("b has a's write", Duration::from_secs(10), || {
+            get_json(&b, "notes")
+        });
+
+        let did = did_of(&a);
+        let log: DidLog =
+            serde_json::from_slice(&std::fs::read(a.join("did-log.json")).unwrap()).unwrap();
+        let a_status = status(&a).unwrap();
+        let a_addr = a_status["listen_addrs"][0].as_str().unwrap().to_owned();
+        // A real pointer signed by device b, then tampered with.
+        let b_key =
+            DeviceKey::from_seed_file_bytes(&std::fs::read(b.join("device.key")).unwrap()).unwrap();
+        let b_ctx = context_id(&b);
+
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let attacker = DeviceKey::generate().unwrap();
+            let cancel = tokio_util::sync::CancellationToken::new();
+            let (net, mut events) = nuwa_net::spawn(
+                Zeroizing::new(*attacker.seed()),
+                NetConfig {
+                    listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
+                    features: Features::default(),
+                    ..NetConfig::default()
+                },
+                cancel.clone(),
+            )
+            .await
+            .unwrap();
+            let me = net.local_peer_id();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as i64;
+            let mut forged = AgentPointer::new_signed(&log, &b_ctx, &me.to_string(), &b_key, now).unwrap();
+            forged.peer_id = me.to_string(); // still valid: b signed it
+            forged.timestamp_unix_secs += 1; // now the signature no longer covers it
+            let forged_bytes = forged.encode().unwrap();
+
+            let infra_addr: nuwa_net::Multiaddr = infra.addr.parse().unwrap();
+            let infra_peer: PeerId = nuwa_net::peer_of(&infra_addr).unwrap();
+            let a_addr: nuwa_net::Multiaddr = a_addr.parse().unwrap();
+            let a_peer = nuwa_net::peer_of(&a_addr).unwrap();
+            net.add_address(infra_peer, infra_addr.clone()).await.unwrap();
+            net.add_address(a_peer, a_addr.clone()).await.unwrap();
+            net.dial(Some(infra_peer), vec![infra_addr]).await.unwrap();
+            net.dial(Some(a_peer), vec![a_addr]).await.unwrap();
+            net.gossip_subscribe(gossip_topic(&did)).await.unwrap();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            let mut registered = false;
+            let mut attempts = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => break,
+                    ev = events.recv() => {
+                        if let Some(NetEvent::RendezvousRegistered { .. }) = ev {
+                            registered = true;
+                        }
+                    }
+                    _ = attempts.tick() => {
+                        net.kad_put_record(dht_key(&did).to_vec(), forged_bytes.clone()).await.unwrap();
+                        if !registered {
+                            net.rendezvous_register(infra_peer, rendezvous_namespace(&did), 3600).await.unwrap();
+                        }
+                        net.gossip_publish(gossip_topic(&did), b"not an envelope from a member".to_vec()).await.unwrap();
+                        let st = status(&a).unwrap();
+                        if counter(&st, "rejected_dht_malformed") >= 1
+                            && counter(&st, "rejected_rendezvous_unknown_key") >= 1
+                            && counter(&st, "rejected_gossip_unknown_key") >= 1
+                        {
+                            break;
+                        }
+                    }
+                }
+            }
+            assert!(registered, "the stock rendezvous server accepts anyone's registration");
+            cancel.cancel();
+        });
+        let st = status(&a).unwrap();
+        eprintln!("a's counters: {}", st["counters"]);
+        assert!(
+            counter(&st, "rejected_dht_malformed") >= 1,
+            "forged DHT record not counted"
+        );
+        assert!(
+            counter(&st, "rejected_rendezvous_unknown_key") >= 1,
+            "forged registration not counted"
+        );
+        assert!(
+            counter(&st, "rejected_gossip_unknown_key") >= 1,
+            "non-member gossip not counted"
+        );
+        assert_eq!(verified(&st), vec![context_id(&b)]);
+        for h in [&a, &b] {
+            assert_eq!(get_json(h, "notes").unwrap(), json!({"k": "honest"}));
+        }
+    });
+}
