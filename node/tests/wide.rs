@@ -354,3 +354,87 @@ fn forgeries_are_rejected_and_counted() {
         }
     });
 }
+
+// Goal: flooding the rendezvous node with registrations degrades nothing for
+// honest agents. Method: an attacker peer tries 100 registrations (more than
+// the per-peer bound of 16); then two devices that use only rendezvous still
+// register, find and verify each other.
+#[test]
+fn rendezvous_flood_degrades_nothing() {
+    isolated("rendezvous_flood_degrades_nothing", || {
+        let mut c = Cluster::new();
+        let infra = start_infra(&c);
+        let infra_addr: nuwa_net::Multiaddr = infra.addr.parse().unwrap();
+        let infra_peer: PeerId = nuwa_net::peer_of(&infra_addr).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let (accepted, refused) = rt.block_on(async {
+            let attacker = DeviceKey::generate().unwrap();
+            let cancel = tokio_util::sync::CancellationToken::new();
+            let (net, mut events) = nuwa_net::spawn(
+                Zeroizing::new(*attacker.seed()),
+                NetConfig {
+                    listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
+                    ..NetConfig::default()
+                },
+                cancel.clone(),
+            )
+            .await
+            .unwrap();
+            net.dial(Some(infra_peer), vec![infra_addr.clone()])
+                .await
+                .unwrap();
+            loop {
+                if let Some(NetEvent::Listening(_)) = events.recv().await {
+                    break;
+                }
+            }
+            let (mut accepted, mut refused) = (0, 0);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            let mut sent = 0;
+            while accepted + refused < 100 {
+                if sent < 100 && sent <= accepted + refused + 8 {
+                    net.rendezvous_register(infra_peer, format!("flood-{sent}"), 3600)
+                        .await
+                        .unwrap();
+                    sent += 1;
+                }
+                let ev = tokio::time::timeout_at(deadline, events.recv())
+                    .await
+                    .expect("registration answers within 20 s");
+                match ev {
+                    Some(NetEvent::RendezvousRegistered { .. }) => accepted += 1,
+                    Some(NetEvent::RendezvousFailed { .. }) => refused += 1,
+                    _ => {}
+                }
+            }
+            cancel.cancel();
+            (accepted, refused)
+        });
+        println!("flood: {accepted} registrations accepted, {refused} refused");
+        assert!(
+            accepted <= 16,
+            "the per-peer bound holds: {accepted} accepted"
+        );
+        assert!(refused >= 84);
+
+        let a = c.init("a");
+        let b = c.provision(&a, "b");
+        let args = [
+            "--no-mdns",
+            "--no-dht",
+            "--no-known-peers",
+            "--rendezvous",
+            infra.addr.as_str(),
+        ];
+        c.start(&a, &args);
+        c.start(&b, &args);
+        wait_for(
+            "honest devices meet through the flooded node",
+            Duration::from_secs(10),
+            || {
+                (verified(&status(&a).ok()?).len() == 1 && verified(&status(&b).ok()?).len() == 1)
+                    .then_some(())
+            },
+        );
+    });
+}
