@@ -7,6 +7,7 @@
 //!
 //! Routes:
 //! - `GET  /v1/status`
+//! - `GET  /v1/devices`
 //! - `POST /v1/state/put`     body `{"container": C, "key": K, "value": JSON}`
 //! - `GET  /v1/state/get?container=C[&key=K]`
 //! - `GET  /v1/state/export?container=C`  (Automerge binary)
@@ -89,6 +90,7 @@ impl IntoResponse for ApiError {
 /// Work for the daemon loop.
 pub enum ApiRequest {
     Status(oneshot::Sender<Status>),
+    Devices(oneshot::Sender<Vec<crate::devices::DeviceEntry>>),
     Put(PutBody, oneshot::Sender<Result<PutReply, ApiError>>),
     Get(
         GetQuery,
@@ -146,6 +148,14 @@ async fn status(State(s): State<AppState>, headers: HeaderMap) -> Result<Json<St
     Ok(Json(call(&s, ApiRequest::Status).await?))
 }
 
+async fn devices(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<crate::devices::DeviceEntry>>, ApiError> {
+    authorised(&headers, &s.token)?;
+    Ok(Json(call(&s, ApiRequest::Devices).await?))
+}
+
 async fn put(
     State(s): State<AppState>,
     headers: HeaderMap,
@@ -199,6 +209,7 @@ pub async fn serve(
     };
     let app = Router::new()
         .route("/v1/status", get(status))
+        .route("/v1/devices", get(devices))
         .route("/v1/state/put", post(put))
         .route("/v1/state/get", get(get_state))
         .route("/v1/state/export", get(export))

@@ -83,6 +83,37 @@ pub fn status(home: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
+pub fn device_list(home: &Path, json: bool) -> Result<()> {
+    let now = home::now_ms();
+    let entries: Vec<crate::devices::DeviceEntry> = match Client::new(home) {
+        Ok(c) => runtime()?.block_on(async {
+            let r = c
+                .send(c.http.get(format!("{}/v1/devices", c.api.url)))
+                .await?;
+            r.json()
+                .await
+                .context("malformed device list from the daemon")
+        })?,
+        Err(_) => {
+            // No daemon: the DID log in the home is enough for everything
+            // but last-seen times.
+            let h = home::load(home)?;
+            crate::devices::list(
+                &h.log,
+                &crate::devices::Seen::default(),
+                &h.info.context_id,
+                now,
+            )
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&entries)?);
+    } else {
+        print!("{}", crate::devices::render(&entries, now));
+    }
+    Ok(())
+}
+
 pub fn put(home: &Path, container: &str, key: &str, json: &str) -> Result<()> {
     let value: serde_json::Value = serde_json::from_str(json)
         .with_context(|| format!("{json:?} is not valid JSON; quote strings, e.g. '\"text\"'"))?;

@@ -104,6 +104,9 @@ struct Daemon {
     api_url: String,
     fatal: Option<anyhow::Error>,
     wide: wide::Wide,
+    /// Name and last time each device was seen verified, by context id
+    /// (persisted encrypted, for `device list`).
+    seen: crate::devices::Seen,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -119,6 +122,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     let membership = Membership::new(
         home.log.clone(),
         context_id.clone(),
+        home.info.name.clone(),
         nuwa_identity::keys::DeviceKey::from_seed(&home.device.seed()),
     );
     match membership.self_authorised(now) {
@@ -245,7 +249,9 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         api_url,
         fatal: None,
         wide: wide::Wide::new(&did, &opts),
+        seen: crate::devices::Seen::default(),
     };
+    d.seen = crate::devices::Seen::load(d.store.as_ref());
     d.start_wide().await;
 
     let mut tick = tokio::time::interval(TICK);
@@ -472,6 +478,8 @@ impl Daemon {
                 self.wide.on_disconnected(&peer);
                 if let Some(PeerState::Verified { context_id, .. }) = self.peers.remove(&peer) {
                     info!(%peer, context_id = %context_id, "peer disconnected");
+                    self.seen.saw(&context_id, "", home::now_ms());
+                    self.seen.save(self.store.as_ref());
                 }
                 self.engine.peer_down(&peer.to_string());
             }
@@ -517,6 +525,8 @@ impl Daemon {
                             self.retry_unknown_announcements().await;
                         }
                         info!(%peer, context_id = %v.context_id, address = %remote, "peer verified");
+                        self.seen.saw(&v.context_id, &v.name, now);
+                        self.seen.save(self.store.as_ref());
                         self.count("peers_verified");
                         self.peers.insert(
                             peer,
@@ -724,6 +734,22 @@ impl Daemon {
                 }
                 ApiRequest::Status(reply) => {
                     let _ = reply.send(self.status());
+                }
+                ApiRequest::Devices(reply) => {
+                    let now = home::now_ms();
+                    let mut seen = self.seen.clone();
+                    seen.saw(self.membership.context_id(), &self.name, now);
+                    for s in self.peers.values() {
+                        if let PeerState::Verified { context_id, .. } = s {
+                            seen.saw(context_id, "", now);
+                        }
+                    }
+                    let _ = reply.send(crate::devices::list(
+                        self.membership.log(),
+                        &seen,
+                        self.membership.context_id(),
+                        now,
+                    ));
                 }
             }
         }

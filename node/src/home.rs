@@ -156,6 +156,12 @@ fn add_device(log: &mut DidLog, master: &DeviceKey, device: &DeviceKey) -> Resul
     let mut doc: DidDocument = log.current().clone();
     doc.add_key(&context_id, &device.public(), DEVICE_RELATIONSHIPS, None)
         .context("cannot add the device key to the DID document")?;
+    // The device's X25519 key (the Montgomery form of its Ed25519 key) goes
+    // under `keyAgreement`: new sync-key epochs are sealed to it.
+    let x25519 = nuwa_identity::did_key::x25519_public_from_ed25519(&device.public())
+        .context("cannot derive the device's key-agreement key")?;
+    doc.add_key_agreement_key(&format!("{context_id}-x25519"), &x25519, None)
+        .context("cannot add the device's key-agreement key to the DID document")?;
     let master_key_id = master_key_id(log)?;
     log.append(doc, master, &master_key_id, now_unix_secs())
         .context("cannot sign the DID document update")?;

@@ -8,6 +8,7 @@ mod api;
 mod client;
 mod config;
 mod daemon;
+mod devices;
 mod home;
 mod infra;
 mod status;
@@ -213,6 +214,14 @@ fn run_options(
 
 #[derive(Subcommand, Debug)]
 enum DeviceCommand {
+    /// Every device of the agent: context id, name, relationships, status
+    /// (active, expired, revoked) and when this device last saw it. Asks the
+    /// running daemon; without one, reads the home's DID log (no last-seen).
+    List {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Create another device of this agent offline (for testnets and CI): a
     /// home directory holding its key, the updated DID document and the sync
     /// key. Run it in the home where `init` ran.
@@ -300,6 +309,9 @@ fn real_main(cli: Cli) -> Result<()> {
             println!("next: nuwa-node --home {} run", home_dir.display());
             Ok(())
         }
+        Command::Device {
+            command: DeviceCommand::List { json },
+        } => client::device_list(&home_dir, json),
         Command::Device {
             command: DeviceCommand::Provision { out, name },
         } => {

@@ -47,6 +47,31 @@ fn three_devices_verify_and_converge() {
             started.elapsed()
         );
 
+        // device list: every device, active, with names learned from Hellos.
+        let list: serde_json::Value =
+            serde_json::from_str(&cli_ok(&a, &["device", "list", "--json"])).unwrap();
+        let rows = list.as_array().unwrap();
+        assert_eq!(rows.len(), 3, "{list}");
+        for r in rows {
+            assert_eq!(r["status"], json!("active"), "{r}");
+            assert!(
+                r["relationships"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("authentication"))
+            );
+            assert!(r["last_seen_unix_ms"].as_u64().is_some(), "{r}");
+        }
+        let mut names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+        names.sort();
+        assert_eq!(names, vec!["a", "b", "d"]);
+        // The key-agreement key each device publishes is in the document.
+        let doc = std::fs::read_to_string(a.join("did-log.json")).unwrap();
+        assert!(
+            doc.contains(&format!("{}-x25519", ids[1])),
+            "no keyAgreement key"
+        );
+
         let marker = unique_marker();
         let (a2, b2, m2) = (a.clone(), b.clone(), marker.clone());
         let ta = std::thread::spawn(move || {

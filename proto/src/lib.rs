@@ -36,6 +36,8 @@ pub const MAX_HEADS_PER_CONTAINER: usize = 256;
 pub const MAX_DID_LOG_BYTES: usize = 512 * 1024;
 /// Longest DID or context id string accepted.
 pub const MAX_ID_BYTES: usize = 512;
+/// Longest device name in a [`Hello`].
+pub const MAX_DEVICE_NAME_BYTES: usize = 64;
 /// Longest reason string in an [`Ack`].
 pub const MAX_REASON_BYTES: usize = 512;
 
@@ -68,6 +70,8 @@ pub struct Hello {
     pub protocol_version: u32,
     pub agent_did: String,
     pub context_id: String,
+    /// Human-readable device name (may be empty).
+    pub device_name: String,
     pub did_log_json: Vec<u8>,
     pub timestamp_ms: u64,
     pub nonce: [u8; 16],
@@ -86,6 +90,7 @@ impl Hello {
         for field in [
             self.agent_did.as_bytes(),
             self.context_id.as_bytes(),
+            self.device_name.as_bytes(),
             &self.did_log_json,
         ] {
             out.extend_from_slice(&(field.len() as u64).to_be_bytes());
@@ -245,6 +250,7 @@ impl Frame {
                 protocol_version: h.protocol_version,
                 agent_did: h.agent_did.clone(),
                 context_id: h.context_id.clone(),
+                device_name: h.device_name.clone(),
                 did_log_json: h.did_log_json.clone(),
                 timestamp_ms: h.timestamp_ms,
                 nonce: h.nonce.to_vec(),
@@ -283,6 +289,12 @@ impl TryFrom<pb::Hello> for Hello {
     fn try_from(h: pb::Hello) -> Result<Self, WireError> {
         check_id("hello agent did", &h.agent_did)?;
         check_id("hello context id", &h.context_id)?;
+        if h.device_name.len() > MAX_DEVICE_NAME_BYTES {
+            return Err(invalid(
+                "hello device name",
+                format!("{} bytes, max {MAX_DEVICE_NAME_BYTES}", h.device_name.len()),
+            ));
+        }
         if h.did_log_json.len() > MAX_DID_LOG_BYTES {
             return Err(invalid(
                 "hello did log",
@@ -293,6 +305,7 @@ impl TryFrom<pb::Hello> for Hello {
             protocol_version: h.protocol_version,
             agent_did: h.agent_did,
             context_id: h.context_id,
+            device_name: h.device_name,
             did_log_json: h.did_log_json,
             timestamp_ms: h.timestamp_ms,
             nonce: fixed("hello nonce", &h.nonce)?,

@@ -7,6 +7,7 @@ fn sample_hello() -> Hello {
         protocol_version: 1,
         agent_did: "did:key:z6Mk".into(),
         context_id: "device-abc".into(),
+        device_name: "laptop".into(),
         did_log_json: b"{}".to_vec(),
         timestamp_ms: 7,
         nonce: [1; 16],

@@ -14,7 +14,9 @@
 mod at_rest;
 mod encode;
 mod envelope;
+pub mod epoch;
 mod keyfile;
+pub mod pairing;
 mod sync_key;
 
 pub use at_rest::{AT_REST_BLOB_VERSION, AT_REST_OVERHEAD_BYTES, AtRestKey};

@@ -71,6 +71,7 @@ impl Rejection {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifiedPeer {
     pub context_id: String,
+    pub name: String,
     pub public: [u8; 32],
     /// Whether the peer's DID log extended ours (the caller persists it).
     pub log_extended: bool,
@@ -80,6 +81,7 @@ pub struct VerifiedPeer {
 pub struct Membership {
     log: DidLog,
     context_id: String,
+    name: String,
     device: DeviceKey,
     nonces: NonceStore,
 }
@@ -95,10 +97,15 @@ fn map_doc_error(e: nuwa_identity::document::DidError) -> Rejection {
 }
 
 impl Membership {
-    pub fn new(log: DidLog, context_id: String, device: DeviceKey) -> Self {
+    pub fn new(log: DidLog, context_id: String, name: String, device: DeviceKey) -> Self {
+        let mut name = name;
+        while name.len() > nuwa_proto::MAX_DEVICE_NAME_BYTES {
+            name.pop();
+        }
         Membership {
             log,
             context_id,
+            name,
             device,
             nonces: NonceStore::new(HELLO_REPLAY_WINDOW_SECS, 4096, 1024),
         }
@@ -159,6 +166,7 @@ impl Membership {
             protocol_version: PROTOCOL_VERSION,
             agent_did: self.did().to_owned(),
             context_id: self.context_id.clone(),
+            device_name: self.name.clone(),
             did_log_json,
             timestamp_ms: now_ms,
             nonce,
@@ -222,6 +230,7 @@ impl Membership {
         }
         Ok(VerifiedPeer {
             context_id: actual,
+            name: hello.device_name.clone(),
             public: *peer_public,
             log_extended,
         })
