@@ -177,26 +177,40 @@ impl Engine {
         let SyncPayload::Delta { container, changes } = payload else {
             return Err(EngineError::NotGossip);
         };
+        let mut out = Vec::new();
+        self.apply_delta(&container, changes, &mut out)?;
+        Ok(out)
+    }
+
+    /// Applies remote changes to `container`, queues their persistence, and
+    /// marks the container as no longer converged with any peer when its
+    /// heads moved. Returns whether some changes still wait for missing
+    /// dependencies.
+    fn apply_delta(
+        &mut self,
+        container: &str,
+        changes: Vec<Vec<u8>>,
+        out: &mut Vec<Action>,
+    ) -> Result<bool, EngineError> {
         let applied = self
-            .container_mut(&container)?
+            .container_mut(container)?
             .apply_changes(changes)
             .map_err(|source| EngineError::State {
-                container: container.clone(),
+                container: container.to_owned(),
                 source: Box::new(source),
             })?;
-        let mut out = Vec::new();
         if !applied.new_changes.is_empty() {
             for peer in self.peers.values_mut() {
-                if let Some(pc) = peer.containers.get_mut(&container) {
+                if let Some(pc) = peer.containers.get_mut(container) {
                     pc.converged = false;
                 }
             }
             out.push(Action::Persist {
-                container,
+                container: container.to_owned(),
                 changes: applied.new_changes,
             });
         }
-        Ok(out)
+        Ok(applied.missing_deps)
     }
 
     fn container_mut(&mut self, name: &str) -> Result<&mut Container, EngineError> {
@@ -346,27 +360,15 @@ impl Engine {
                 self.on_sync(peer, &container, &message, now_ms, &mut out)?;
             }
             SyncPayload::Delta { container, changes } => {
-                let applied = self
-                    .container_mut(&container)?
-                    .apply_changes(changes)
-                    .map_err(|source| EngineError::State {
-                        container: container.clone(),
-                        source: Box::new(source),
-                    })?;
-                if !applied.new_changes.is_empty() {
-                    out.push(Action::Persist {
-                        container: container.clone(),
-                        changes: applied.new_changes,
-                    });
-                }
+                let missing_deps = self.apply_delta(&container, changes, &mut out)?;
                 let running = self
                     .peers
                     .get(peer)
                     .and_then(|p| p.containers.get(&container))
                     .is_some_and(|pc| pc.active_since_ms.is_some());
-                if applied.missing_deps && !running {
+                if missing_deps && !running {
                     self.start_sync(peer, &container, now_ms, &mut out);
-                } else if !applied.missing_deps {
+                } else if !missing_deps {
                     self.check_converged(peer, &container, &mut out);
                 }
             }
