@@ -515,14 +515,7 @@ impl Daemon {
                 match self.membership.verify_hello(&public, &hello, now) {
                     Ok(v) => {
                         if v.log_extended {
-                            info!(
-                                len = self.membership.log().len(),
-                                "adopted a newer DID log from a peer"
-                            );
-                            if let Err(e) = home::save_log(&self.home_dir, self.membership.log()) {
-                                warn!(error = %e, "cannot persist the newer DID log");
-                            }
-                            self.retry_unknown_announcements().await;
+                            self.on_log_extended().await;
                         }
                         info!(%peer, context_id = %v.context_id, address = %remote, "peer verified");
                         self.seen.saw(&v.context_id, &v.name, now);
@@ -549,8 +542,23 @@ impl Daemon {
                     }
                 }
             }
-            (Frame::Hello(_), Some(PeerState::Verified { .. })) => {
-                self.count("duplicate_hello");
+            (Frame::Hello(hello), Some(PeerState::Verified { public, .. })) => {
+                // A verified peer re-sends its Hello when its DID log grew:
+                // adopt the newer log, or drop the peer if it no longer
+                // passes.
+                match self.membership.verify_hello(&public, &hello, now) {
+                    Ok(v) => {
+                        self.count("hello_refreshed");
+                        if v.log_extended {
+                            self.on_log_extended().await;
+                        }
+                    }
+                    Err(r) => {
+                        info!(%peer, reason = %r, "verified peer rejected on refresh");
+                        self.reject("connection", peer.to_string(), &r);
+                        self.drop_peer(peer).await;
+                    }
+                }
             }
             (
                 Frame::Envelope(env),
@@ -571,6 +579,49 @@ impl Daemon {
                 debug!(%peer, "frame from an unverified peer dropped");
             }
         }
+    }
+
+    /// Our DID log grew (a peer brought a verified extension): persist it,
+    /// pass it on to every verified peer in a fresh Hello, re-check every
+    /// verified peer against the new document, and retry announcements
+    /// whose keys we did not know.
+    async fn on_log_extended(&mut self) {
+        info!(
+            len = self.membership.log().len(),
+            "adopted a newer DID log from a peer"
+        );
+        if let Err(e) = home::save_log(&self.home_dir, self.membership.log()) {
+            warn!(error = %e, "cannot persist the newer DID log");
+        }
+        let now = home::now_ms();
+        let verified: Vec<(PeerId, [u8; 32])> = self
+            .peers
+            .iter()
+            .filter_map(|(p, s)| match s {
+                PeerState::Verified { public, .. } => Some((*p, *public)),
+                PeerState::Pending { .. } => None,
+            })
+            .collect();
+        for (peer, public) in verified {
+            if let Err(r) = self.membership.authorise_public(&public, now) {
+                info!(%peer, reason = %r, "peer no longer authorised by the DID document");
+                self.reject("connection", peer.to_string(), &r);
+                self.drop_peer(peer).await;
+                continue;
+            }
+            if let Ok(hello) = self.membership.hello(now) {
+                self.count("hello_refresh_sent");
+                let _ = self.net.send(peer, Frame::Hello(hello).encode()).await;
+            }
+        }
+        self.retry_unknown_announcements().await;
+    }
+
+    /// Forgets a peer and closes its connections.
+    async fn drop_peer(&mut self, peer: PeerId) {
+        self.peers.remove(&peer);
+        self.engine.peer_down(&peer.to_string());
+        let _ = self.net.disconnect(peer).await;
     }
 
     async fn on_payload(&mut self, peer: PeerId, payload: SyncPayload, now: u64) {

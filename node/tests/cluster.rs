@@ -381,3 +381,58 @@ fn cli_errors_are_clear() {
         );
     });
 }
+
+// Goal: a DID log extension learned by one device reaches devices that never
+// met the new one. Method: a and b run (mDNS off, b dials a); c is
+// provisioned afterwards and dials only a; b must learn c's key from a's
+// refreshed Hello.
+#[test]
+fn did_log_updates_propagate_to_connected_peers() {
+    isolated("did_log_updates_propagate_to_connected_peers", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        let b = c.provision(&a, "b");
+        c.start(&a, &["--no-mdns"]);
+        let a_addr = status(&a).unwrap()["listen_addrs"][0]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        c.start(&b, &["--no-mdns", "--peer", &a_addr]);
+        wait_for("a and b verified", Duration::from_secs(10), || {
+            (verified(&status(&b).ok()?).len() == 1).then_some(())
+        });
+        let late = c.provision(&a, "late");
+        let late_ctx = context_id(&late);
+        let b_log_before = std::fs::read_to_string(b.join("did-log.json")).unwrap();
+        assert!(!b_log_before.contains(&late_ctx));
+        c.start(&late, &["--no-mdns", "--no-known-peers", "--peer", &a_addr]);
+        wait_for(
+            "b learns the new device from a",
+            Duration::from_secs(10),
+            || {
+                let list: serde_json::Value =
+                    serde_json::from_str(&cli_ok(&b, &["device", "list", "--json"])).ok()?;
+                list.as_array()?
+                    .iter()
+                    .any(|r| r["context_id"] == json!(late_ctx) && r["status"] == json!("active"))
+                    .then_some(())
+            },
+        );
+        assert!(
+            std::fs::read_to_string(b.join("did-log.json"))
+                .unwrap()
+                .contains(&late_ctx)
+        );
+        assert!(
+            !verified(&status(&b).unwrap()).contains(&late_ctx),
+            "b never connected to the new device"
+        );
+        // Writes from the new device reach b through a.
+        cli_ok(&late, &["state", "put", "notes", "from-late", "1"]);
+        wait_for(
+            "late's write reaches b via a",
+            Duration::from_secs(15),
+            || (get_json(&b, "notes")?["from-late"] == json!(1)).then_some(()),
+        );
+    });
+}
