@@ -39,6 +39,7 @@ use std::convert::Infallible;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use nuwa_crypto::{AtRestKey, CryptoError};
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
@@ -89,6 +90,29 @@ struct Position {
     last_seq: u64,
 }
 
+/// How long `open` waits for a lock that a just-dropped store in this
+/// process still holds.
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Opens the sled database, waiting (bounded) for its file lock. Dropping a
+/// sled `Db` releases the lock only once sled's background flusher thread
+/// lets go of it, so an immediate reopen in the same process can find it
+/// still taken; another process holding it is refused once the wait ends.
+fn open_db(dir: &Path) -> Result<sled::Db, sled::Error> {
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        match sled::Config::new().path(dir).open() {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl SledStore {
     /// Opens (or creates) the store in `dir` with `key`.
     ///
@@ -103,7 +127,7 @@ impl SledStore {
             path: dir.to_owned(),
             source,
         };
-        let db = sled::Config::new().path(dir).open().map_err(open_err)?;
+        let db = open_db(dir).map_err(open_err)?;
         let meta = db.open_tree(META_TREE).map_err(open_err)?;
         let names = db.open_tree(NAMES_TREE).map_err(open_err)?;
         let snapshots = db.open_tree(SNAPSHOTS_TREE).map_err(open_err)?;
