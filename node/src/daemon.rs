@@ -109,10 +109,6 @@ struct Daemon {
     seen: crate::devices::Seen,
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     let cancel = CancellationToken::new();
     let lock = lock_home(&home.dir)?;
@@ -191,7 +187,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     let token = {
         let mut t = [0u8; 32];
         getrandom::fill(&mut t).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-        hex(&t)
+        hex::encode(t)
     };
     let api_addr = api::serve(opts.api_listen, token.clone(), api_tx, cancel.clone())
         .await
@@ -817,7 +813,7 @@ impl Daemon {
             let heads = self
                 .engine
                 .container(&body.container)
-                .map(|c| c.heads().iter().map(|h| hex(h)).collect())
+                .map(|c| c.heads().iter().map(hex::encode).collect())
                 .unwrap_or_default();
             let _ = reply.send(Ok(PutReply {
                 container: body.container,
@@ -867,7 +863,7 @@ impl Daemon {
         if !ann.matches_agent(self.membership.did()) {
             let theirs = match &ann.agent {
                 nuwa_discovery::AgentRef::Did(d) => d.clone(),
-                nuwa_discovery::AgentRef::DidHash(h) => format!("did hash {}", hex(h)),
+                nuwa_discovery::AgentRef::DidHash(h) => format!("did hash {}", hex::encode(h)),
             };
             self.reject("mdns", who, &Rejection::DifferentAgent(theirs));
             return;
@@ -988,7 +984,7 @@ impl Daemon {
                 .containers()
                 .map(|(name, c)| ContainerStatus {
                     name: name.clone(),
-                    heads: c.heads().iter().map(|h| hex(h)).collect(),
+                    heads: c.heads().iter().map(hex::encode).collect(),
                     changes: c.change_count(),
                 })
                 .collect(),

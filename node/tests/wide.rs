@@ -52,6 +52,29 @@ fn start_infra(c: &Cluster) -> Infra {
     Infra { child, addr }
 }
 
+/// A swarm with a fresh key that belongs to no agent, listening on loopback
+/// with every device feature on (DHT, rendezvous client, gossip).
+async fn spawn_attacker() -> (
+    nuwa_net::NetHandle,
+    tokio::sync::mpsc::Receiver<NetEvent>,
+    tokio_util::sync::CancellationToken,
+) {
+    let key = DeviceKey::generate().unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (net, events) = nuwa_net::spawn(
+        Zeroizing::new(*key.seed()),
+        NetConfig {
+            listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
+            features: Features::default(),
+            ..NetConfig::default()
+        },
+        cancel.clone(),
+    )
+    .await
+    .unwrap();
+    (net, events, cancel)
+}
+
 fn counter(st: &Value, name: &str) -> u64 {
     st["counters"][name].as_u64().unwrap_or(0)
 }
@@ -272,19 +295,7 @@ fn forgeries_are_rejected_and_counted() {
 
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
-            let attacker = DeviceKey::generate().unwrap();
-            let cancel = tokio_util::sync::CancellationToken::new();
-            let (net, mut events) = nuwa_net::spawn(
-                Zeroizing::new(*attacker.seed()),
-                NetConfig {
-                    listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
-                    features: Features::default(),
-                    ..NetConfig::default()
-                },
-                cancel.clone(),
-            )
-            .await
-            .unwrap();
+            let (net, mut events, cancel) = spawn_attacker().await;
             let me = net.local_peer_id();
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -368,18 +379,7 @@ fn rendezvous_flood_degrades_nothing() {
         let infra_peer: PeerId = nuwa_net::peer_of(&infra_addr).unwrap();
         let rt = tokio::runtime::Runtime::new().unwrap();
         let (accepted, refused) = rt.block_on(async {
-            let attacker = DeviceKey::generate().unwrap();
-            let cancel = tokio_util::sync::CancellationToken::new();
-            let (net, mut events) = nuwa_net::spawn(
-                Zeroizing::new(*attacker.seed()),
-                NetConfig {
-                    listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
-                    ..NetConfig::default()
-                },
-                cancel.clone(),
-            )
-            .await
-            .unwrap();
+            let (net, mut events, cancel) = spawn_attacker().await;
             net.dial(Some(infra_peer), vec![infra_addr.clone()])
                 .await
                 .unwrap();

@@ -272,8 +272,13 @@ fn two_instances_discover_each_other_on_lo() {
 #[test]
 fn child_process_discovers_and_says_goodbye() {
     // Goal: discovery works across processes, both ways, and a child's
-    // shutdown reaches us as Expired; method: run `child_announcer` as a child
-    // process and exchange progress over its stdout and stdin.
+    // shutdown reaches us as Expired; method: run this same test as a child
+    // process (it takes the child's part when CHILD_ENV is set) and exchange
+    // progress over its stdout and stdin.
+    if let Ok(expected_peer) = std::env::var(CHILD_ENV) {
+        child_announcer(&expected_peer);
+        return;
+    }
     isolated("child_process_discovers_and_says_goodbye", |_| {
         let (parent, child_dev) = (Device::new(2), Device::new(3));
         let (mdns, rx) = parent.start(now_unix_secs());
@@ -282,9 +287,8 @@ fn child_process_discovers_and_says_goodbye() {
         let mut child = ChildGuard(
             Command::new(exe)
                 .args([
-                    "child_announcer",
+                    "child_process_discovers_and_says_goodbye",
                     "--exact",
-                    "--ignored",
                     "--nocapture",
                     "--test-threads=1",
                 ])
@@ -372,14 +376,9 @@ fn refresh_re_reports_present_peers() {
     });
 }
 
-/// The child half of `child_process_discovers_and_says_goodbye`; does nothing
-/// unless that test started it.
-#[test]
-#[ignore = "helper process started by child_process_discovers_and_says_goodbye"]
-fn child_announcer() {
-    let Ok(expected_peer) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+/// The child half of `child_process_discovers_and_says_goodbye`, run in a
+/// child process started by that test.
+fn child_announcer(expected_peer: &str) {
     let me = Device::new(3);
     let parent = DEVICES
         .iter()
@@ -482,7 +481,7 @@ fn wait_line(lines: &mpsc::Receiver<String>, expected: &str) {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match lines.recv_timeout(left) {
-            // libtest may print "test child_announcer ... " on the same line.
+            // libtest may print "test child_process_... " on the same line.
             Ok(line) if line.ends_with(expected) => return,
             Ok(line) => seen.push(line),
             Err(e) => panic!("child never printed {expected:?} ({e}); it printed {seen:#?}"),

@@ -822,7 +822,7 @@ fn validate_fragment(fragment: &str) -> Result<(), DidError> {
 }
 
 /// Caps untrusted strings before they go into error messages and logs.
-pub(crate) fn shorten(s: &str) -> String {
+pub fn shorten(s: &str) -> String {
     const MAX: usize = 96;
     if s.len() <= MAX {
         return s.to_owned();

@@ -39,7 +39,7 @@ use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
 use libp2p::{
     StreamProtocol, Swarm, gossipsub, identify, kad, noise, ping, relay, rendezvous, tcp, yamux,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, trace, warn};
 use zeroize::Zeroizing;
@@ -325,12 +325,6 @@ enum Command {
     Disconnect {
         peer: PeerId,
     },
-    ListenAddrs {
-        reply: oneshot::Sender<Vec<Multiaddr>>,
-    },
-    ListenOn {
-        addr: Multiaddr,
-    },
     AddAddress {
         peer: PeerId,
         addr: Multiaddr,
@@ -372,9 +366,6 @@ enum Command {
     GossipReport {
         id: GossipId,
         accept: bool,
-    },
-    GossipAddExplicitPeer {
-        peer: PeerId,
     },
 }
 
@@ -418,18 +409,6 @@ impl NetHandle {
     /// Closes every connection to `peer`.
     pub async fn disconnect(&self, peer: PeerId) -> Result<(), NetError> {
         self.cmd(Command::Disconnect { peer }).await
-    }
-
-    /// Addresses the swarm listens on.
-    pub async fn listen_addrs(&self) -> Result<Vec<Multiaddr>, NetError> {
-        let (reply, rx) = oneshot::channel();
-        self.cmd(Command::ListenAddrs { reply }).await?;
-        rx.await.map_err(|_| NetError::Stopped)
-    }
-
-    /// Listens on one more address (e.g. a relay circuit).
-    pub async fn listen_on(&self, addr: Multiaddr) -> Result<(), NetError> {
-        self.cmd(Command::ListenOn { addr }).await
     }
 
     /// Tells the swarm and the DHT where `peer` can be reached.
@@ -500,11 +479,6 @@ impl NetHandle {
     /// rejected ones are dropped and their sender penalised.
     pub async fn gossip_report(&self, id: GossipId, accept: bool) -> Result<(), NetError> {
         self.cmd(Command::GossipReport { id, accept }).await
-    }
-
-    /// Keeps a direct gossip link to a known sibling device.
-    pub async fn gossip_add_explicit_peer(&self, peer: PeerId) -> Result<(), NetError> {
-        self.cmd(Command::GossipAddExplicitPeer { peer }).await
     }
 }
 
@@ -757,14 +731,6 @@ impl Actor {
                 self.queues.remove(&peer);
                 let _ = self.swarm.disconnect_peer_id(peer);
             }
-            Command::ListenAddrs { reply } => {
-                let _ = reply.send(self.swarm.listeners().cloned().collect());
-            }
-            Command::ListenOn { addr } => {
-                if let Err(e) = self.swarm.listen_on(addr.clone()) {
-                    warn!(%addr, error = %e, "cannot listen");
-                }
-            }
             Command::AddAddress { peer, addr } => {
                 self.swarm.add_peer_address(peer, addr.clone());
                 if let Some(k) = self.swarm.behaviour_mut().kad.as_mut() {
@@ -857,11 +823,6 @@ impl Actor {
                         gossipsub::MessageAcceptance::Reject
                     };
                     g.report_message_validation_result(&id.id, &id.propagation_source, verdict);
-                }
-            }
-            Command::GossipAddExplicitPeer { peer } => {
-                if let Some(g) = self.swarm.behaviour_mut().gossip.as_mut() {
-                    g.add_explicit_peer(&peer);
                 }
             }
         }

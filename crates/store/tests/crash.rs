@@ -3,8 +3,9 @@
 //! and checks that every acknowledged write is there, intact and in order.
 //!
 //! The child is this same test binary, re-run with `CHILD_DIR_ENV` set and filtered to
-//! `crash_child_writer`. `NUWA_CRASH_RUNS=<n>` changes the number of crashes (default 10);
-//! `SEED=<n>` replays one run.
+//! this test, which then takes the writer's part (`crash_child_writer`).
+//! `NUWA_CRASH_RUNS=<n>` changes the number of crashes (default 10); `SEED=<n>` replays one
+//! run.
 
 mod common;
 
@@ -43,14 +44,10 @@ fn snapshot_bytes(container: &str, covers: u64) -> Vec<u8> {
     format!("snapshot of {container} through {covers}").into_bytes()
 }
 
-// Not a test on its own: the body of the child process, a no-op unless the parent set
-// `CHILD_DIR_ENV`. It writes forever and is only ever stopped by SIGKILL.
-#[test]
-fn crash_child_writer() {
-    let Some(dir) = std::env::var_os(CHILD_DIR_ENV) else {
-        return;
-    };
-    let dir = Path::new(&dir);
+/// The body of the child process (started by `kill_nine_loses_no_acknowledged_write` with
+/// `CHILD_DIR_ENV` set). It writes forever and is only ever stopped by SIGKILL.
+fn crash_child_writer(dir: &std::ffi::OsStr) {
+    let dir = Path::new(dir);
     let seed: u64 = std::env::var(CHILD_SEED_ENV)
         .expect("seed")
         .parse()
@@ -122,7 +119,7 @@ fn crash_once(seed: u64) {
     let exe = std::env::current_exe().expect("test binary path");
     let mut child = Command::new(exe)
         .args([
-            "crash_child_writer",
+            "kill_nine_loses_no_acknowledged_write",
             "--exact",
             "--nocapture",
             "--test-threads=1",
@@ -231,8 +228,10 @@ fn crash_once(seed: u64) {
 // acknowledged change and snapshot after reopening.
 #[test]
 fn kill_nine_loses_no_acknowledged_write() {
-    if std::env::var_os(CHILD_DIR_ENV).is_some() {
-        return; // Inside a child: only `crash_child_writer` runs there.
+    if let Some(dir) = std::env::var_os(CHILD_DIR_ENV) {
+        // Re-run as the child: write until killed.
+        crash_child_writer(&dir);
+        return;
     }
     let runs: u64 = std::env::var("NUWA_CRASH_RUNS")
         .map_or(10, |n| n.parse().expect("NUWA_CRASH_RUNS is a number"));

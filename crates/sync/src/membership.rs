@@ -197,7 +197,7 @@ impl Membership {
             .map_err(|_| Rejection::BadSignature)?;
         let now_secs = (now_ms / 1000) as i64;
         let ts_secs = (hello.timestamp_ms / 1000) as i64;
-        let scope = hex_key(peer_public);
+        let scope = hex::encode(peer_public);
         self.nonces
             .check(&scope, Hello::DOMAIN, &hello.nonce, ts_secs, now_secs)
             .map_err(|e| Rejection::Replay(e.to_string()))?;
@@ -235,8 +235,4 @@ impl Membership {
             log_extended,
         })
     }
-}
-
-fn hex_key(public: &[u8; 32]) -> String {
-    public.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -32,7 +32,7 @@
 //! comes in as `now_unix_secs`.
 
 use nuwa_identity::canonical::to_canonical_json;
-use nuwa_identity::document::{DidDocument, DidError, MAX_DID_LEN, MAX_FRAGMENT_LEN};
+use nuwa_identity::document::{DidDocument, DidError, MAX_DID_LEN, MAX_FRAGMENT_LEN, shorten};
 use nuwa_identity::keys::{DeviceKey, KeyError, verify_ed25519};
 use nuwa_identity::log::{DidLog, LogError};
 use nuwa_identity::nip2::signing_hash;
@@ -81,12 +81,11 @@ pub fn dht_key(did: &str) -> [u8; 32] {
 /// limited to 255 bytes, and a hash does not show the DID to the server).
 pub fn rendezvous_namespace(did: &str) -> String {
     let h = signing_hash("", format!("nuwa-rendezvous-{did}").as_bytes());
-    let hex: String = h[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("nuwa-{hex}")
+    format!("nuwa-{}", hex::encode(&h[..16]))
 }
 
 pub fn gossip_topic(did: &str) -> String {
-    hex_lower(&signing_hash(TOPIC_PREFIX, did.as_bytes()))
+    hex::encode(signing_hash(TOPIC_PREFIX, did.as_bytes()))
 }
 
 /// Why a pointer record was not built, encoded, decoded or accepted.
@@ -470,7 +469,7 @@ impl AgentPointer {
             "did_log".into(),
             serde_json::to_value(&self.did_log).map_err(PointerError::Encode)?,
         );
-        object.insert("nonce".into(), Value::from(hex_lower(&self.nonce)));
+        object.insert("nonce".into(), Value::from(hex::encode(self.nonce)));
         object.insert("peer_id".into(), Value::from(self.peer_id.as_str()));
         object.insert("timestamp".into(), Value::from(self.timestamp_unix_secs));
         object.insert("topic".into(), Value::from(self.topic.as_str()));
@@ -479,7 +478,7 @@ impl AgentPointer {
 
     fn encode_unchecked(&self) -> Result<Vec<u8>, PointerError> {
         let mut object = self.unsigned_object()?;
-        object.insert("signature".into(), Value::from(hex_lower(&self.signature)));
+        object.insert("signature".into(), Value::from(hex::encode(self.signature)));
         to_canonical_json(&Value::Object(object)).map_err(PointerError::Encode)
     }
 }
@@ -495,46 +494,14 @@ fn take_string(value: Value, name: &str) -> Result<String, PointerError> {
     }
 }
 
-/// Caps untrusted strings before they go into error messages and logs.
-fn shorten(s: &str) -> String {
-    const MAX: usize = 96;
-    if s.len() <= MAX {
-        return s.to_owned();
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &s[..end])
-}
-
-fn hex_lower(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
-    }
-    out
-}
-
-/// Exactly `2 * N` lowercase hex digits, or `None`.
+/// Exactly `2 * N` lowercase hex digits, or `None` (lowercase only: the
+/// encoding is canonical).
 fn decode_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    fn digit(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            _ => None,
-        }
-    }
-    let bytes = s.as_bytes();
-    if bytes.len() != 2 * N {
+    if s.bytes().any(|c| c.is_ascii_uppercase()) {
         return None;
     }
     let mut out = [0u8; N];
-    for (slot, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-        *slot = (digit(pair[0])? << 4) | digit(pair[1])?;
-    }
+    hex::decode_to_slice(s, &mut out).ok()?;
     Some(out)
 }
 

@@ -125,13 +125,13 @@ fn canonical(value: &Value) -> Vec<u8> {
 #[test]
 fn dht_key_and_topic_vectors() {
     assert_eq!(
-        hex_lower(&dht_key("abc")),
+        hex::encode(dht_key("abc")),
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     );
     let did = "did:key:z6Mkon3Necd6NkkyfoGoHxid2znGc59LU3K7mubaRcFbLfLX";
     assert_eq!(did, did_key_of(&master()));
     assert_eq!(
-        hex_lower(&dht_key(did)),
+        hex::encode(dht_key(did)),
         "256caa6764a528a224a869c3a262233af195e32586a9267c8cd123f91f6a69b8"
     );
     assert_eq!(
@@ -588,7 +588,7 @@ fn malformed_inputs() {
     };
     let set =
         |field: &'static str, v: Value| with(&move |m| drop(m.insert(field.into(), v.clone())));
-    let nonce_hex = hex_lower(&NONCE);
+    let nonce_hex = hex::encode(NONCE);
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("empty", Vec::new()),
         ("null", b"null".to_vec()),
