@@ -8,6 +8,9 @@
 //! Routes:
 //! - `GET  /v1/status`
 //! - `GET  /v1/devices`
+//! - `POST /v1/devices/revoke`  body `{"context_id": C}`
+//! - `POST /v1/devices/approve` body `{"code": "ABCD-EFGH", "name": N}` (waits
+//!   until the new device is paired or the attempt failed)
 //! - `POST /v1/state/put`     body `{"container": C, "key": K, "value": JSON}`
 //! - `GET  /v1/state/get?container=C[&key=K]`
 //! - `GET  /v1/state/export?container=C`  (Automerge binary)
@@ -61,6 +64,36 @@ pub struct GetQuery {
     pub key: Option<String>,
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RevokeBody {
+    pub context_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RevokeReply {
+    pub revoked: String,
+    /// The key epoch new writes are sealed under from now on.
+    pub epoch: u64,
+    pub did_log_len: usize,
+    /// Context ids of the devices the new sync key was sealed to.
+    pub remaining: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApproveBody {
+    pub code: String,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApproveReply {
+    pub context_id: String,
+    pub name: String,
+    pub peer_id: String,
+    pub did_log_len: usize,
+}
+
 /// An API error with a stable code.
 #[derive(Debug, Clone, Serialize)]
 pub struct ApiError {
@@ -92,6 +125,8 @@ pub enum ApiRequest {
     Status(oneshot::Sender<Status>),
     Devices(oneshot::Sender<Vec<crate::devices::DeviceEntry>>),
     Put(PutBody, oneshot::Sender<Result<PutReply, ApiError>>),
+    Revoke(RevokeBody, oneshot::Sender<Result<RevokeReply, ApiError>>),
+    Approve(ApproveBody, oneshot::Sender<Result<ApproveReply, ApiError>>),
     Get(
         GetQuery,
         oneshot::Sender<Result<serde_json::Value, ApiError>>,
@@ -167,6 +202,28 @@ async fn put(
     Ok(Json(call(&s, |tx| ApiRequest::Put(body, tx)).await??))
 }
 
+async fn revoke(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<RevokeReply>, ApiError> {
+    authorised(&headers, &s.token)?;
+    let body: RevokeBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(400, "bad_request", format!("invalid revoke body: {e}")))?;
+    Ok(Json(call(&s, |tx| ApiRequest::Revoke(body, tx)).await??))
+}
+
+async fn approve(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<ApproveReply>, ApiError> {
+    authorised(&headers, &s.token)?;
+    let body: ApproveBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(400, "bad_request", format!("invalid approve body: {e}")))?;
+    Ok(Json(call(&s, |tx| ApiRequest::Approve(body, tx)).await??))
+}
+
 async fn get_state(
     State(s): State<AppState>,
     headers: HeaderMap,
@@ -210,6 +267,8 @@ pub async fn serve(
     let app = Router::new()
         .route("/v1/status", get(status))
         .route("/v1/devices", get(devices))
+        .route("/v1/devices/revoke", post(revoke))
+        .route("/v1/devices/approve", post(approve))
         .route("/v1/state/put", post(put))
         .route("/v1/state/get", get(get_state))
         .route("/v1/state/export", get(export))

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
-use crate::api::{ApiFile, PutBody, PutReply};
+use crate::api::{ApiFile, ApproveBody, ApproveReply, PutBody, PutReply, RevokeBody, RevokeReply};
 use crate::home;
 use crate::status::Status;
 
@@ -176,5 +176,94 @@ pub fn export(home: &Path, container: &str, out: &Path) -> Result<()> {
     })?;
     std::fs::write(out, &bytes).with_context(|| format!("cannot write {}", out.display()))?;
     println!("wrote {} bytes to {}", bytes.len(), out.display());
+    Ok(())
+}
+
+pub fn approve(home: &Path, code: &str, name: Option<String>) -> Result<()> {
+    let c = Client::new(home).map_err(|_| {
+        anyhow::anyhow!(
+            "no nuwa-node daemon is running for home {}; `device approve` runs inside it (it \
+             searches the network for the new device). Start it with `nuwa-node --home {} run`",
+            home.display(),
+            home.display()
+        )
+    })?;
+    eprintln!("looking for the device showing {code} (up to 60 s)...");
+    let r: ApproveReply = runtime()?.block_on(async {
+        let body = ApproveBody {
+            code: code.to_owned(),
+            name,
+        };
+        let r = c
+            .send(
+                c.http
+                    .post(format!("{}/v1/devices/approve", c.api.url))
+                    .timeout(std::time::Duration::from_secs(120))
+                    .json(&body),
+            )
+            .await?;
+        r.json().await.context("malformed reply from the daemon")
+    })?;
+    println!(
+        "approved: device {} (\"{}\", peer {}) added; DID log now has {} updates",
+        r.context_id, r.name, r.peer_id, r.did_log_len
+    );
+    Ok(())
+}
+
+pub fn revoke(home: &Path, context_id: &str) -> Result<()> {
+    let r: RevokeReply = match crate::daemon::lock_home(home) {
+        Ok(lock) => {
+            // No daemon: revoke on the home's files; the daemon pushes the
+            // update and the new epoch to every peer when it next starts.
+            let h = home::load(home)?;
+            let now = home::now_unix_secs();
+            let master = crate::lifecycle::load_master(home, &h.log, now)?;
+            let r = crate::lifecycle::revoke(
+                &h.log,
+                &h.keys,
+                &master,
+                context_id.trim(),
+                &h.info.context_id,
+                now,
+            )?;
+            home::save_keys(home, &r.keys)?;
+            home::save_grant(home, &r.grant)?;
+            home::save_log(home, &r.log)?;
+            drop(lock);
+            eprintln!(
+                "no daemon is running: revoked in the home; peers learn it when it next runs"
+            );
+            RevokeReply {
+                revoked: context_id.trim().to_owned(),
+                epoch: r.epoch,
+                did_log_len: r.log.len(),
+                remaining: r.remaining,
+            }
+        }
+        Err(_) => {
+            let c = Client::new(home)?;
+            runtime()?.block_on(async {
+                let body = RevokeBody {
+                    context_id: context_id.to_owned(),
+                };
+                let r = c
+                    .send(
+                        c.http
+                            .post(format!("{}/v1/devices/revoke", c.api.url))
+                            .json(&body),
+                    )
+                    .await?;
+                r.json().await.context("malformed reply from the daemon")
+            })?
+        }
+    };
+    println!(
+        "revoked {}: new writes are sealed under key epoch {}, shared with {} device(s): {}",
+        r.revoked,
+        r.epoch,
+        r.remaining.len(),
+        r.remaining.join(", ")
+    );
     Ok(())
 }

@@ -30,6 +30,8 @@ use crate::api::{self, ApiError, ApiFile, ApiRequest, PutBody, PutReply};
 use crate::home::{self, Home};
 use crate::status::{ContainerStatus, DeviceStatus, PeerStatus, RejectionStatus, Status};
 
+mod approve;
+mod lifecycle;
 mod wide;
 
 /// Options of `nuwa-node run` and `sync --once`.
@@ -107,6 +109,12 @@ struct Daemon {
     /// Name and last time each device was seen verified, by context id
     /// (persisted encrypted, for `device list`).
     seen: crate::devices::Seen,
+    /// Envelopes of an epoch whose key has not arrived yet (arrival time,
+    /// peer, envelope), replayed when its grant comes.
+    held: VecDeque<(u64, PeerId, nuwa_crypto::Envelope)>,
+    /// `device approve`: candidates waiting to pair and the approval underway.
+    pairing: approve::Pairing,
+    mdns_on: bool,
 }
 
 pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
@@ -115,12 +123,15 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     let now = home::now_ms();
     let context_id = home.info.context_id.clone();
     let did = home.log.did().to_owned();
-    let membership = Membership::new(
+    let mut membership = Membership::new(
         home.log.clone(),
         context_id.clone(),
         home.info.name.clone(),
         nuwa_identity::keys::DeviceKey::from_seed(&home.device.seed()),
     );
+    if let Some(grant) = &home.grant {
+        membership.set_epoch_grant(grant.clone());
+    }
     match membership.self_authorised(now) {
         Ok(()) => {}
         Err(r) => warn!(
@@ -225,7 +236,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         }
     }
 
-    let secure = SecureChannel::new(did.clone(), context_id.clone(), home.sync_key.clone());
+    let secure = SecureChannel::new(did.clone(), context_id.clone(), home.keys.clone());
     let mut d = Daemon {
         home_dir: home.dir.clone(),
         name: home.info.name.clone(),
@@ -246,6 +257,9 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         fatal: None,
         wide: wide::Wide::new(&did, &opts),
         seen: crate::devices::Seen::default(),
+        held: VecDeque::new(),
+        pairing: approve::Pairing::default(),
+        mdns_on: mdns.is_some(),
     };
     d.seen = crate::devices::Seen::load(d.store.as_ref());
     d.start_wide().await;
@@ -288,6 +302,8 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
             _ = tick.tick() => {
                 let now = home::now_ms();
                 d.secure.prune(now);
+                d.expire_held(now);
+                d.pairing_tick(now).await;
                 let actions = d.engine.tick(now);
                 d.perform(actions).await;
                 d.wide_tick(now).await;
@@ -364,7 +380,7 @@ async fn shutdown_signal() {
 
 /// Holds an exclusive lock on the home so that two daemons never share a
 /// store.
-fn lock_home(dir: &std::path::Path) -> Result<std::fs::File> {
+pub(crate) fn lock_home(dir: &std::path::Path) -> Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(home::LOCK_FILE);
     let f = std::fs::OpenOptions::new()
@@ -469,6 +485,7 @@ impl Daemon {
                     }
                     Err(e) => warn!(error = %e, "cannot build hello"),
                 }
+                self.pairing_on_connected(peer).await;
             }
             NetEvent::Disconnected { peer } => {
                 self.wide.on_disconnected(&peer);
@@ -506,6 +523,10 @@ impl Daemon {
             }
         };
         let now = home::now_ms();
+        if let Frame::Pairing { step, body } = frame {
+            self.on_pairing_frame(peer, step, body).await;
+            return;
+        }
         match (frame, self.peers.get(&peer).cloned()) {
             (Frame::Hello(hello), Some(PeerState::Pending { public, remote })) => {
                 match self.membership.verify_hello(&public, &hello, now) {
@@ -527,6 +548,7 @@ impl Daemon {
                             },
                         );
                         self.on_verified(peer).await;
+                        self.on_grant(peer, &v.epoch_grant).await;
                         let actions = self.engine.peer_up(&peer.to_string(), now);
                         self.perform(actions).await;
                     }
@@ -548,6 +570,7 @@ impl Daemon {
                         if v.log_extended {
                             self.on_log_extended().await;
                         }
+                        self.on_grant(peer, &v.epoch_grant).await;
                     }
                     Err(r) => {
                         info!(%peer, reason = %r, "verified peer rejected on refresh");
@@ -563,6 +586,9 @@ impl Daemon {
                 }),
             ) => match self.secure.open(&env, &context_id, &public, now) {
                 Ok(payload) => self.on_payload(peer, payload, now).await,
+                Err(nuwa_sync::OpenError::UnknownEpoch { epoch, newest }) if epoch > newest => {
+                    self.hold(peer, env);
+                }
                 Err(e) => {
                     self.count(&format!("envelope_rejected_{}", e.label()));
                     debug!(%peer, error = %e, "envelope rejected");
@@ -779,6 +805,10 @@ impl Daemon {
                         });
                     let _ = reply.send(r);
                 }
+                ApiRequest::Revoke(body, reply) => {
+                    let _ = reply.send(self.on_revoke(body).await);
+                }
+                ApiRequest::Approve(body, reply) => self.on_approve(body, reply).await,
                 ApiRequest::Status(reply) => {
                     let _ = reply.send(self.status());
                 }
@@ -858,6 +888,11 @@ impl Daemon {
         let now = home::now_ms();
         let who = ann.peer_id.clone();
         if who == self.net.local_peer_id().to_string() {
+            return;
+        }
+        if matches!(&ann.agent, nuwa_discovery::AgentRef::Did(d) if d.starts_with(crate::pairing::PAIR_AGENT_PREFIX))
+        {
+            self.on_pairing_announcement(&ann, addrs);
             return;
         }
         if !ann.matches_agent(self.membership.did()) {

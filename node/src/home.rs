@@ -5,7 +5,8 @@
 //! HOME/
 //!   device.key     0600  this device's Ed25519 seed (its libp2p identity)
 //!   master.key     0600  the agent's master key (only on the device that ran `init`)
-//!   sync.key       0600  the agent's symmetric sync key for the current epoch
+//!   sync.key       0600  the agent's sync keys, one per key epoch (a key ring)
+//!   epoch-grant    0600  the signed grant that opened the current epoch (forwarded to peers)
 //!   at-rest.key    0600  this device's key for encrypting the store
 //!   did-log.json   0600  the agent's DID document as a signed, hash-chained log
 //!   device.json    0600  this device's context id and name
@@ -19,8 +20,9 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use nuwa_crypto::epoch::KeyRing;
 use nuwa_crypto::{AtRestKey, SyncKey};
-use nuwa_identity::document::{DidDocument, Relationship};
+use nuwa_identity::document::Relationship;
 use nuwa_identity::keys::{DeviceKey, context_id_for};
 use nuwa_identity::log::DidLog;
 use serde::{Deserialize, Serialize};
@@ -28,6 +30,7 @@ use serde::{Deserialize, Serialize};
 pub const DEVICE_KEY: &str = "device.key";
 pub const MASTER_KEY: &str = "master.key";
 pub const SYNC_KEY: &str = "sync.key";
+pub const EPOCH_GRANT: &str = "epoch-grant";
 pub const AT_REST_KEY: &str = "at-rest.key";
 pub const DID_LOG: &str = "did-log.json";
 pub const DEVICE_INFO: &str = "device.json";
@@ -55,7 +58,9 @@ pub struct Home {
     pub dir: PathBuf,
     pub device: DeviceKey,
     pub info: DeviceInfo,
-    pub sync_key: SyncKey,
+    pub keys: KeyRing,
+    /// The encoded grant of the current epoch (None at epoch 0).
+    pub grant: Option<Vec<u8>>,
     pub at_rest: AtRestKey,
     pub log: DidLog,
 }
@@ -108,13 +113,13 @@ fn read(path: &Path) -> Result<Vec<u8>> {
     fs::read(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
-fn create_dir_private(dir: &Path) -> Result<()> {
+pub fn create_dir_private(dir: &Path) -> Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
     Ok(())
 }
 
-fn ensure_empty(dir: &Path) -> Result<()> {
+pub fn ensure_empty(dir: &Path) -> Result<()> {
     if dir.join(DEVICE_KEY).exists() || dir.join(DID_LOG).exists() {
         bail!(
             "{} already holds a nuwa-node home; choose another directory or remove it first",
@@ -128,55 +133,41 @@ fn write_log(dir: &Path, log: &DidLog) -> Result<()> {
     write_private(&dir.join(DID_LOG), &serde_json::to_vec_pretty(log)?)
 }
 
+/// Persists the key ring (after a new epoch).
+pub fn save_keys(dir: &Path, keys: &KeyRing) -> Result<()> {
+    write_private(&dir.join(SYNC_KEY), &keys.to_file_bytes())
+}
+
+/// Persists the grant of the current epoch.
+pub fn save_grant(dir: &Path, grant: &[u8]) -> Result<()> {
+    write_private(&dir.join(EPOCH_GRANT), grant)
+}
+
 /// Persists a newer DID log learned from a peer.
 pub fn save_log(dir: &Path, log: &DidLog) -> Result<()> {
     write_log(dir, log)
 }
 
-fn write_device(
-    dir: &Path,
-    device: &DeviceKey,
-    name: &str,
-    sync_key: &SyncKey,
-) -> Result<DeviceInfo> {
+fn write_device(dir: &Path, device: &DeviceKey, name: &str, keys: &KeyRing) -> Result<DeviceInfo> {
     let info = DeviceInfo {
         context_id: context_id_for(&device.public()),
         name: name.to_owned(),
     };
-    write_private(&dir.join(DEVICE_KEY), &device.to_seed_file_bytes())?;
-    write_private(&dir.join(SYNC_KEY), &sync_key.to_file_bytes())?;
+    save_keys(dir, keys)?;
     let at_rest = AtRestKey::generate().context("cannot generate the at-rest key")?;
     write_private(&dir.join(AT_REST_KEY), &at_rest.to_file_bytes())?;
     write_private(&dir.join(DEVICE_INFO), &serde_json::to_vec_pretty(&info)?)?;
+    // Last: a home counts as one once its device key exists.
+    write_private(&dir.join(DEVICE_KEY), &device.to_seed_file_bytes())?;
     Ok(info)
 }
 
 fn add_device(log: &mut DidLog, master: &DeviceKey, device: &DeviceKey) -> Result<String> {
-    let context_id = context_id_for(&device.public());
-    let mut doc: DidDocument = log.current().clone();
-    doc.add_key(&context_id, &device.public(), DEVICE_RELATIONSHIPS, None)
-        .context("cannot add the device key to the DID document")?;
     // The device's X25519 key (the Montgomery form of its Ed25519 key) goes
     // under `keyAgreement`: new sync-key epochs are sealed to it.
     let x25519 = nuwa_identity::did_key::x25519_public_from_ed25519(&device.public())
         .context("cannot derive the device's key-agreement key")?;
-    doc.add_key_agreement_key(&format!("{context_id}-x25519"), &x25519, None)
-        .context("cannot add the device's key-agreement key to the DID document")?;
-    let master_key_id = master_key_id(log)?;
-    log.append(doc, master, &master_key_id, now_unix_secs())
-        .context("cannot sign the DID document update")?;
-    Ok(context_id)
-}
-
-fn master_key_id(log: &DidLog) -> Result<String> {
-    // The genesis document is the did:key document of the master key, which
-    // holds `capabilityDelegation` there and signs every key change.
-    let genesis = &log.updates().first().context("DID log is empty")?.document;
-    genesis
-        .capability_delegation
-        .first()
-        .cloned()
-        .context("DID log genesis has no capabilityDelegation key")
+    crate::lifecycle::add_device(log, master, &device.public(), &x25519, now_unix_secs())
 }
 
 /// `init`: a new agent with this device as its first device.
@@ -185,12 +176,12 @@ pub fn init(dir: &Path, name: &str) -> Result<Home> {
     ensure_empty(dir)?;
     let master = DeviceKey::generate().context("cannot generate the master key")?;
     let device = DeviceKey::generate().context("cannot generate the device key")?;
-    let sync_key = SyncKey::generate(0).context("cannot generate the sync key")?;
+    let keys = KeyRing::new(SyncKey::generate(0).context("cannot generate the sync key")?);
     let mut log = DidLog::genesis(&master, now_unix_secs()).context("cannot create the DID")?;
     add_device(&mut log, &master, &device)?;
     write_private(&dir.join(MASTER_KEY), &master.to_seed_file_bytes())?;
     write_log(dir, &log)?;
-    write_device(dir, &device, name, &sync_key)?;
+    write_device(dir, &device, name, &keys)?;
     crate::config::write_default(dir)?;
     load(dir)
 }
@@ -217,9 +208,30 @@ pub fn provision(dir: &Path, out: &Path, name: &str) -> Result<DeviceInfo> {
     // learn it from the newer log in the new device's Hello.
     write_log(dir, &log)?;
     write_log(out, &log)?;
-    let info = write_device(out, &device, name, &home.sync_key)?;
+    let info = write_device(out, &device, name, &home.keys)?;
+    if let Some(g) = &home.grant {
+        save_grant(out, g)?;
+    }
     crate::config::write_default(out)?;
     Ok(info)
+}
+
+/// `pair`: the home of a device that was just paired. The device key is
+/// written last, so a crash midway leaves no home that looks complete.
+pub fn write_paired(
+    dir: &Path,
+    device: &DeviceKey,
+    name: &str,
+    keys: &KeyRing,
+    grant: Option<&[u8]>,
+    log: &DidLog,
+) -> Result<DeviceInfo> {
+    write_log(dir, log)?;
+    if let Some(g) = grant {
+        save_grant(dir, g)?;
+    }
+    crate::config::write_default(dir)?;
+    write_device(dir, device, name, keys)
 }
 
 /// Loads an existing home.
@@ -245,8 +257,15 @@ pub fn load(dir: &Path) -> Result<Home> {
     }
     let device = DeviceKey::from_seed_file_bytes(&read(&dir.join(DEVICE_KEY))?)
         .with_context(|| format!("cannot read {}", dir.join(DEVICE_KEY).display()))?;
-    let sync_key = SyncKey::from_file_bytes(&read(&dir.join(SYNC_KEY))?)
-        .with_context(|| format!("cannot read {}", dir.join(SYNC_KEY).display()))?;
+    let keys = read_keys(&dir.join(SYNC_KEY))?;
+    let grant = match fs::read(dir.join(EPOCH_GRANT)) {
+        Ok(g) => Some(g),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("cannot read {}", dir.join(EPOCH_GRANT).display()));
+        }
+    };
     let at_rest = AtRestKey::from_file_bytes(&read(&dir.join(AT_REST_KEY))?)
         .with_context(|| format!("cannot read {}", dir.join(AT_REST_KEY).display()))?;
     let log: DidLog = serde_json::from_slice(&read(&dir.join(DID_LOG))?)
@@ -265,8 +284,22 @@ pub fn load(dir: &Path) -> Result<Home> {
         dir: dir.to_path_buf(),
         device,
         info,
-        sync_key,
+        keys,
+        grant,
         at_rest,
         log,
     })
+}
+
+/// Reads the key ring; a home written before key epochs existed holds a
+/// single sync key, which becomes a ring of one.
+fn read_keys(path: &Path) -> Result<KeyRing> {
+    let bytes = zeroize::Zeroizing::new(read(path)?);
+    match KeyRing::from_file_bytes(&bytes) {
+        Ok(ring) => Ok(ring),
+        Err(ring_err) => match SyncKey::from_file_bytes(&bytes) {
+            Ok(key) => Ok(KeyRing::new(key)),
+            Err(_) => Err(ring_err).with_context(|| format!("cannot read {}", path.display())),
+        },
+    }
 }

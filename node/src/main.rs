@@ -11,6 +11,9 @@ mod daemon;
 mod devices;
 mod home;
 mod infra;
+mod lifecycle;
+mod pair;
+mod pairing;
 mod status;
 
 use std::path::PathBuf;
@@ -53,6 +56,27 @@ enum Command {
         /// A name for this device, shown in status.
         #[arg(long, default_value = "")]
         name: String,
+    },
+    /// Join an agent as a new device: on a fresh home, print a one-time
+    /// pairing code (and its QR) and wait until an authorised device runs
+    /// `nuwa-node device approve CODE`. Then write the home and run the
+    /// initial sync. A wrong code is refused on both sides; three wrong
+    /// attempts burn the code; the code expires (default 10 minutes).
+    Pair {
+        /// A name for this device (default: the host name).
+        #[arg(long, default_value = "")]
+        name: String,
+        /// How long the code stays valid, e.g. 10m.
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+        ttl: std::time::Duration,
+        /// Stop after pairing, without the initial sync.
+        #[arg(long)]
+        no_sync: bool,
+        /// Give the initial sync this long.
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+        sync_timeout: std::time::Duration,
+        #[command(flatten)]
+        net: NetArgs,
     },
     /// Manage the agent's devices.
     Device {
@@ -222,6 +246,28 @@ enum DeviceCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Approve a new device that shows CODE (from `nuwa-node pair`): find it
+    /// on the LAN (mDNS) or through the configured rendezvous servers, check
+    /// the code with SPAKE2, add its keys to the DID document and hand it
+    /// the sync keys. Needs the running daemon of a device holding the
+    /// master key (where `init` ran).
+    Approve {
+        /// The code shown on the new device, e.g. ABCD-EFGH.
+        code: String,
+        /// Name to register the device under (default: the name it gives).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Revoke a device (by its context id, see `device list`): remove its
+    /// keys from the DID document and open a new key epoch, so it receives
+    /// and can decrypt nothing written from now on and its writes are
+    /// refused. Data written before stays readable to the other devices.
+    /// Works through the running daemon, or offline on the home if none
+    /// runs (peers learn it when the daemon next starts).
+    Revoke {
+        /// Context id of the device, e.g. device-0123456789ab.
+        context_id: String,
+    },
     /// Create another device of this agent offline (for testnets and CI): a
     /// home directory holding its key, the updated DID document and the sync
     /// key. Run it in the home where `init` ran.
@@ -312,6 +358,43 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Device {
             command: DeviceCommand::List { json },
         } => client::device_list(&home_dir, json),
+        Command::Device {
+            command: DeviceCommand::Approve { code, name },
+        } => client::approve(&home_dir, &code, name),
+        Command::Device {
+            command: DeviceCommand::Revoke { context_id },
+        } => client::revoke(&home_dir, &context_id),
+        Command::Pair {
+            name,
+            ttl,
+            no_sync,
+            sync_timeout,
+            net,
+        } => {
+            init_tracing_quiet();
+            let listen = parse_addrs("--listen", &net.listen)?;
+            let rendezvous_servers = parse_addrs("--rendezvous", &net.rendezvous)?;
+            let mdns = !net.no_mdns;
+            let mdns_interfaces = net.mdns_interfaces.clone();
+            let sync = if no_sync {
+                None
+            } else {
+                Some(run_options(&home_dir, net, Some(sync_timeout))?)
+            };
+            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            rt.block_on(pair::run(
+                &home_dir,
+                pair::PairOptions {
+                    name,
+                    listen,
+                    mdns,
+                    mdns_interfaces,
+                    rendezvous_servers,
+                    code_ttl: ttl,
+                    sync,
+                },
+            ))
+        }
         Command::Device {
             command: DeviceCommand::Provision { out, name },
         } => {

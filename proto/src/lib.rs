@@ -38,6 +38,10 @@ pub const MAX_DID_LOG_BYTES: usize = 512 * 1024;
 pub const MAX_ID_BYTES: usize = 512;
 /// Longest device name in a [`Hello`].
 pub const MAX_DEVICE_NAME_BYTES: usize = 64;
+/// Largest epoch grant carried in a [`Hello`].
+pub const MAX_EPOCH_GRANT_BYTES: usize = 64 * 1024;
+/// Largest body of a [`Frame::Pairing`] step (a grant carries the DID log).
+pub const MAX_PAIRING_BODY_BYTES: usize = 5 * 1024 * 1024;
 /// Longest reason string in an [`Ack`].
 pub const MAX_REASON_BYTES: usize = 512;
 
@@ -73,6 +77,8 @@ pub struct Hello {
     /// Human-readable device name (may be empty).
     pub device_name: String,
     pub did_log_json: Vec<u8>,
+    /// Encoded epoch grant of the sender's current epoch; empty at epoch 0.
+    pub epoch_grant: Vec<u8>,
     pub timestamp_ms: u64,
     pub nonce: [u8; 16],
     pub signature: [u8; 64],
@@ -92,6 +98,7 @@ impl Hello {
             self.context_id.as_bytes(),
             self.device_name.as_bytes(),
             &self.did_log_json,
+            &self.epoch_grant,
         ] {
             out.extend_from_slice(&(field.len() as u64).to_be_bytes());
             out.extend_from_slice(field);
@@ -107,6 +114,54 @@ impl Hello {
 pub enum Frame {
     Hello(Hello),
     Envelope(Envelope),
+    /// A step of pairing a new device; see `sync.proto`.
+    Pairing {
+        step: PairingStep,
+        body: Vec<u8>,
+    },
+}
+
+/// The steps of [`Frame::Pairing`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PairingStep {
+    Offer,
+    JoinRequest,
+    ApproverConfirm,
+    JoinerConfirm,
+    Grant,
+    Done,
+    Abort,
+}
+
+impl PairingStep {
+    fn to_pb(self) -> pb::pairing::Step {
+        use pb::pairing::Step;
+        match self {
+            PairingStep::Offer => Step::Offer,
+            PairingStep::JoinRequest => Step::JoinRequest,
+            PairingStep::ApproverConfirm => Step::ApproverConfirm,
+            PairingStep::JoinerConfirm => Step::JoinerConfirm,
+            PairingStep::Grant => Step::Grant,
+            PairingStep::Done => Step::Done,
+            PairingStep::Abort => Step::Abort,
+        }
+    }
+
+    fn from_pb(step: i32) -> Result<Self, WireError> {
+        use pb::pairing::Step;
+        Ok(match Step::try_from(step) {
+            Ok(Step::Offer) => PairingStep::Offer,
+            Ok(Step::JoinRequest) => PairingStep::JoinRequest,
+            Ok(Step::ApproverConfirm) => PairingStep::ApproverConfirm,
+            Ok(Step::JoinerConfirm) => PairingStep::JoinerConfirm,
+            Ok(Step::Grant) => PairingStep::Grant,
+            Ok(Step::Done) => PairingStep::Done,
+            Ok(Step::Abort) => PairingStep::Abort,
+            Ok(Step::Unspecified) | Err(_) => {
+                return Err(invalid("pairing step", format!("unknown step {step}")));
+            }
+        })
+    }
 }
 
 /// The plaintext carried inside an [`Envelope`].
@@ -252,6 +307,7 @@ impl Frame {
                 context_id: h.context_id.clone(),
                 device_name: h.device_name.clone(),
                 did_log_json: h.did_log_json.clone(),
+                epoch_grant: h.epoch_grant.clone(),
                 timestamp_ms: h.timestamp_ms,
                 nonce: h.nonce.to_vec(),
                 signature: h.signature.to_vec(),
@@ -263,6 +319,10 @@ impl Frame {
                 nonce: e.nonce.to_vec(),
                 ciphertext: e.ciphertext.clone(),
                 signature: e.signature.to_vec(),
+            }),
+            Frame::Pairing { step, body } => pb::frame::Kind::Pairing(pb::Pairing {
+                step: step.to_pb() as i32,
+                body: body.clone(),
             }),
         };
         pb::Frame { kind: Some(kind) }.encode_to_vec()
@@ -279,6 +339,18 @@ impl Frame {
             None => Err(invalid("frame", "no message kind")),
             Some(pb::frame::Kind::Hello(h)) => Ok(Frame::Hello(h.try_into()?)),
             Some(pb::frame::Kind::Envelope(e)) => Ok(Frame::Envelope(envelope_from_pb(e)?)),
+            Some(pb::frame::Kind::Pairing(p)) => {
+                if p.body.len() > MAX_PAIRING_BODY_BYTES {
+                    return Err(invalid(
+                        "pairing body",
+                        format!("{} bytes, max {MAX_PAIRING_BODY_BYTES}", p.body.len()),
+                    ));
+                }
+                Ok(Frame::Pairing {
+                    step: PairingStep::from_pb(p.step)?,
+                    body: p.body,
+                })
+            }
         }
     }
 }
@@ -301,12 +373,19 @@ impl TryFrom<pb::Hello> for Hello {
                 format!("{} bytes, max {MAX_DID_LOG_BYTES}", h.did_log_json.len()),
             ));
         }
+        if h.epoch_grant.len() > MAX_EPOCH_GRANT_BYTES {
+            return Err(invalid(
+                "hello epoch grant",
+                format!("{} bytes, max {MAX_EPOCH_GRANT_BYTES}", h.epoch_grant.len()),
+            ));
+        }
         Ok(Hello {
             protocol_version: h.protocol_version,
             agent_did: h.agent_did,
             context_id: h.context_id,
             device_name: h.device_name,
             did_log_json: h.did_log_json,
+            epoch_grant: h.epoch_grant,
             timestamp_ms: h.timestamp_ms,
             nonce: fixed("hello nonce", &h.nonce)?,
             signature: fixed("hello signature", &h.signature)?,

@@ -9,6 +9,7 @@ fn sample_hello() -> Hello {
         context_id: "device-abc".into(),
         device_name: "laptop".into(),
         did_log_json: b"{}".to_vec(),
+        epoch_grant: Vec::new(),
         timestamp_ms: 7,
         nonce: [1; 16],
         signature: [2; 64],
@@ -169,4 +170,52 @@ fn oversize_frame_is_refused() {
     let ok = length_prefixed(b"abc").unwrap();
     assert_eq!(split_frame(&ok).unwrap(), Some((&b"abc"[..], &[][..])));
     assert_eq!(split_frame(&ok[..5]).unwrap(), None);
+}
+
+// Goal: pairing steps and a Hello carrying an epoch grant round-trip, and
+// oversized or unknown pairing input is refused with a typed error.
+#[test]
+fn pairing_frames_and_epoch_grants() {
+    for step in [
+        PairingStep::Offer,
+        PairingStep::JoinRequest,
+        PairingStep::ApproverConfirm,
+        PairingStep::JoinerConfirm,
+        PairingStep::Grant,
+        PairingStep::Done,
+        PairingStep::Abort,
+    ] {
+        let f = Frame::Pairing {
+            step,
+            body: vec![9; 40],
+        };
+        assert_eq!(Frame::decode(&f.encode()).unwrap(), f);
+    }
+    let mut h = sample_hello();
+    h.epoch_grant = vec![3; 100];
+    let f = Frame::Hello(h.clone());
+    assert_eq!(Frame::decode(&f.encode()).unwrap(), f);
+    // The grant is covered by the Hello signature.
+    assert_ne!(h.signing_content(), sample_hello().signing_content());
+
+    h.epoch_grant = vec![0; MAX_EPOCH_GRANT_BYTES + 1];
+    let err = Frame::decode(&Frame::Hello(h).encode()).unwrap_err();
+    assert!(err.to_string().contains("epoch grant"), "{err}");
+
+    let big = Frame::Pairing {
+        step: PairingStep::Grant,
+        body: vec![0; MAX_PAIRING_BODY_BYTES + 1],
+    };
+    let err = Frame::decode(&big.encode()).unwrap_err();
+    assert!(err.to_string().contains("pairing body"), "{err}");
+
+    let unknown = pb::Frame {
+        kind: Some(pb::frame::Kind::Pairing(pb::Pairing {
+            step: 42,
+            body: vec![],
+        })),
+    }
+    .encode_to_vec();
+    let err = Frame::decode(&unknown).unwrap_err();
+    assert!(err.to_string().contains("unknown step 42"), "{err}");
 }

@@ -248,6 +248,7 @@ pub enum EpochError {
 ///
 /// Never empty. Keys are boxed so that rebalancing the map moves pointers, not key bytes,
 /// and every key is wiped when the ring is dropped. `Debug` shows the epochs only.
+#[derive(Clone)]
 pub struct KeyRing {
     current: Box<SyncKey>,
     older: BTreeMap<u64, Box<SyncKey>>,

@@ -47,6 +47,8 @@ use crate::encode::update_field;
 pub const PROTOCOL_VERSION: u8 = 1;
 /// Symbols in a pairing code: 8 Crockford base32 symbols carry 40 bits.
 pub const CODE_SYMBOLS: usize = 8;
+/// Symbols of the code that are published as its nameplate.
+pub const NAMEPLATE_SYMBOLS: usize = 2;
 /// How long a freshly generated code stays valid.
 pub const DEFAULT_CODE_TTL_SECS: u64 = 10 * 60;
 /// Longest device name a [`JoinRequest`] may carry, in UTF-8 bytes.
@@ -60,7 +62,7 @@ pub const MAC_BYTES: usize = 32;
 /// Length of the random XChaCha20-Poly1305 nonce of a [`Grant`].
 pub const GRANT_NONCE_BYTES: usize = 24;
 /// Largest grant plaintext (signed DID update plus sync key) the protocol carries.
-pub const MAX_GRANT_PLAINTEXT_BYTES: usize = 64 * 1024;
+pub const MAX_GRANT_PLAINTEXT_BYTES: usize = 4 * 1024 * 1024;
 /// Largest encoded pairing message of any kind; a reader may refuse longer frames unread.
 pub const MAX_MESSAGE_BYTES: usize = GRANT_MAX_BYTES;
 
@@ -325,6 +327,18 @@ impl PairingCode {
         now_unix_secs >= self.expires_at_unix_secs
     }
 
+    /// The code's first [`NAMEPLATE_SYMBOLS`] symbols, published (in mDNS and
+    /// rendezvous) so that the approving device can find the new one. They
+    /// are public: the PAKE's secret is the remaining 30 bits, and with three
+    /// guesses per code an attacker succeeds with probability 3 / 2^30.
+    #[must_use]
+    pub fn nameplate(&self) -> String {
+        self.symbols[..NAMEPLATE_SYMBOLS]
+            .iter()
+            .map(|&b| b as char)
+            .collect()
+    }
+
     /// The SPAKE2 password: a domain separator and the 8 canonical symbols.
     fn password(&self) -> Zeroizing<Vec<u8>> {
         let mut out = Zeroizing::new(Vec::with_capacity(PASSWORD_DOMAIN.len() + CODE_SYMBOLS));
@@ -520,7 +534,7 @@ impl Grant {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = header(KIND_GRANT, GRANT_MAX_BYTES);
         out.extend_from_slice(&self.nonce);
-        // `Approver::grant` caps the plaintext at 64 KiB and `decode` caps the ciphertext, so
+        // `Approver::grant` caps the plaintext at 4 MiB and `decode` caps the ciphertext, so
         // the length fits a u32.
         out.extend_from_slice(&(self.ciphertext.len() as u32).to_be_bytes());
         out.extend_from_slice(&self.ciphertext);

@@ -75,6 +75,8 @@ pub struct VerifiedPeer {
     pub public: [u8; 32],
     /// Whether the peer's DID log extended ours (the caller persists it).
     pub log_extended: bool,
+    /// The epoch grant the peer forwarded (empty if none); unverified.
+    pub epoch_grant: Vec<u8>,
 }
 
 /// This device's view of the agent.
@@ -84,6 +86,7 @@ pub struct Membership {
     name: String,
     device: DeviceKey,
     nonces: NonceStore,
+    epoch_grant: Vec<u8>,
 }
 
 fn map_doc_error(e: nuwa_identity::document::DidError) -> Rejection {
@@ -108,7 +111,30 @@ impl Membership {
             name,
             device,
             nonces: NonceStore::new(HELLO_REPLAY_WINDOW_SECS, 4096, 1024),
+            epoch_grant: Vec::new(),
         }
+    }
+
+    /// The grant of our current key epoch, forwarded in every Hello.
+    pub fn set_epoch_grant(&mut self, grant: Vec<u8>) {
+        self.epoch_grant = grant;
+    }
+
+    /// Adopts a log this device extended itself (a signed update it made).
+    /// Refuses a log that does not verifiably extend ours.
+    pub fn adopt_log(&mut self, log: DidLog, now_ms: u64) -> Result<bool, Rejection> {
+        let mut merged = self.log.clone();
+        let outcome = merged
+            .merge_from(&log, (now_ms / 1000) as i64)
+            .map_err(|e| match e {
+                nuwa_identity::log::LogError::Fork { .. } => Rejection::DidLogFork,
+                other => Rejection::BadDidLog(other.to_string()),
+            })?;
+        let extended = matches!(outcome, MergeOutcome::Extended { .. });
+        if extended {
+            self.log = merged;
+        }
+        Ok(extended)
     }
 
     pub fn did(&self) -> &str {
@@ -168,6 +194,7 @@ impl Membership {
             context_id: self.context_id.clone(),
             device_name: self.name.clone(),
             did_log_json,
+            epoch_grant: self.epoch_grant.clone(),
             timestamp_ms: now_ms,
             nonce,
             signature: [0; 64],
@@ -233,6 +260,7 @@ impl Membership {
             name: hello.device_name.clone(),
             public: *peer_public,
             log_extended,
+            epoch_grant: hello.epoch_grant.clone(),
         })
     }
 }

@@ -17,7 +17,7 @@ fn idle_round_costs_a_few_hundred_bytes_per_peer() {
     let secure = SecureChannel::new(
         did.into(),
         "device-0123456789ab".into(),
-        SyncKey::generate(0).unwrap(),
+        nuwa_crypto::epoch::KeyRing::new(SyncKey::generate(0).unwrap()),
     );
     for (containers, max_bytes) in [(1usize, 300usize), (3, 400), (10, 900)] {
         let mut engine = Engine::new(device.public().to_vec(), Config::default());

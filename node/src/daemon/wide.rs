@@ -67,6 +67,11 @@ pub struct Wide {
 }
 
 impl Wide {
+    /// The rendezvous servers configured (with their PeerIds).
+    pub fn rv_servers(&self) -> &[(PeerId, Multiaddr)] {
+        &self.rv_servers
+    }
+
     pub fn new(did: &str, opts: &RunOptions) -> Self {
         let with_peer = |addrs: &[Multiaddr]| -> Vec<(PeerId, Multiaddr)> {
             addrs
@@ -423,6 +428,7 @@ impl Daemon {
             } => {
                 for r in registrations {
                     if r.namespace != self.wide.namespace {
+                        self.on_pairing_registration(r.peer, &r.namespace, r.addrs);
                         continue;
                     }
                     debug!(%server, peer = %r.peer, "rendezvous registration");

@@ -1,0 +1,536 @@
+//! `device approve CODE`: the approving side of pairing, inside the daemon.
+//!
+//! Find the new device by its code's nameplate (mDNS first, then the
+//! configured rendezvous servers), dial it, run SPAKE2 on the code, sign the
+//! DID update adding its keys, and send the DID log and key ring sealed under
+//! the PAKE session key. One approval at a time; failures are counted
+//! against the code by an attempt limiter.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use nuwa_crypto::pairing::{
+    Approver, AttemptLimiter, JoinRequest, JoinerConfirm, PairingCode, PairingError,
+};
+use nuwa_net::{Multiaddr, PeerId, public_from_peer_id};
+use nuwa_proto::{Frame, PairingStep};
+use tokio::sync::oneshot;
+use tracing::{debug, info, warn};
+
+use super::Daemon;
+use crate::api::{ApiError, ApproveBody, ApproveReply};
+use crate::home;
+use crate::lifecycle;
+use crate::pairing::{GrantPlaintext, PAIR_AGENT_PREFIX, rendezvous_namespace};
+
+/// How long one approval may take in total.
+const APPROVE_TIMEOUT_MS: u64 = 60_000;
+/// How long a dialed candidate has to start the exchange.
+const CANDIDATE_TIMEOUT_MS: u64 = 10_000;
+/// Rendezvous lookups while searching.
+const RV_LOOKUP_MS: u64 = 2_000;
+/// Pairing candidates remembered (mDNS and rendezvous), and for how long.
+const MAX_CANDIDATES: usize = 64;
+const CANDIDATE_TTL_MS: u64 = 15 * 60_000;
+/// Longest abort reason accepted or sent.
+const MAX_REASON_BYTES: usize = 256;
+
+pub(super) struct Candidate {
+    nameplate: String,
+    addrs: Vec<Multiaddr>,
+    seen_ms: u64,
+}
+
+pub(super) struct Approval {
+    code: PairingCode,
+    name: Option<String>,
+    reply: oneshot::Sender<Result<ApproveReply, ApiError>>,
+    deadline_ms: u64,
+    /// The candidate being talked to, and since when.
+    target: Option<(PeerId, u64)>,
+    session: Option<Approver>,
+    tried: BTreeSet<PeerId>,
+    next_rv_ms: u64,
+    /// Set once the grant is sent: what to answer when the device confirms.
+    granted: Option<ApproveReply>,
+}
+
+#[derive(Default)]
+pub(super) struct Pairing {
+    candidates: BTreeMap<PeerId, Candidate>,
+    approval: Option<Approval>,
+    limiter: AttemptLimiter,
+}
+
+fn pairing_error(e: &PairingError) -> ApiError {
+    let code = match e {
+        PairingError::WrongCode => "wrong_code",
+        PairingError::Expired => "code_expired",
+        PairingError::CodeBurned => "code_burned",
+        PairingError::RateLimited { .. } => "rate_limited",
+        PairingError::BadCode { .. } => "bad_code",
+        _ => "pairing_failed",
+    };
+    let status = match e {
+        PairingError::RateLimited { .. } => 429,
+        PairingError::BadCode { .. } => 400,
+        _ => 409,
+    };
+    ApiError::new(status, code, e.to_string())
+}
+
+fn clip(mut s: String) -> String {
+    while s.len() > MAX_REASON_BYTES {
+        s.pop();
+    }
+    s
+}
+
+impl Daemon {
+    pub(super) async fn on_approve(
+        &mut self,
+        body: ApproveBody,
+        reply: oneshot::Sender<Result<ApproveReply, ApiError>>,
+    ) {
+        if self.pairing.approval.is_some() {
+            let _ = reply.send(Err(ApiError::new(
+                409,
+                "busy",
+                "another approval is in progress on this device; wait for it to finish",
+            )));
+            return;
+        }
+        let code = match PairingCode::parse(&body.code) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = reply.send(Err(pairing_error(&e)));
+                return;
+            }
+        };
+        if let Some(name) = &body.name {
+            if name.is_empty() || name.len() > nuwa_proto::MAX_DEVICE_NAME_BYTES {
+                let _ = reply.send(Err(ApiError::new(
+                    400,
+                    "bad_name",
+                    "a device name must be 1 to 64 bytes",
+                )));
+                return;
+            }
+        }
+        if let Err(e) =
+            lifecycle::load_master(&self.home_dir, self.membership.log(), home::now_unix_secs())
+        {
+            let _ = reply.send(Err(ApiError::new(403, "not_key_manager", format!("{e:#}"))));
+            return;
+        }
+        if !self.mdns_on && self.wide.rv_servers().is_empty() {
+            let _ = reply.send(Err(ApiError::new(
+                409,
+                "no_discovery",
+                "mDNS is off and no rendezvous server is configured, so the new device cannot be found",
+            )));
+            return;
+        }
+        let now = home::now_ms();
+        if let Err(e) = self.pairing.limiter.begin_attempt(&code, now / 1000) {
+            let _ = reply.send(Err(pairing_error(&e)));
+            return;
+        }
+        info!(nameplate = %code.nameplate(), "approving a new device");
+        self.count("pairing_approvals_started");
+        self.pairing.approval = Some(Approval {
+            code,
+            name: body.name,
+            reply,
+            deadline_ms: now + APPROVE_TIMEOUT_MS,
+            target: None,
+            session: None,
+            tried: BTreeSet::new(),
+            next_rv_ms: 0,
+            granted: None,
+        });
+        self.pairing_tick(now).await;
+    }
+
+    /// Ends the approval with `result`.
+    async fn finish_approval(&mut self, result: Result<ApproveReply, ApiError>) {
+        let Some(a) = self.pairing.approval.take() else {
+            return;
+        };
+        match &result {
+            Ok(r) => {
+                self.pairing.limiter.record_success(&a.code);
+                self.count("pairing_approvals_succeeded");
+                info!(context_id = %r.context_id, name = %r.name, "new device paired");
+            }
+            Err(e) => {
+                self.count("pairing_approvals_failed");
+                warn!(code = e.code, reason = %e.message, "approval failed");
+                if let Some((peer, _)) = a.target {
+                    if a.granted.is_none() {
+                        let _ = self
+                            .net
+                            .send(
+                                peer,
+                                Frame::Pairing {
+                                    step: PairingStep::Abort,
+                                    body: clip(e.message.clone()).into_bytes(),
+                                }
+                                .encode(),
+                            )
+                            .await;
+                    }
+                }
+            }
+        }
+        let _ = a.reply.send(result);
+    }
+
+    /// Timeouts, and the search: next candidate, rendezvous lookups.
+    pub(super) async fn pairing_tick(&mut self, now: u64) {
+        self.pairing
+            .candidates
+            .retain(|_, c| now.saturating_sub(c.seen_ms) < CANDIDATE_TTL_MS);
+        let Some(a) = &mut self.pairing.approval else {
+            return;
+        };
+        if now >= a.deadline_ms {
+            let msg = if a.granted.is_some() {
+                "the new device did not confirm the grant in time; it may still have been \
+                 added: check `nuwa-node device list`"
+                    .to_owned()
+            } else if a.tried.is_empty() {
+                format!(
+                    "no device showing a code that starts with {}- was found within {} s \
+                     (searched: {}); is `nuwa-node pair` running and reachable?",
+                    a.code.nameplate(),
+                    APPROVE_TIMEOUT_MS / 1000,
+                    self.search_sources()
+                )
+            } else {
+                "the new device did not complete pairing in time".to_owned()
+            };
+            self.finish_approval(Err(ApiError::new(408, "timeout", msg)))
+                .await;
+            return;
+        }
+        if let Some((peer, since)) = a.target {
+            if a.session.is_none() && now.saturating_sub(since) > CANDIDATE_TIMEOUT_MS {
+                debug!(%peer, "pairing candidate did not answer; trying the next");
+                a.target = None;
+            } else {
+                return;
+            }
+        }
+        let nameplate = a.code.nameplate();
+        let next = self
+            .pairing
+            .candidates
+            .iter()
+            .find(|(p, c)| c.nameplate == nameplate && !a.tried.contains(p))
+            .map(|(p, c)| (*p, c.addrs.clone()));
+        if let Some((peer, addrs)) = next {
+            a.tried.insert(peer);
+            a.target = Some((peer, now));
+            info!(%peer, "found the new device; connecting");
+            if self.peers.contains_key(&peer) {
+                self.send_offer(peer).await;
+            } else {
+                let _ = self.net.dial(Some(peer), addrs).await;
+            }
+            return;
+        }
+        if now >= a.next_rv_ms {
+            a.next_rv_ms = now + RV_LOOKUP_MS;
+            let ns = rendezvous_namespace(&nameplate);
+            for (server, _) in self.wide.rv_servers().to_vec() {
+                let _ = self.net.rendezvous_discover(server, ns.clone()).await;
+            }
+        }
+    }
+
+    fn search_sources(&self) -> String {
+        let mut s = Vec::new();
+        if self.mdns_on {
+            s.push("mDNS on the LAN".to_owned());
+        }
+        let n = self.wide.rv_servers().len();
+        if n > 0 {
+            s.push(format!("{n} rendezvous server(s)"));
+        }
+        s.join(", ")
+    }
+
+    /// A connection came up: if it is the candidate we dialed, offer.
+    pub(super) async fn pairing_on_connected(&mut self, peer: PeerId) {
+        if matches!(&self.pairing.approval, Some(a) if a.target.map(|t| t.0) == Some(peer)) {
+            self.send_offer(peer).await;
+        }
+    }
+
+    async fn send_offer(&mut self, peer: PeerId) {
+        let frame = Frame::Pairing {
+            step: PairingStep::Offer,
+            body: Vec::new(),
+        };
+        let _ = self.net.send(peer, frame.encode()).await;
+    }
+
+    /// An mDNS announcement of a device waiting to pair (self-signed by the
+    /// key behind its PeerId).
+    pub(super) fn on_pairing_announcement(
+        &mut self,
+        ann: &nuwa_discovery::Announcement,
+        addrs: Vec<Multiaddr>,
+    ) {
+        let nuwa_discovery::AgentRef::Did(agent) = &ann.agent else {
+            return;
+        };
+        let Some(nameplate) = agent.strip_prefix(PAIR_AGENT_PREFIX) else {
+            return;
+        };
+        let Ok(peer) = ann.peer_id.parse::<PeerId>() else {
+            self.count("pairing_announcements_rejected");
+            return;
+        };
+        let Some(public) = public_from_peer_id(&peer) else {
+            self.count("pairing_announcements_rejected");
+            return;
+        };
+        let now = home::now_ms();
+        if ann
+            .verify(&public, (now / 1000) as i64, super::ANNOUNCE_MAX_AGE_SECS)
+            .is_err()
+            || addrs.is_empty()
+        {
+            self.count("pairing_announcements_rejected");
+            return;
+        }
+        self.add_candidate(peer, nameplate, addrs, now);
+    }
+
+    /// A rendezvous registration under a pairing namespace.
+    pub(super) fn on_pairing_registration(
+        &mut self,
+        peer: PeerId,
+        namespace: &str,
+        addrs: Vec<Multiaddr>,
+    ) {
+        let Some(a) = &self.pairing.approval else {
+            return;
+        };
+        let nameplate = a.code.nameplate();
+        if namespace != rendezvous_namespace(&nameplate) || addrs.is_empty() {
+            return;
+        }
+        self.add_candidate(peer, &nameplate, addrs, home::now_ms());
+    }
+
+    fn add_candidate(&mut self, peer: PeerId, nameplate: &str, addrs: Vec<Multiaddr>, now: u64) {
+        if peer == self.net.local_peer_id() || nameplate.len() > 8 {
+            return;
+        }
+        let c = &mut self.pairing.candidates;
+        if !c.contains_key(&peer) && c.len() >= MAX_CANDIDATES {
+            let oldest = c.iter().min_by_key(|(_, v)| v.seen_ms).map(|(p, _)| *p);
+            if let Some(p) = oldest {
+                c.remove(&p);
+            }
+        }
+        c.insert(
+            peer,
+            Candidate {
+                nameplate: nameplate.to_owned(),
+                addrs: addrs.into_iter().take(16).collect(),
+                seen_ms: now,
+            },
+        );
+    }
+
+    /// A pairing step from `peer`.
+    pub(super) async fn on_pairing_frame(
+        &mut self,
+        peer: PeerId,
+        step: PairingStep,
+        body: Vec<u8>,
+    ) {
+        let ours = matches!(&self.pairing.approval, Some(a) if a.target.map(|t| t.0) == Some(peer));
+        if !ours {
+            self.count("pairing_frames_unexpected");
+            debug!(%peer, ?step, "pairing step from a peer we are not pairing with");
+            return;
+        }
+        let result = match step {
+            PairingStep::JoinRequest => self.on_join_request(peer, &body).await,
+            PairingStep::JoinerConfirm => self.on_joiner_confirm(peer, &body).await,
+            PairingStep::Done => {
+                let granted = self
+                    .pairing
+                    .approval
+                    .as_mut()
+                    .and_then(|a| a.granted.take());
+                match granted {
+                    Some(r) => {
+                        self.finish_approval(Ok(r)).await;
+                        return;
+                    }
+                    None => Err(ApiError::new(
+                        409,
+                        "pairing_failed",
+                        "the new device confirmed a grant that was never sent",
+                    )),
+                }
+            }
+            PairingStep::Abort => {
+                let reason = clip(String::from_utf8_lossy(&body).into_owned());
+                let wrong = reason.contains("does not match");
+                if wrong {
+                    if let Some(a) = &self.pairing.approval {
+                        let code = a.code.clone();
+                        self.pairing.limiter.record_failure(&code);
+                    }
+                }
+                let code = if wrong {
+                    "wrong_code"
+                } else {
+                    "pairing_failed"
+                };
+                if let Some(a) = &mut self.pairing.approval {
+                    a.target = None; // do not answer an abort with an abort
+                }
+                Err(ApiError::new(
+                    409,
+                    code,
+                    format!("the new device refused the pairing: {reason}"),
+                ))
+            }
+            other => Err(ApiError::new(
+                409,
+                "pairing_failed",
+                format!("unexpected pairing step {other:?} from the new device"),
+            )),
+        };
+        if let Err(e) = result {
+            self.finish_approval(Err(e)).await;
+        }
+    }
+
+    async fn on_join_request(&mut self, peer: PeerId, body: &[u8]) -> Result<(), ApiError> {
+        let req = JoinRequest::decode(body).map_err(|e| pairing_error(&e))?;
+        let Some(a) = &mut self.pairing.approval else {
+            return Ok(());
+        };
+        if a.session.is_some() {
+            return Err(ApiError::new(
+                409,
+                "pairing_failed",
+                "the new device restarted the exchange",
+            ));
+        }
+        let local = self.net.local_peer_id().to_string();
+        let mut session = Approver::new(a.code.clone(), &local, &peer.to_string())
+            .map_err(|e| pairing_error(&e))?;
+        let confirm = session
+            .on_join_request(&req, home::now_unix_secs() as u64)
+            .map_err(|e| pairing_error(&e))?;
+        a.session = Some(session);
+        let frame = Frame::Pairing {
+            step: PairingStep::ApproverConfirm,
+            body: confirm.encode(),
+        };
+        let _ = self.net.send(peer, frame.encode()).await;
+        Ok(())
+    }
+
+    async fn on_joiner_confirm(&mut self, peer: PeerId, body: &[u8]) -> Result<(), ApiError> {
+        let msg = JoinerConfirm::decode(body).map_err(|e| pairing_error(&e))?;
+        let Some(a) = &mut self.pairing.approval else {
+            return Ok(());
+        };
+        let Some(session) = a.session.as_mut() else {
+            return Err(ApiError::new(
+                409,
+                "pairing_failed",
+                "confirmation before the join request",
+            ));
+        };
+        let joiner = match session.on_joiner_confirm(&msg, home::now_unix_secs() as u64) {
+            Ok(j) => j,
+            Err(e) => {
+                if e.counts_as_failed_attempt() {
+                    let code = a.code.clone();
+                    self.pairing.limiter.record_failure(&code);
+                }
+                return Err(pairing_error(&e));
+            }
+        };
+        // The PAKE authenticated the keys; they must also be the key behind
+        // the connection, and its key-agreement key its Montgomery form.
+        if public_from_peer_id(&peer) != Some(joiner.ed25519_public) {
+            return Err(ApiError::new(
+                409,
+                "pairing_failed",
+                "the new device's key is not the key of its connection",
+            ));
+        }
+        let x = nuwa_identity::did_key::x25519_public_from_ed25519(&joiner.ed25519_public).ok();
+        if x != Some(joiner.x25519_public) {
+            return Err(ApiError::new(
+                409,
+                "pairing_failed",
+                "the new device's key-agreement key does not match its signing key",
+            ));
+        }
+        let name = a.name.clone().unwrap_or_else(|| joiner.name.clone());
+        let now_secs = home::now_unix_secs();
+        let master = lifecycle::load_master(&self.home_dir, self.membership.log(), now_secs)
+            .map_err(|e| ApiError::new(403, "not_key_manager", format!("{e:#}")))?;
+        let mut log = self.membership.log().clone();
+        let context_id = lifecycle::add_device(
+            &mut log,
+            &master,
+            &joiner.ed25519_public,
+            &joiner.x25519_public,
+            now_secs,
+        )
+        .map_err(|e| ApiError::new(500, "internal", format!("{e:#}")))?;
+        drop(master);
+        let grant_pt = GrantPlaintext::new(&log, self.secure.keys(), &self.current_grant(), &name)
+            .to_bytes()
+            .map_err(|e| ApiError::new(500, "internal", format!("{e:#}")))?;
+        let Some(a) = &mut self.pairing.approval else {
+            return Ok(());
+        };
+        let Some(session) = a.session.as_mut() else {
+            return Ok(());
+        };
+        let grant = session.grant(&grant_pt).map_err(|e| pairing_error(&e))?;
+        // The device is ours now: record it durably before it learns so.
+        home::save_log(&self.home_dir, &log)
+            .map_err(|e| ApiError::new(500, "storage_failed", format!("{e:#}")))?;
+        self.membership
+            .adopt_log(log.clone(), home::now_ms())
+            .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
+        self.seen.saw(&context_id, &name, 0);
+        self.seen.save(self.store.as_ref());
+        if let Some(a) = &mut self.pairing.approval {
+            a.granted = Some(ApproveReply {
+                context_id: context_id.clone(),
+                name: name.clone(),
+                peer_id: peer.to_string(),
+                did_log_len: log.len(),
+            });
+        }
+        let frame = Frame::Pairing {
+            step: PairingStep::Grant,
+            body: grant.encode(),
+        };
+        let _ = self.net.send(peer, frame.encode()).await;
+        info!(%context_id, %name, "DID document updated with the new device; grant sent");
+        self.on_log_extended().await;
+        Ok(())
+    }
+
+    fn current_grant(&self) -> Vec<u8> {
+        std::fs::read(self.home_dir.join(home::EPOCH_GRANT)).unwrap_or_default()
+    }
+}
