@@ -84,6 +84,9 @@ pub struct ApproveBody {
     pub code: String,
     #[serde(default)]
     pub name: Option<String>,
+    /// Give up after this many seconds (default 60, at most 600).
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -179,7 +179,12 @@ pub fn export(home: &Path, container: &str, out: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn approve(home: &Path, code: &str, name: Option<String>) -> Result<()> {
+pub fn approve(
+    home: &Path,
+    code: &str,
+    name: Option<String>,
+    timeout: std::time::Duration,
+) -> Result<()> {
     let c = Client::new(home).map_err(|_| {
         anyhow::anyhow!(
             "no nuwa-node daemon is running for home {}; `device approve` runs inside it (it \
@@ -188,17 +193,21 @@ pub fn approve(home: &Path, code: &str, name: Option<String>) -> Result<()> {
             home.display()
         )
     })?;
-    eprintln!("looking for the device showing {code} (up to 60 s)...");
+    eprintln!(
+        "looking for the device showing {code} (up to {} s)...",
+        timeout.as_secs()
+    );
     let r: ApproveReply = runtime()?.block_on(async {
         let body = ApproveBody {
             code: code.to_owned(),
             name,
+            timeout_secs: Some(timeout.as_secs()),
         };
         let r = c
             .send(
                 c.http
                     .post(format!("{}/v1/devices/approve", c.api.url))
-                    .timeout(std::time::Duration::from_secs(120))
+                    .timeout(timeout + std::time::Duration::from_secs(30))
                     .json(&body),
             )
             .await?;

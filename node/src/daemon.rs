@@ -880,7 +880,11 @@ impl Daemon {
             DiscoveryEvent::Malformed { instance, reason } => {
                 self.reject("mdns", instance, &Rejection::Malformed(reason));
             }
-            _ => {}
+            DiscoveryEvent::Expired { instance } => {
+                if let Ok(peer) = instance.parse::<PeerId>() {
+                    self.pairing_candidate_gone(&peer);
+                }
+            }
         }
     }
 

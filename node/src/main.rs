@@ -257,6 +257,9 @@ enum DeviceCommand {
         /// Name to register the device under (default: the name it gives).
         #[arg(long)]
         name: Option<String>,
+        /// Give up after this long (at most 10m).
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+        timeout: std::time::Duration,
     },
     /// Revoke a device (by its context id, see `device list`): remove its
     /// keys from the DID document and open a new key epoch, so it receives
@@ -359,8 +362,13 @@ fn real_main(cli: Cli) -> Result<()> {
             command: DeviceCommand::List { json },
         } => client::device_list(&home_dir, json),
         Command::Device {
-            command: DeviceCommand::Approve { code, name },
-        } => client::approve(&home_dir, &code, name),
+            command:
+                DeviceCommand::Approve {
+                    code,
+                    name,
+                    timeout,
+                },
+        } => client::approve(&home_dir, &code, name, timeout),
         Command::Device {
             command: DeviceCommand::Revoke { context_id },
         } => client::revoke(&home_dir, &context_id),

@@ -175,6 +175,7 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
     let shutdown = tokio::signal::ctrl_c();
     tokio::pin!(shutdown);
     let mut outcome: Option<Result<Paired>> = None;
+    let mut last_peer: Option<PeerId> = None;
     while outcome.is_none() {
         tokio::select! {
             _ = &mut shutdown => outcome = Some(Err(anyhow::anyhow!("pairing cancelled; nothing was written"))),
@@ -215,6 +216,7 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
                         let Ok(Frame::Pairing { step, body }) = Frame::decode(&frame) else {
                             continue; // the approver's Hello and the like
                         };
+                        last_peer = Some(peer);
                         let step_result = on_step(
                             peer, step, &body, &net, &code, &keys, &name, &local,
                             &mut limiter, &mut session, &device, dir,
@@ -243,6 +245,15 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
     let paired = match paired {
         Ok(p) => p,
         Err(e) => {
+            // Let a final abort reach the approver (it hangs up on it).
+            if let Some(peer) = last_peer {
+                let linger = tokio::time::Instant::now() + Duration::from_secs(3);
+                while let Ok(Some(ev)) = tokio::time::timeout_at(linger, events.recv()).await {
+                    if matches!(ev, NetEvent::Disconnected { peer: p } if p == peer) {
+                        break;
+                    }
+                }
+            }
             cancel.cancel();
             if let Some(m) = mdns {
                 let _ = m.shutdown();

@@ -22,8 +22,9 @@ use crate::home;
 use crate::lifecycle;
 use crate::pairing::{GrantPlaintext, PAIR_AGENT_PREFIX, rendezvous_namespace};
 
-/// How long one approval may take in total.
+/// How long one approval may take in total, unless the request says.
 const APPROVE_TIMEOUT_MS: u64 = 60_000;
+const MAX_APPROVE_TIMEOUT_MS: u64 = 10 * 60_000;
 /// How long a dialed candidate has to start the exchange.
 const CANDIDATE_TIMEOUT_MS: u64 = 10_000;
 /// Rendezvous lookups while searching.
@@ -44,6 +45,7 @@ pub(super) struct Approval {
     code: PairingCode,
     name: Option<String>,
     reply: oneshot::Sender<Result<ApproveReply, ApiError>>,
+    timeout_ms: u64,
     deadline_ms: u64,
     /// The candidate being talked to, and since when.
     target: Option<(PeerId, u64)>,
@@ -137,11 +139,16 @@ impl Daemon {
         }
         info!(nameplate = %code.nameplate(), "approving a new device");
         self.count("pairing_approvals_started");
+        let timeout_ms = body
+            .timeout_secs
+            .map(|s| s.saturating_mul(1000).clamp(1000, MAX_APPROVE_TIMEOUT_MS))
+            .unwrap_or(APPROVE_TIMEOUT_MS);
         self.pairing.approval = Some(Approval {
             code,
             name: body.name,
             reply,
-            deadline_ms: now + APPROVE_TIMEOUT_MS,
+            timeout_ms,
+            deadline_ms: now + timeout_ms,
             target: None,
             session: None,
             tried: BTreeSet::new(),
@@ -203,8 +210,15 @@ impl Daemon {
                     "no device showing a code that starts with {}- was found within {} s \
                      (searched: {}); is `nuwa-node pair` running and reachable?",
                     a.code.nameplate(),
-                    APPROVE_TIMEOUT_MS / 1000,
+                    a.timeout_ms / 1000,
                     self.search_sources()
+                )
+            } else if a.session.is_none() {
+                format!(
+                    "a device showing a code that starts with {}- was found but did not answer \
+                     within {} s; is `nuwa-node pair` still running?",
+                    a.code.nameplate(),
+                    a.timeout_ms / 1000
                 )
             } else {
                 "the new device did not complete pairing in time".to_owned()
@@ -308,6 +322,11 @@ impl Daemon {
         self.add_candidate(peer, nameplate, addrs, now);
     }
 
+    /// mDNS says a device went away (a `pair` that ended says goodbye).
+    pub(super) fn pairing_candidate_gone(&mut self, peer: &PeerId) {
+        self.pairing.candidates.remove(peer);
+    }
+
     /// A rendezvous registration under a pairing namespace.
     pub(super) fn on_pairing_registration(
         &mut self,
@@ -397,11 +416,16 @@ impl Daemon {
                 if let Some(a) = &mut self.pairing.approval {
                     a.target = None; // do not answer an abort with an abort
                 }
-                Err(ApiError::new(
+                self.finish_approval(Err(ApiError::new(
                     409,
                     code,
                     format!("the new device refused the pairing: {reason}"),
-                ))
+                )))
+                .await;
+                // Nothing more to say to it; closing lets it move on at once.
+                self.peers.remove(&peer);
+                let _ = self.net.disconnect(peer).await;
+                return;
             }
             other => Err(ApiError::new(
                 409,
