@@ -25,6 +25,7 @@ use nuwa_crypto::{AtRestKey, SyncKey};
 use nuwa_identity::document::Relationship;
 use nuwa_identity::keys::{DeviceKey, context_id_for};
 use nuwa_identity::log::DidLog;
+use nuwa_identity::resolver::{ChainResolver, StaticLog};
 use serde::{Deserialize, Serialize};
 
 pub const DEVICE_KEY: &str = "device.key";
@@ -270,8 +271,18 @@ pub fn load(dir: &Path) -> Result<Home> {
         .with_context(|| format!("cannot read {}", dir.join(AT_REST_KEY).display()))?;
     let log: DidLog = serde_json::from_slice(&read(&dir.join(DID_LOG))?)
         .with_context(|| format!("cannot parse {}", dir.join(DID_LOG).display()))?;
-    log.verify(None, now_unix_secs())
-        .with_context(|| format!("{} does not verify", dir.join(DID_LOG).display()))?;
+    // Resolution starts at the local cache; peers extend it at run time
+    // (Hello, DHT pointer) under the same merge rule, and further
+    // `DidResolver`s can be chained here.
+    let did = log.did().to_owned();
+    let resolved = ChainResolver::new()
+        .with(Box::new(StaticLog::new("local cache", Some(log))))
+        .resolve(&did, now_unix_secs());
+    let log = match resolved {
+        Ok(r) if r.skipped.is_empty() => r.log,
+        Ok(r) => bail!("{}: {}", dir.join(DID_LOG).display(), r.skipped[0]),
+        Err(e) => bail!("{} does not verify: {e}", dir.join(DID_LOG).display()),
+    };
     let info: DeviceInfo = match fs::read(dir.join(DEVICE_INFO)) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .with_context(|| format!("cannot parse {}", dir.join(DEVICE_INFO).display()))?,

@@ -26,3 +26,4 @@ pub mod keys;
 pub mod log;
 pub mod nip2;
 mod replay;
+pub mod resolver;
