@@ -35,7 +35,7 @@ pub enum ResolveError {
     BadLog {
         source_name: String,
         #[source]
-        error: LogError,
+        error: Box<LogError>,
     },
     /// No source knew the DID (or, when some answered unusably, the first
     /// such refusal is returned instead).
@@ -88,7 +88,7 @@ impl ChainResolver {
             };
             let bad = |error| ResolveError::BadLog {
                 source_name: name.clone(),
-                error,
+                error: Box::new(error),
             };
             match &mut best {
                 None => match log.verify(Some(did), now_unix_secs) {
