@@ -616,6 +616,13 @@ impl Daemon {
             warn!(error = %e, "cannot persist the newer DID log");
         }
         let now = home::now_ms();
+        if let Err(r) = self.membership.self_authorised(now) {
+            warn!(
+                reason = %r,
+                "this device is no longer an active device of the agent (revoked?); \
+                 its peers will refuse it and it receives nothing new"
+            );
+        }
         let verified: Vec<(PeerId, [u8; 32])> = self
             .peers
             .iter()

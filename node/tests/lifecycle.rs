@@ -446,3 +446,53 @@ fn revoked_device_gets_nothing_new() {
         cancel.cancel();
     });
 }
+
+// Goal: `device revoke` without a running daemon changes the home, and the
+// next start carries it out: peers adopt the new epoch from the Hello and
+// the revoked device is refused. Method: revoke offline, then start all.
+#[test]
+fn offline_revoke_takes_effect_at_next_start() {
+    isolated("offline_revoke_takes_effect_at_next_start", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        let b = c.provision(&a, "b");
+        let r = c.provision(&a, "r");
+        let cr = context_id(&r);
+        // Only the home holding the master key may revoke.
+        let out = cli(&b, &["device", "revoke", &cr]);
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("capabilityDelegation"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = cli_ok(&a, &["device", "revoke", &cr]);
+        assert!(out.contains("key epoch 1"), "{out}");
+        let out = cli(&a, &["device", "revoke", &cr]);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("already revoked"));
+        assert!(key_ring(&a).get(1).is_some());
+        for h in [&a, &b, &r] {
+            c.start(h, &[]);
+        }
+        wait_for("b to adopt epoch 1 from a's Hello", Duration::from_secs(10), || {
+            key_ring(&b).get(1).is_some().then_some(())
+        });
+        wait_for("both to refuse the revoked device", Duration::from_secs(15), || {
+            [&a, &b]
+                .iter()
+                .all(|h| {
+                    status(h).is_ok_and(|s| {
+                        counter(&s, "rejected_connection_unknown_key") > 0
+                            && verified(&s).len() == 1
+                    })
+                })
+                .then_some(())
+        });
+        assert!(key_ring(&r).get(1).is_none());
+        cli_ok(&b, &["state", "put", "notes", "k", "1"]);
+        wait_for("a and b to sync under epoch 1", Duration::from_secs(10), || {
+            (get_json(&a, "notes") == Some(json!({"k": 1}))).then_some(())
+        });
+        assert_eq!(get_json(&r, "notes"), None, "the revoked device got the write");
+    });
+}
