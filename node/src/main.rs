@@ -34,6 +34,10 @@ Quick start (three devices of one agent on this machine):
   nuwa-node --home /tmp/a state put notes today '\"buy milk\"'
   nuwa-node --home /tmp/b state get notes --json
 
+Add a device by code: `nuwa-node --home /tmp/c pair` on it prints a code;
+`nuwa-node --home /tmp/a device approve CODE` approves it. Remove one with
+`nuwa-node --home /tmp/a device revoke CONTEXT_ID`.
+
 Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more detail.";
 
 #[derive(Parser, Debug)]
