@@ -474,25 +474,37 @@ fn offline_revoke_takes_effect_at_next_start() {
         for h in [&a, &b, &r] {
             c.start(h, &[]);
         }
-        wait_for("b to adopt epoch 1 from a's Hello", Duration::from_secs(10), || {
-            key_ring(&b).get(1).is_some().then_some(())
-        });
-        wait_for("both to refuse the revoked device", Duration::from_secs(15), || {
-            [&a, &b]
-                .iter()
-                .all(|h| {
-                    status(h).is_ok_and(|s| {
-                        counter(&s, "rejected_connection_unknown_key") > 0
-                            && verified(&s).len() == 1
+        wait_for(
+            "b to adopt epoch 1 from a's Hello",
+            Duration::from_secs(10),
+            || key_ring(&b).get(1).is_some().then_some(()),
+        );
+        wait_for(
+            "both to refuse the revoked device",
+            Duration::from_secs(15),
+            || {
+                [&a, &b]
+                    .iter()
+                    .all(|h| {
+                        status(h).is_ok_and(|s| {
+                            counter(&s, "rejected_connection_unknown_key") > 0
+                                && verified(&s).len() == 1
+                        })
                     })
-                })
-                .then_some(())
-        });
+                    .then_some(())
+            },
+        );
         assert!(key_ring(&r).get(1).is_none());
         cli_ok(&b, &["state", "put", "notes", "k", "1"]);
-        wait_for("a and b to sync under epoch 1", Duration::from_secs(10), || {
-            (get_json(&a, "notes") == Some(json!({"k": 1}))).then_some(())
-        });
-        assert_eq!(get_json(&r, "notes"), None, "the revoked device got the write");
+        wait_for(
+            "a and b to sync under epoch 1",
+            Duration::from_secs(10),
+            || (get_json(&a, "notes") == Some(json!({"k": 1}))).then_some(()),
+        );
+        assert_eq!(
+            get_json(&r, "notes"),
+            None,
+            "the revoked device got the write"
+        );
     });
 }
