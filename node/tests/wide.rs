@@ -451,51 +451,12 @@ fn pairing_through_rendezvous() {
         c.start(&a, &["--no-mdns", "--no-dht", "--rendezvous", &infra.addr]);
         cli_ok(&a, &["state", "put", "notes", "k", "\"v\""]);
         let j = c.home("j");
-        let err_path = c.dir.path().join("pair.err");
-        let mut child = Command::new(bin())
-            .arg("--home")
-            .arg(&j)
-            .args([
-                "pair",
-                "--name",
-                "remote",
-                "--no-mdns",
-                "--no-dht",
-                "--listen",
-                "/ip4/127.0.0.1/tcp/0",
-                "--rendezvous",
-                &infra.addr,
-            ])
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&err_path).unwrap())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        let code = loop {
-            line.clear();
-            assert!(
-                out.read_line(&mut line).unwrap() > 0,
-                "pair printed no code"
-            );
-            if let Some(code) = line.trim().strip_prefix("pairing code: ") {
-                break code.to_owned();
-            }
-        };
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            while out.read_line(&mut sink).unwrap_or(0) > 0 {
-                sink.clear();
-            }
-        });
+        let mut p = Pairing::start(&j, &["--no-mdns", "--no-dht", "--rendezvous", &infra.addr]);
         let started = Instant::now();
-        let res = cli(&a, &["device", "approve", &code]);
+        let res = cli(&a, &["device", "approve", &p.code]);
         let res_err = String::from_utf8_lossy(&res.stderr).into_owned();
-        let st = wait_for("pair to exit", Duration::from_secs(60), || {
-            child.try_wait().unwrap()
-        });
-        let pair_err = std::fs::read_to_string(&err_path).unwrap_or_default();
-        let _ = child.kill();
+        let st = p.wait_exit(Duration::from_secs(60));
+        let pair_err = p.stderr();
         assert!(
             res.status.success(),
             "approve failed: {res_err}\npair: {pair_err}"

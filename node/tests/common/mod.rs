@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 use std::fs;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -304,4 +305,79 @@ pub fn unique_marker() -> String {
     // The kernel hands out a fresh random UUID on every read.
     let uuid = fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap();
     format!("nuwa-marker-{}", uuid.trim().replace('-', ""))
+}
+
+/// A `nuwa-node pair` process and the code it printed.
+pub struct Pairing {
+    pub child: Child,
+    pub code: String,
+    stderr: PathBuf,
+}
+
+impl Drop for Pairing {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Pairing {
+    pub fn start(home: &Path, extra: &[&str]) -> Pairing {
+        let stderr = home.with_extension("pair.err");
+        let mut child = Command::new(bin())
+            .arg("--home")
+            .arg(home)
+            .args([
+                "pair",
+                "--name",
+                "phone",
+                "--listen",
+                "/ip4/127.0.0.1/tcp/0",
+                "--sync-timeout",
+                "30s",
+            ])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("spawn nuwa-node pair");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut code = None;
+        let mut line = String::new();
+        while out.read_line(&mut line).unwrap() > 0 {
+            if let Some(c) = line.trim().strip_prefix("pairing code: ") {
+                code = Some(c.to_owned());
+                break;
+            }
+            line.clear();
+        }
+        // Keep draining stdout so the child never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            while out.read_line(&mut sink).unwrap_or(0) > 0 {
+                print!("pair> {sink}");
+                sink.clear();
+            }
+        });
+        let code = code.unwrap_or_else(|| {
+            panic!(
+                "pair printed no code:\n{}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            )
+        });
+        Pairing {
+            child,
+            code,
+            stderr,
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        wait_for("pair to exit", timeout, || self.child.try_wait().unwrap())
+    }
 }
