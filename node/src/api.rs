@@ -15,7 +15,15 @@
 //! - `GET  /v1/state/get?container=C[&key=K]`
 //! - `GET  /v1/state/export?container=C`  (Automerge binary)
 //!
-//! Errors are JSON: `{"error": {"code": "...", "message": "..."}}`.
+//! - `GET  /v1/schemas`, `POST /v1/schemas` (body: a JSON Schema with `x-asm`)
+//! - `POST /v1/state.create`  `{"schema_uri": S, "object": O, "id": optional}`
+//! - `POST /v1/state.update`  `{"schema_uri": S, "id": I, "patch": JSON Patch | {"$inc"|"$push": ...}}`
+//! - `POST /v1/state.query`   `{"query": ASM-QL}`
+//! - `POST /v1/state.delete`  `{"schema_uri": S, "id": I, "mode": "tombstone" | "hard"}`
+//! - `POST /v1/state.describe|state.compact|state.reset` `{"container": S}`
+//!
+//! Errors are JSON: `{"error": {"code": "...", "message": "..."}}`. See
+//! docs/api.md.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -97,6 +105,52 @@ pub struct ApproveReply {
     pub did_log_len: usize,
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateBody {
+    pub schema_uri: String,
+    pub object: serde_json::Value,
+    #[serde(default)]
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateBody {
+    pub schema_uri: String,
+    pub id: String,
+    pub patch: serde_json::Value,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryBody {
+    pub query: serde_json::Value,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteBody {
+    pub schema_uri: String,
+    pub id: String,
+    #[serde(default)]
+    pub mode: DeleteMode,
+}
+
+#[derive(Debug, Default, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DeleteMode {
+    #[default]
+    Tombstone,
+    Hard,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerBody {
+    pub container: String,
+}
+
 /// An API error with a stable code.
 #[derive(Debug, Clone, Serialize)]
 pub struct ApiError {
@@ -130,6 +184,10 @@ pub enum ApiRequest {
     Put(PutBody, oneshot::Sender<Result<PutReply, ApiError>>),
     Revoke(RevokeBody, oneshot::Sender<Result<RevokeReply, ApiError>>),
     Approve(ApproveBody, oneshot::Sender<Result<ApproveReply, ApiError>>),
+    Tool(
+        crate::daemon::Tool,
+        oneshot::Sender<Result<serde_json::Value, ApiError>>,
+    ),
     Get(
         GetQuery,
         oneshot::Sender<Result<serde_json::Value, ApiError>>,
@@ -227,6 +285,121 @@ async fn approve(
     Ok(Json(call(&s, |tx| ApiRequest::Approve(body, tx)).await??))
 }
 
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(400, "bad_request", format!("invalid {what} body: {e}")))
+}
+
+async fn tool(
+    s: &AppState,
+    headers: &HeaderMap,
+    make: impl FnOnce() -> Result<crate::daemon::Tool, ApiError>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    authorised(headers, &s.token)?;
+    let t = make()?;
+    Ok(Json(call(s, |tx| ApiRequest::Tool(t, tx)).await??))
+}
+
+async fn schemas_list(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    tool(&s, &headers, || Ok(crate::daemon::Tool::SchemaList)).await
+}
+
+async fn schemas_add(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    tool(&s, &headers, || {
+        Ok(crate::daemon::Tool::SchemaAdd(json_body(&body, "schema")?))
+    })
+    .await
+}
+
+async fn state_create(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    tool(&s, &headers, || {
+        let b: CreateBody = json_body(&body, "state.create")?;
+        Ok(crate::daemon::Tool::Create {
+            schema_uri: b.schema_uri,
+            object: b.object,
+            id: b.id,
+        })
+    })
+    .await
+}
+
+async fn state_update(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    tool(&s, &headers, || {
+        let b: UpdateBody = json_body(&body, "state.update")?;
+        Ok(crate::daemon::Tool::Update {
+            schema_uri: b.schema_uri,
+            id: b.id,
+            patch: b.patch,
+        })
+    })
+    .await
+}
+
+async fn state_query(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    tool(&s, &headers, || {
+        let b: QueryBody = json_body(&body, "state.query")?;
+        Ok(crate::daemon::Tool::Query(b.query))
+    })
+    .await
+}
+
+async fn state_delete(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    tool(&s, &headers, || {
+        let b: DeleteBody = json_body(&body, "state.delete")?;
+        Ok(crate::daemon::Tool::Delete {
+            schema_uri: b.schema_uri,
+            id: b.id,
+            hard: b.mode == DeleteMode::Hard,
+        })
+    })
+    .await
+}
+
+async fn state_control(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    axum::extract::Path(op): axum::extract::Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    tool(&s, &headers, || {
+        let b: ContainerBody = json_body(&body, &op)?;
+        match op.as_str() {
+            "state.describe" => Ok(crate::daemon::Tool::Describe(b.container)),
+            "state.compact" => Ok(crate::daemon::Tool::Compact(b.container)),
+            "state.reset" => Ok(crate::daemon::Tool::Reset(b.container)),
+            _ => Err(ApiError::new(
+                404,
+                "not_found",
+                "no such endpoint; see docs/api.md",
+            )),
+        }
+    })
+    .await
+}
+
 async fn get_state(
     State(s): State<AppState>,
     headers: HeaderMap,
@@ -275,6 +448,12 @@ pub async fn serve(
         .route("/v1/state/put", post(put))
         .route("/v1/state/get", get(get_state))
         .route("/v1/state/export", get(export))
+        .route("/v1/schemas", get(schemas_list).post(schemas_add))
+        .route("/v1/state.create", post(state_create))
+        .route("/v1/state.update", post(state_update))
+        .route("/v1/state.query", post(state_query))
+        .route("/v1/state.delete", post(state_delete))
+        .route("/v1/{op}", post(state_control))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state);

@@ -276,3 +276,27 @@ pub fn revoke(home: &Path, context_id: &str) -> Result<()> {
     );
     Ok(())
 }
+
+/// POSTs `body` to a typed-state endpoint and prints the JSON reply.
+pub fn tool(home: &Path, path: &str, body: &serde_json::Value) -> Result<()> {
+    let c = Client::new(home)?;
+    let v: serde_json::Value = runtime()?.block_on(async {
+        let r = c
+            .send(c.http.post(format!("{}{path}", c.api.url)).json(body))
+            .await?;
+        r.json().await.context("malformed reply from the daemon")
+    })?;
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
+
+/// GETs a typed-state endpoint and prints the JSON reply.
+pub fn tool_get(home: &Path, path: &str) -> Result<()> {
+    let c = Client::new(home)?;
+    let v: serde_json::Value = runtime()?.block_on(async {
+        let r = c.send(c.http.get(format!("{}{path}", c.api.url))).await?;
+        r.json().await.context("malformed reply from the daemon")
+    })?;
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}

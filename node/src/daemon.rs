@@ -31,8 +31,11 @@ use crate::home::{self, Home};
 use crate::status::{ContainerStatus, DeviceStatus, PeerStatus, RejectionStatus, Status};
 
 mod approve;
+mod asm;
 mod lifecycle;
 mod wide;
+
+pub use asm::Tool;
 
 /// Options of `nuwa-node run` and `sync --once`.
 #[derive(Debug, Clone)]
@@ -115,6 +118,8 @@ struct Daemon {
     /// `device approve`: candidates waiting to pair and the approval underway.
     pairing: approve::Pairing,
     mdns_on: bool,
+    /// Typed state: the schema registry and the lifecycle timer.
+    asm: asm::Asm,
 }
 
 pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
@@ -260,8 +265,10 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         held: VecDeque::new(),
         pairing: approve::Pairing::default(),
         mdns_on: mdns.is_some(),
+        asm: asm::Asm::default(),
     };
     d.seen = crate::devices::Seen::load(d.store.as_ref());
+    d.asm_start().await;
     d.start_wide().await;
 
     let mut tick = tokio::time::interval(TICK);
@@ -304,6 +311,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                 d.secure.prune(now);
                 d.expire_held(now);
                 d.pairing_tick(now).await;
+                d.asm_lifecycle(now).await;
                 let actions = d.engine.tick(now);
                 d.perform(actions).await;
                 d.wide_tick(now).await;
@@ -816,6 +824,9 @@ impl Daemon {
                     let _ = reply.send(self.on_revoke(body).await);
                 }
                 ApiRequest::Approve(body, reply) => self.on_approve(body, reply).await,
+                ApiRequest::Tool(t, reply) => {
+                    let _ = reply.send(self.on_tool(t).await);
+                }
                 ApiRequest::Status(reply) => {
                     let _ = reply.send(self.status());
                 }

@@ -195,6 +195,10 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_millis(ms))
 }
 
+fn parse_json(what: &str, text: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).with_context(|| format!("{what} is not valid JSON: {text:?}"))
+}
+
 fn parse_addrs(what: &str, list: &[String]) -> Result<Vec<Multiaddr>> {
     list.iter()
         .map(|a| {
@@ -313,6 +317,64 @@ enum StateCommand {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
+    /// Typed state schemas (NIP-8): register or list.
+    Schema {
+        #[command(subcommand)]
+        command: SchemaCommand,
+    },
+    /// state.create: validate OBJECT against the schema and create it.
+    /// Prints the new object's id.
+    Create {
+        /// Schema URI (`$id`), e.g. did:nuwa:state:note#v1.
+        #[arg(long = "schema", value_name = "URI")]
+        schema_uri: String,
+        /// The object as JSON.
+        #[arg(long, value_name = "JSON")]
+        object: String,
+        /// Id for the object (default: its `id` field, else a new UUID).
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// state.update: apply a JSON Patch (RFC 6902) or {"$inc": {...}} /
+    /// {"$push": {...}} to an object; fields merge per their CRDT policy.
+    Update {
+        #[arg(long = "schema", value_name = "URI")]
+        schema_uri: String,
+        #[arg(long)]
+        id: String,
+        /// The patch as JSON.
+        #[arg(long, value_name = "JSON")]
+        patch: String,
+    },
+    /// state.query: run an ASM-QL query (JSON) and print the result.
+    Query {
+        /// e.g. '{"from": "did:nuwa:state:note#v1", "where": {"tags": {"$contains": "work"}}}'
+        query: String,
+    },
+    /// state.delete: tombstone an object (the default; hidden on every
+    /// device) or remove it outright with --hard.
+    Delete {
+        #[arg(long = "schema", value_name = "URI")]
+        schema_uri: String,
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        hard: bool,
+    },
+    /// Show a typed container: schema, policies, item count, heads, size.
+    Describe { container: String },
+    /// Write a snapshot of a typed container and drop its change log.
+    Compact { container: String },
+    /// Remove every object of a typed container, on every device.
+    Reset { container: String },
+}
+
+#[derive(Subcommand, Debug)]
+enum SchemaCommand {
+    /// Register the JSON Schema (2020-12, with x-asm annotations) in FILE.
+    Add { file: PathBuf },
+    /// List registered schemas.
+    List,
 }
 
 fn init_tracing() {
@@ -463,6 +525,77 @@ fn real_main(cli: Cli) -> Result<()> {
                 json,
             } => client::get(&home_dir, &container, key.as_deref(), json),
             StateCommand::Export { container, out } => client::export(&home_dir, &container, &out),
+            StateCommand::Schema {
+                command: SchemaCommand::Add { file },
+            } => {
+                let text = std::fs::read_to_string(&file)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+                let schema: serde_json::Value = serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not JSON", file.display()))?;
+                client::tool(&home_dir, "/v1/schemas", &schema)
+            }
+            StateCommand::Schema {
+                command: SchemaCommand::List,
+            } => client::tool_get(&home_dir, "/v1/schemas"),
+            StateCommand::Create {
+                schema_uri,
+                object,
+                id,
+            } => client::tool(
+                &home_dir,
+                "/v1/state.create",
+                &serde_json::json!({
+                    "schema_uri": schema_uri,
+                    "object": parse_json("--object", &object)?,
+                    "id": id,
+                }),
+            ),
+            StateCommand::Update {
+                schema_uri,
+                id,
+                patch,
+            } => client::tool(
+                &home_dir,
+                "/v1/state.update",
+                &serde_json::json!({
+                    "schema_uri": schema_uri,
+                    "id": id,
+                    "patch": parse_json("--patch", &patch)?,
+                }),
+            ),
+            StateCommand::Query { query } => client::tool(
+                &home_dir,
+                "/v1/state.query",
+                &serde_json::json!({ "query": parse_json("QUERY", &query)? }),
+            ),
+            StateCommand::Delete {
+                schema_uri,
+                id,
+                hard,
+            } => client::tool(
+                &home_dir,
+                "/v1/state.delete",
+                &serde_json::json!({
+                    "schema_uri": schema_uri,
+                    "id": id,
+                    "mode": if hard { "hard" } else { "tombstone" },
+                }),
+            ),
+            StateCommand::Describe { container } => client::tool(
+                &home_dir,
+                "/v1/state.describe",
+                &serde_json::json!({ "container": container }),
+            ),
+            StateCommand::Compact { container } => client::tool(
+                &home_dir,
+                "/v1/state.compact",
+                &serde_json::json!({ "container": container }),
+            ),
+            StateCommand::Reset { container } => client::tool(
+                &home_dir,
+                "/v1/state.reset",
+                &serde_json::json!({ "container": container }),
+            ),
         },
     }
 }

@@ -1,9 +1,10 @@
 //! Agent state containers backed by Automerge.
 //!
-//! One [`Container`] is one Automerge document and one unit of sync. This
-//! first cut offers the `map` container kind of the Agent State Model (NIP-8):
-//! JSON values under string keys, merged key-wise with Automerge's
-//! deterministic last-writer-wins between concurrent puts of the same key.
+//! One [`Container`] is one Automerge document and one unit of sync. It
+//! offers the untyped `map` used by `state put`: JSON values under string
+//! keys, merged key-wise with Automerge's deterministic last-writer-wins
+//! between concurrent puts of the same key. Typed NIP-8 containers edit the
+//! same documents through [`Container::transact`] (see `nuwa-asm`).
 //! Nested JSON objects and arrays become Automerge maps and lists, so a later
 //! schema layer can merge inside them.
 //!
@@ -12,6 +13,7 @@
 //! Automerge sync protocol against a caller-held [`SyncState`], and renders
 //! JSON. Persisting the change bytes is the caller's job.
 
+pub use automerge;
 pub use automerge::sync::State as SyncState;
 use automerge::sync::SyncDoc;
 use automerge::{
@@ -43,6 +45,16 @@ pub enum StateError {
     BadSyncMessage(String),
     #[error("automerge rejected the operation: {0}")]
     Automerge(#[from] automerge::AutomergeError),
+}
+
+/// Why [`Container::transact`] changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum TransactError<E> {
+    /// The caller's closure refused the edit (rolled back).
+    #[error("{0}")]
+    Rejected(E),
+    #[error(transparent)]
+    State(StateError),
 }
 
 /// A 32-byte Automerge change hash.
@@ -224,6 +236,31 @@ impl Container {
             Some(hash) => self.change_bytes(&hash).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// Runs `f` as one Automerge transaction. Returns the change bytes, or
+    /// `None` when `f` changed nothing. An error from `f` rolls everything
+    /// back.
+    pub fn transact<E>(
+        &mut self,
+        f: impl FnOnce(&mut automerge::transaction::Transaction<'_>) -> Result<(), E>,
+    ) -> Result<Option<Vec<u8>>, TransactError<E>> {
+        let success = self
+            .doc
+            .transact(f)
+            .map_err(|failure| TransactError::Rejected(failure.error))?;
+        match success.hash {
+            Some(hash) => self
+                .change_bytes(&hash)
+                .map(Some)
+                .map_err(TransactError::State),
+            None => Ok(None),
+        }
+    }
+
+    /// Read access to the Automerge document (typed layers read through it).
+    pub fn doc(&self) -> &Automerge {
+        &self.doc
     }
 
     fn change_bytes(&self, hash: &ChangeHash) -> Result<Vec<u8>, StateError> {

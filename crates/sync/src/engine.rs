@@ -68,6 +68,16 @@ pub enum Action {
 }
 
 /// Why a payload from a peer was refused.
+/// Why [`Engine::local_transact`] made no change.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalEditError<E> {
+    /// The edit itself refused (rolled back).
+    #[error("{0}")]
+    Rejected(E),
+    #[error(transparent)]
+    Engine(EngineError),
+}
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EngineError {
@@ -245,16 +255,70 @@ impl Engine {
         else {
             return Ok(None);
         };
+        self.record_local(container, change.clone());
+        Ok(Some(change))
+    }
+
+    /// Runs a typed edit on `container` (created empty if absent) as one
+    /// transaction and queues its change for peers like a put. Returns the
+    /// change bytes (`None` when nothing changed), to be persisted before
+    /// the write is acknowledged.
+    pub fn local_transact<E>(
+        &mut self,
+        container: &str,
+        f: impl FnOnce(&mut nuwa_state::automerge::transaction::Transaction<'_>) -> Result<(), E>,
+    ) -> Result<Option<Vec<u8>>, LocalEditError<E>> {
+        let change = self
+            .container_mut(container)
+            .map_err(LocalEditError::Engine)?
+            .transact(f)
+            .map_err(|e| match e {
+                nuwa_state::TransactError::Rejected(e) => LocalEditError::Rejected(e),
+                nuwa_state::TransactError::State(source) => {
+                    LocalEditError::Engine(EngineError::State {
+                        container: container.to_owned(),
+                        source: Box::new(source),
+                    })
+                }
+            })?;
+        if let Some(change) = &change {
+            self.record_local(container, change.clone());
+        }
+        Ok(change)
+    }
+
+    /// Applies change bytes made outside the engine (a deterministic
+    /// genesis, for one) as local changes: applied, queued for peers, and
+    /// returned so the caller persists them. Changes already present are
+    /// skipped.
+    pub fn local_apply(
+        &mut self,
+        container: &str,
+        changes: Vec<Vec<u8>>,
+    ) -> Result<Vec<Vec<u8>>, EngineError> {
+        let applied = self
+            .container_mut(container)?
+            .apply_changes(changes)
+            .map_err(|source| EngineError::State {
+                container: container.to_owned(),
+                source: Box::new(source),
+            })?;
+        for c in &applied.new_changes {
+            self.record_local(container, c.clone());
+        }
+        Ok(applied.new_changes)
+    }
+
+    fn record_local(&mut self, container: &str, change: Vec<u8>) {
         self.pending_local
             .entry(container.to_owned())
             .or_default()
-            .push(change.clone());
+            .push(change);
         for peer in self.peers.values_mut() {
             if let Some(pc) = peer.containers.get_mut(container) {
                 pc.converged = false;
             }
         }
-        Ok(Some(change))
     }
 
     /// Pushes queued local changes to every peer, one delta per container.

@@ -14,6 +14,6 @@ pub mod membership;
 pub mod pointer;
 pub mod secure;
 
-pub use engine::{Action, Config, Engine, EngineError, PeerKey};
+pub use engine::{Action, Config, Engine, EngineError, LocalEditError, PeerKey};
 pub use membership::{Membership, Rejection, VerifiedPeer};
 pub use secure::{OpenError, SecureChannel};

@@ -1,0 +1,655 @@
+//! The Agent State Model in the daemon: the replicated schema registry, the
+//! core models, the `state.*` tools and the control plane (describe,
+//! compact, reset), and the lifecycle task (TTL and retention).
+//!
+//! Each schema's container is named by its `$id` and is one Automerge
+//! document, created by `nuwa_asm::doc::genesis_change` so that devices
+//! that create it independently hold the same one. Registered schemas live
+//! in the replicated map container [`REGISTRY_CONTAINER`] (`$id` → schema
+//! JSON), so every device validates and queries with the same schemas.
+
+use std::time::{Duration, Instant};
+
+use nuwa_asm::model::RetentionStrategy;
+use nuwa_asm::registry::{Registered, Registry};
+use nuwa_asm::schema::AsmSchema;
+use nuwa_asm::{doc, query};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use super::Daemon;
+use crate::api::ApiError;
+
+/// The replicated map container holding registered schemas.
+pub const REGISTRY_CONTAINER: &str = "nuwa:schemas";
+/// Largest object accepted by `state.create` / `state.update` (NIP-8).
+pub const MAX_OBJECT_BYTES: usize = 32 * 1024 * 1024;
+/// Items a query may scan, and its time budget.
+const QUERY_MAX_SCANNED: usize = 1_000_000;
+const QUERY_TIME_BUDGET: Duration = Duration::from_secs(2);
+/// How often the lifecycle task runs.
+pub const LIFECYCLE_EVERY_MS: u64 = 30_000;
+/// `evict_low_importance`: items outside the window whose `importance` is
+/// below this are evicted; the rest are kept.
+pub const KEEP_IMPORTANCE: f64 = 0.5;
+
+/// A `state.*` tool call or control-plane operation.
+#[derive(Debug)]
+pub enum Tool {
+    SchemaAdd(Value),
+    SchemaList,
+    Create {
+        schema_uri: String,
+        object: Value,
+        id: Option<String>,
+    },
+    Update {
+        schema_uri: String,
+        id: String,
+        patch: Value,
+    },
+    Query(Value),
+    Delete {
+        schema_uri: String,
+        id: String,
+        hard: bool,
+    },
+    Describe(String),
+    Compact(String),
+    Reset(String),
+}
+
+/// The daemon's ASM state.
+pub struct Asm {
+    pub registry: Registry,
+    /// Registry container heads the registry was last built from.
+    registry_heads: Vec<[u8; 32]>,
+    pub next_lifecycle_ms: u64,
+}
+
+impl Default for Asm {
+    fn default() -> Self {
+        Asm {
+            registry: Registry::with_core(),
+            registry_heads: Vec::new(),
+            next_lifecycle_ms: 0,
+        }
+    }
+}
+
+fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::new(400, code, message)
+}
+
+fn validation_error(errors: Vec<nuwa_asm::schema::ValidationError>) -> ApiError {
+    let list: Vec<String> = errors
+        .iter()
+        .map(|e| {
+            let path = if e.path.is_empty() { "/" } else { &e.path };
+            format!("{path}: {} ({})", e.message, e.rule)
+        })
+        .collect();
+    ApiError::new(
+        422,
+        "invalid_object",
+        format!("the object does not match the schema: {}", list.join("; ")),
+    )
+}
+
+fn doc_error(e: doc::DocError) -> ApiError {
+    use doc::DocError as E;
+    match e {
+        E::NoSuchItem { .. } => ApiError::new(404, "no_such_object", e.to_string()),
+        E::ItemExists { .. } => ApiError::new(409, "object_exists", e.to_string()),
+        E::AppendOnly { .. }
+        | E::GrowOnlySetRemoval { .. }
+        | E::LogRewrite { .. }
+        | E::NotAnInteger { .. } => ApiError::new(409, "crdt_policy", e.to_string()),
+        E::Automerge(_) => ApiError::new(500, "internal", e.to_string()),
+        _ => ApiError::new(400, "invalid_edit", e.to_string()),
+    }
+}
+
+/// A fresh random UUID (version 4) for objects created without an id.
+fn new_uuid() -> Result<String, ApiError> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex::encode(b);
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    ))
+}
+
+/// Whether the item schema declares an `id` property (then `id` is part of
+/// the validated object; otherwise it is only the item's key).
+fn schema_has_id(schema: &AsmSchema) -> bool {
+    schema.item_schema["properties"].get("id").is_some()
+}
+
+fn without_id(schema: &AsmSchema, v: &Value) -> Value {
+    let mut v = v.clone();
+    if !schema_has_id(schema) {
+        if let Some(o) = v.as_object_mut() {
+            o.remove("id");
+        }
+    }
+    v
+}
+
+/// The RFC 3339 time of an item (its `timestamp`, else `createdAt`), in
+/// Unix seconds.
+fn item_time(item: &Value) -> Option<i64> {
+    ["timestamp", "createdAt"].iter().find_map(|k| {
+        let s = item.get(*k)?.as_str()?;
+        time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+            .ok()
+            .map(|t| t.unix_timestamp())
+    })
+}
+
+/// Ids that the lifecycle rules of `schema` remove at `now_secs`. Pure and
+/// deterministic: every device computes the same set from the same items.
+pub fn expired_ids(schema: &AsmSchema, items: &[(String, Value)], now_secs: i64) -> Vec<String> {
+    let mut out = Vec::new();
+    for (id, item) in items {
+        let Some(t) = item_time(item) else { continue };
+        let age = now_secs.saturating_sub(t);
+        if let Some(ttl) = schema.ttl_secs {
+            if age > ttl as i64 {
+                out.push(id.clone());
+                continue;
+            }
+        }
+        if let Some(r) = schema.retention {
+            match r.strategy {
+                RetentionStrategy::EvictLowImportance => {
+                    let importance = item
+                        .get("importance")
+                        .and_then(Value::as_f64)
+                        .unwrap_or(0.0);
+                    if age > r.window_secs as i64 && importance < KEEP_IMPORTANCE {
+                        out.push(id.clone());
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+impl Daemon {
+    /// At start: the core models' containers (deterministic genesis, so one
+    /// instance per agent however many devices start at once) and the
+    /// registry from the replicated registry container.
+    pub(super) async fn asm_start(&mut self) {
+        let core: Vec<(String, nuwa_asm::model::Layout)> = self
+            .asm
+            .registry
+            .list()
+            .map(|s| (s.id.full.clone(), s.layout.clone()))
+            .collect();
+        for (name, layout) in core {
+            if let Err(e) = self.ensure_container(&name, &layout).await {
+                warn!(container = %name, error = %e.message, "cannot create a core model container");
+            }
+        }
+        self.refresh_registry();
+    }
+
+    /// Applies the container's genesis if it is not there yet.
+    async fn ensure_container(
+        &mut self,
+        name: &str,
+        layout: &nuwa_asm::model::Layout,
+    ) -> Result<(), ApiError> {
+        if let Some(c) = self.engine.container(name) {
+            if doc::check_genesis(c.doc(), layout).is_ok() {
+                return Ok(());
+            }
+        }
+        let genesis = doc::genesis_change(name, layout);
+        let new = self
+            .engine
+            .local_apply(name, vec![genesis])
+            .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
+        if !new.is_empty() {
+            self.persist(name, new)
+                .await
+                .map_err(|e| ApiError::new(500, "storage_failed", format!("{e:#}")))?;
+        }
+        if let Some(c) = self.engine.container(name) {
+            doc::check_genesis(c.doc(), layout).map_err(|e| {
+                ApiError::new(
+                    409,
+                    "container_conflict",
+                    format!("container {name:?} exists with another layout: {e}"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Rebuilds the registry when the registry container changed.
+    pub(super) fn refresh_registry(&mut self) {
+        let Some(c) = self.engine.container(REGISTRY_CONTAINER) else {
+            return;
+        };
+        let heads = c.heads();
+        if heads == self.asm.registry_heads {
+            return;
+        }
+        let mut reg = Registry::with_core();
+        if let Value::Object(entries) = c.to_json() {
+            // Register lower versions first so version bumps apply in order.
+            let mut raws: Vec<Value> = entries
+                .values()
+                .filter_map(|v| v.as_str().and_then(|s| serde_json::from_str(s).ok()))
+                .collect();
+            raws.sort_by_key(|v| {
+                nuwa_asm::schema::SchemaId::parse(v["$id"].as_str().unwrap_or(""))
+                    .map(|i| (i.base, i.version))
+                    .unwrap_or_default()
+            });
+            for raw in raws {
+                if let Err(e) = reg.register(raw) {
+                    self.count("schemas_refused_from_peers");
+                    warn!(error = %e, "a replicated schema does not register");
+                }
+            }
+        }
+        self.asm.registry = reg;
+        self.asm.registry_heads = heads;
+    }
+
+    pub(super) async fn on_tool(&mut self, tool: Tool) -> Result<Value, ApiError> {
+        self.refresh_registry();
+        match tool {
+            Tool::SchemaAdd(raw) => self.schema_add(raw).await,
+            Tool::SchemaList => Ok(Value::Array(
+                self.asm.registry.list().map(|s| s.describe()).collect(),
+            )),
+            Tool::Create {
+                schema_uri,
+                object,
+                id,
+            } => self.tool_create(&schema_uri, object, id).await,
+            Tool::Update {
+                schema_uri,
+                id,
+                patch,
+            } => self.tool_update(&schema_uri, &id, &patch).await,
+            Tool::Query(q) => self.tool_query(&q),
+            Tool::Delete {
+                schema_uri,
+                id,
+                hard,
+            } => self.tool_delete(&schema_uri, &id, hard).await,
+            Tool::Describe(c) => self.describe(&c),
+            Tool::Compact(c) => {
+                self.schema(&c)?;
+                self.compact(&c)
+                    .await
+                    .map_err(|e| ApiError::new(500, "storage_failed", format!("{e:#}")))?;
+                self.describe(&c)
+            }
+            Tool::Reset(c) => self.reset(&c).await,
+        }
+    }
+
+    fn schema(&self, uri: &str) -> Result<AsmSchema, ApiError> {
+        self.asm.registry.get(uri).cloned().ok_or_else(|| {
+            ApiError::new(
+                404,
+                "unknown_schema",
+                format!(
+                    "no schema {uri:?} is registered; register it with `nuwa-node state schema add FILE` \
+                     (POST /v1/schemas)"
+                ),
+            )
+        })
+    }
+
+    async fn schema_add(&mut self, raw: Value) -> Result<Value, ApiError> {
+        let mut trial = self.asm.registry.clone();
+        let outcome = trial
+            .register(raw.clone())
+            .map_err(|e| bad("invalid_schema", e.to_string()))?;
+        let id = raw["$id"].as_str().unwrap_or_default().to_owned();
+        let schema = self.schema_from(&trial, &id)?;
+        if outcome == Registered::Added && !nuwa_asm::schema::is_bundled_core(&raw) {
+            let text =
+                serde_json::to_string(&raw).map_err(|e| bad("invalid_schema", e.to_string()))?;
+            let change = self
+                .engine
+                .local_put(REGISTRY_CONTAINER, &id, &Value::String(text))
+                .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
+            if let Some(change) = change {
+                self.persist(REGISTRY_CONTAINER, vec![change])
+                    .await
+                    .map_err(|e| ApiError::new(500, "storage_failed", format!("{e:#}")))?;
+            }
+            self.asm.registry = trial;
+            if let Some(c) = self.engine.container(REGISTRY_CONTAINER) {
+                self.asm.registry_heads = c.heads();
+            }
+            self.ensure_container(&id, &schema.layout).await?;
+            self.after_local_edit().await;
+            info!(schema = %id, "schema registered");
+        }
+        let mut d = schema.describe();
+        d["registered"] = json!(outcome == Registered::Added);
+        Ok(d)
+    }
+
+    fn schema_from(&self, reg: &Registry, id: &str) -> Result<AsmSchema, ApiError> {
+        reg.get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::new(500, "internal", "registered schema not found"))
+    }
+
+    fn check_size(v: &Value) -> Result<(), ApiError> {
+        let n = serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX);
+        if n > MAX_OBJECT_BYTES {
+            return Err(ApiError::new(
+                413,
+                "object_too_large",
+                format!("the object is {n} bytes; the limit is {MAX_OBJECT_BYTES} bytes (32 MiB)"),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn tool_create(
+        &mut self,
+        uri: &str,
+        object: Value,
+        id: Option<String>,
+    ) -> Result<Value, ApiError> {
+        let schema = self.schema(uri)?;
+        if !object.is_object() {
+            return Err(bad("invalid_object", "the object must be a JSON object"));
+        }
+        Self::check_size(&object)?;
+        let own = object.get("id").and_then(Value::as_str).map(str::to_owned);
+        let id = match (own, id) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(bad(
+                    "invalid_object",
+                    format!("the object's id {a:?} differs from the id parameter {b:?}"),
+                ));
+            }
+            (Some(a), _) | (None, Some(a)) => a,
+            (None, None) => new_uuid()?,
+        };
+        if id.is_empty() || id.len() > 1024 {
+            return Err(bad("invalid_object", "an id must be 1 to 1024 bytes"));
+        }
+        let mut object = object;
+        if schema_has_id(&schema) {
+            if let Some(o) = object.as_object_mut() {
+                o.entry("id").or_insert_with(|| Value::String(id.clone()));
+            }
+        }
+        schema
+            .validate_item(&without_id(&schema, &object))
+            .map_err(validation_error)?;
+        self.ensure_container(uri, &schema.layout).await?;
+        let layout = schema.layout.clone();
+        let change = self
+            .engine
+            .local_transact(uri, |tx| doc::create(tx, &layout, &id, &object))
+            .map_err(edit_error)?;
+        self.commit_local(uri, change).await?;
+        Ok(json!({ "id": id, "heads": self.heads_of(uri) }))
+    }
+
+    async fn tool_update(&mut self, uri: &str, id: &str, patch: &Value) -> Result<Value, ApiError> {
+        let schema = self.schema(uri)?;
+        let current = self
+            .engine
+            .container(uri)
+            .map(|c| doc::get(c.doc(), &schema.layout, id))
+            .transpose()
+            .map_err(doc_error)?
+            .flatten()
+            .ok_or_else(|| {
+                ApiError::new(404, "no_such_object", format!("no object {id:?} in {uri}"))
+            })?;
+        let new = doc::apply_patch(&current.value, patch).map_err(doc_error)?;
+        if new.get("id").and_then(Value::as_str) != Some(id) {
+            return Err(bad(
+                "invalid_edit",
+                "a patch may not change the object's id",
+            ));
+        }
+        Self::check_size(&new)?;
+        schema
+            .validate_item(&without_id(&schema, &new))
+            .map_err(validation_error)?;
+        let layout = schema.layout.clone();
+        let change = self
+            .engine
+            .local_transact(uri, |tx| doc::update(tx, &layout, id, &new))
+            .map_err(edit_error)?;
+        self.commit_local(uri, change).await?;
+        Ok(json!({ "id": id, "heads": self.heads_of(uri) }))
+    }
+
+    async fn tool_delete(&mut self, uri: &str, id: &str, hard: bool) -> Result<Value, ApiError> {
+        let schema = self.schema(uri)?;
+        let layout = schema.layout.clone();
+        let change = self
+            .engine
+            .local_transact(uri, |tx| doc::delete(tx, &layout, id, hard))
+            .map_err(edit_error)?;
+        self.commit_local(uri, change).await?;
+        Ok(
+            json!({ "id": id, "mode": if hard { "hard" } else { "tombstone" }, "heads": self.heads_of(uri) }),
+        )
+    }
+
+    fn tool_query(&self, q: &Value) -> Result<Value, ApiError> {
+        let parsed = query::parse(q).map_err(|e| bad("invalid_query", e.to_string()))?;
+        let schema = self.schema(&parsed.from)?;
+        let items = match self.engine.container(&parsed.from) {
+            Some(c) => doc::items(c.doc(), &schema.layout).map_err(doc_error)?,
+            None => Vec::new(),
+        };
+        let deadline = Instant::now() + QUERY_TIME_BUDGET;
+        let expired = move || Instant::now() > deadline;
+        let budget = query::Budget {
+            max_scanned: QUERY_MAX_SCANNED,
+            expired: &expired,
+        };
+        let r = query::execute(
+            &parsed,
+            items.iter().map(|(id, v)| (id.as_str(), v)),
+            &budget,
+        )
+        .map_err(|e| match e {
+            query::QueryError::TooExpensive { .. } => {
+                ApiError::new(422, "query_too_expensive", e.to_string())
+            }
+            other => bad("invalid_query", other.to_string()),
+        })?;
+        Ok(json!({ "items": r.items, "next_cursor": r.next_cursor, "scanned": r.scanned }))
+    }
+
+    fn describe(&self, name: &str) -> Result<Value, ApiError> {
+        let schema = self.schema(name)?;
+        let mut d = schema.describe();
+        let (count, heads, changes, bytes) = match self.engine.container(name) {
+            Some(c) => (
+                doc::item_count(c.doc(), &schema.layout).map_err(doc_error)?,
+                c.heads().iter().map(hex::encode).collect::<Vec<_>>(),
+                c.change_count(),
+                c.save().len(),
+            ),
+            None => (0, Vec::new(), 0, 0),
+        };
+        d["container"] = json!(name);
+        d["items"] = json!(count);
+        d["heads"] = json!(heads);
+        d["changes"] = json!(changes);
+        d["snapshot_bytes"] = json!(bytes);
+        Ok(d)
+    }
+
+    /// `reset`: removes every item, on every device (a replicated clear);
+    /// the schema and the container stay.
+    async fn reset(&mut self, name: &str) -> Result<Value, ApiError> {
+        let schema = self.schema(name)?;
+        let ids: Vec<String> = match self.engine.container(name) {
+            Some(c) => doc::items(c.doc(), &schema.layout)
+                .map_err(doc_error)?
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect(),
+            None => Vec::new(),
+        };
+        let layout = schema.layout.clone();
+        let change = self
+            .engine
+            .local_transact(name, |tx| doc::remove_items(tx, &layout, &ids).map(|_| ()))
+            .map_err(edit_error)?;
+        self.commit_local(name, change).await?;
+        Ok(json!({ "container": name, "removed": ids.len(), "heads": self.heads_of(name) }))
+    }
+
+    fn heads_of(&self, name: &str) -> Vec<String> {
+        self.engine
+            .container(name)
+            .map(|c| c.heads().iter().map(hex::encode).collect())
+            .unwrap_or_default()
+    }
+
+    /// Persists a local change (durable before the caller acknowledges) and
+    /// pushes it to peers.
+    async fn commit_local(&mut self, name: &str, change: Option<Vec<u8>>) -> Result<(), ApiError> {
+        if let Some(change) = change {
+            if let Err(e) = self.persist(name, vec![change]).await {
+                let msg = format!("{e:#}");
+                self.fatal = Some(e);
+                return Err(ApiError::new(500, "storage_failed", msg));
+            }
+            self.after_local_edit().await;
+        }
+        Ok(())
+    }
+
+    async fn after_local_edit(&mut self) {
+        let actions = self.engine.flush();
+        let actions = self.gossip_deltas(actions).await;
+        self.perform(actions).await;
+    }
+
+    /// The lifecycle task: TTL and retention, on every device.
+    pub(super) async fn asm_lifecycle(&mut self, now_ms: u64) {
+        if now_ms < self.asm.next_lifecycle_ms {
+            return;
+        }
+        self.asm.next_lifecycle_ms = now_ms + LIFECYCLE_EVERY_MS;
+        self.refresh_registry();
+        let schemas: Vec<AsmSchema> = self
+            .asm
+            .registry
+            .list()
+            .filter(|s| s.ttl_secs.is_some() || s.retention.is_some())
+            .cloned()
+            .collect();
+        for schema in schemas {
+            let name = schema.id.full.clone();
+            let Some(c) = self.engine.container(&name) else {
+                continue;
+            };
+            let Ok(items) = doc::items(c.doc(), &schema.layout) else {
+                continue;
+            };
+            let ids = expired_ids(&schema, &items, (now_ms / 1000) as i64);
+            if ids.is_empty() {
+                continue;
+            }
+            let layout = schema.layout.clone();
+            match self
+                .engine
+                .local_transact(&name, |tx| doc::remove_items(tx, &layout, &ids).map(|_| ()))
+            {
+                Ok(change) => {
+                    if self.commit_local(&name, change).await.is_ok() {
+                        self.count("lifecycle_items_removed");
+                        info!(container = %name, removed = ids.len(), "lifecycle removed expired items");
+                    }
+                }
+                Err(e) => warn!(container = %name, error = %e, "lifecycle edit failed"),
+            }
+        }
+    }
+}
+
+fn edit_error(e: nuwa_sync::LocalEditError<doc::DocError>) -> ApiError {
+    match e {
+        nuwa_sync::LocalEditError::Rejected(e) => doc_error(e),
+        nuwa_sync::LocalEditError::Engine(e) => ApiError::new(500, "internal", e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Goal: the lifecycle rule is a pure function of the items and the
+    // time: TTL removes old log entries, retention removes only old items
+    // of low importance, and items without a time are never touched.
+    #[test]
+    fn expired_ids_follow_ttl_and_retention() {
+        let reg = Registry::with_core();
+        let log = reg.get("did:nuwa:core:ConversationLog#v1").unwrap();
+        let now = 1_800_000_000i64;
+        let at = |secs_ago: i64| {
+            time::OffsetDateTime::from_unix_timestamp(now - secs_ago)
+                .unwrap()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap()
+        };
+        let items = vec![
+            ("old".to_owned(), json!({"timestamp": at(15 * 86_400)})),
+            ("new".to_owned(), json!({"timestamp": at(86_400)})),
+            ("none".to_owned(), json!({"content": "x"})),
+        ];
+        assert_eq!(expired_ids(log, &items, now), vec!["old".to_owned()]);
+
+        let mem = reg.get("did:nuwa:core:MemoryStore#v1").unwrap();
+        let items = vec![
+            (
+                "old_low".to_owned(),
+                json!({"createdAt": at(91 * 86_400), "importance": 0.1}),
+            ),
+            (
+                "old_high".to_owned(),
+                json!({"createdAt": at(91 * 86_400), "importance": 0.9}),
+            ),
+            (
+                "new_low".to_owned(),
+                json!({"createdAt": at(86_400), "importance": 0.1}),
+            ),
+        ];
+        assert_eq!(expired_ids(mem, &items, now), vec!["old_low".to_owned()]);
+        let settings = reg.get("did:nuwa:core:AgentSettings#v1").unwrap();
+        assert!(expired_ids(settings, &items, now).is_empty());
+    }
+
+    #[test]
+    fn uuids_are_version_4() {
+        let u = new_uuid().unwrap();
+        assert_eq!(u.len(), 36);
+        assert_eq!(&u[14..15], "4");
+        assert!(matches!(&u[19..20], "8" | "9" | "a" | "b"));
+    }
+}
