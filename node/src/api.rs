@@ -40,7 +40,9 @@ use tokio_util::sync::CancellationToken;
 use crate::status::Status;
 
 /// Largest request body accepted.
-pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// (Above the 32 MiB object limit, so that an oversized object gets the
+/// typed `object_too_large` error rather than a bare 413.)
+pub const MAX_BODY_BYTES: usize = 40 * 1024 * 1024;
 
 /// Contents of `HOME/api.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -35,7 +35,7 @@ mod asm;
 mod lifecycle;
 mod wide;
 
-pub use asm::Tool;
+pub use asm::{LIFECYCLE_EVERY_MS, Tool};
 
 /// Options of `nuwa-node run` and `sync --once`.
 #[derive(Debug, Clone)]
@@ -53,6 +53,8 @@ pub struct RunOptions {
     /// `sync --once`: stop when converged with every verified peer (Ok) or
     /// when this much time has passed (Err with the reason).
     pub once: Option<Duration>,
+    /// How often the ASM lifecycle task runs.
+    pub lifecycle_every: Duration,
 }
 
 /// Oldest mDNS announcement accepted, and how often ours is re-signed.
@@ -265,7 +267,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         held: VecDeque::new(),
         pairing: approve::Pairing::default(),
         mdns_on: mdns.is_some(),
-        asm: asm::Asm::default(),
+        asm: asm::Asm::new(opts.lifecycle_every),
     };
     d.seen = crate::devices::Seen::load(d.store.as_ref());
     d.asm_start().await;

@@ -89,6 +89,9 @@ enum Command {
     },
     /// Run the daemon in the foreground until SIGINT or SIGTERM.
     Run {
+        /// How often the lifecycle task applies x-ttl and x-retention.
+        #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+        lifecycle_every: std::time::Duration,
         #[command(flatten)]
         net: NetArgs,
     },
@@ -241,6 +244,7 @@ fn run_options(
         rendezvous_servers: parse_addrs("--rendezvous", &eff.rendezvous_servers)?,
         api_listen: eff.api_listen,
         once,
+        lifecycle_every: std::time::Duration::from_millis(crate::daemon::LIFECYCLE_EVERY_MS),
     })
 }
 
@@ -481,9 +485,13 @@ fn real_main(cli: Cli) -> Result<()> {
             println!("next: nuwa-node --home {} run", out.display());
             Ok(())
         }
-        Command::Run { net } => {
+        Command::Run {
+            net,
+            lifecycle_every,
+        } => {
             init_tracing();
-            let opts = run_options(&home_dir, net, None)?;
+            let mut opts = run_options(&home_dir, net, None)?;
+            opts.lifecycle_every = lifecycle_every.max(std::time::Duration::from_millis(100));
             let h = home::load(&home_dir)?;
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             rt.block_on(daemon::run(h, opts))

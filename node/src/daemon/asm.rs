@@ -65,14 +65,16 @@ pub struct Asm {
     /// Registry container heads the registry was last built from.
     registry_heads: Vec<[u8; 32]>,
     pub next_lifecycle_ms: u64,
+    lifecycle_every_ms: u64,
 }
 
-impl Default for Asm {
-    fn default() -> Self {
+impl Asm {
+    pub fn new(lifecycle_every: Duration) -> Self {
         Asm {
             registry: Registry::with_core(),
             registry_heads: Vec::new(),
             next_lifecycle_ms: 0,
+            lifecycle_every_ms: lifecycle_every.as_millis() as u64,
         }
     }
 }
@@ -555,7 +557,7 @@ impl Daemon {
         if now_ms < self.asm.next_lifecycle_ms {
             return;
         }
-        self.asm.next_lifecycle_ms = now_ms + LIFECYCLE_EVERY_MS;
+        self.asm.next_lifecycle_ms = now_ms + self.asm.lifecycle_every_ms;
         self.refresh_registry();
         let schemas: Vec<AsmSchema> = self
             .asm
