@@ -21,6 +21,8 @@
 //! - `POST /v1/state.query`   `{"query": ASM-QL}`
 //! - `POST /v1/state.delete`  `{"schema_uri": S, "id": I, "mode": "tombstone" | "hard"}`
 //! - `POST /v1/state.describe|state.compact|state.reset` `{"container": S}`
+//! - `GET  /v1/state.events[?container=S]`  server-sent events, one `change`
+//!   event per durable change batch (local or from peers)
 //!
 //! Errors are JSON: `{"error": {"code": "...", "message": "..."}}`. See
 //! docs/api.md.
@@ -201,6 +203,64 @@ pub enum ApiRequest {
 struct AppState {
     token: Arc<String>,
     tx: mpsc::Sender<ApiRequest>,
+    events: tokio::sync::broadcast::Sender<ChangeEvent>,
+}
+
+/// One durable change batch of a container, for `/v1/state.events`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChangeEvent {
+    pub container: String,
+    /// Changes in the batch.
+    pub changes: usize,
+    /// Hex heads after the batch.
+    pub heads: Vec<String>,
+    /// `local` (this device's API) or `peer` (synced in).
+    pub origin: &'static str,
+    pub at_unix_ms: u64,
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    container: Option<String>,
+}
+
+async fn events(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<EventsQuery>,
+) -> Result<Response, ApiError> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    authorised(&headers, &s.token)?;
+    let rx = s.events.subscribe();
+    // `ready` first: a client knows from then on that it misses nothing.
+    let ready = futures::stream::once(async {
+        Ok::<Event, std::convert::Infallible>(Event::default().event("ready").data("{}"))
+    });
+    let stream = futures::stream::unfold((rx, q.container), |(mut rx, filter)| async move {
+        loop {
+            match rx.recv().await {
+                Ok(ev) => {
+                    if filter.as_ref().is_some_and(|c| *c != ev.container) {
+                        continue;
+                    }
+                    let data = serde_json::to_string(&ev).unwrap_or_default();
+                    let item: Result<Event, std::convert::Infallible> =
+                        Ok(Event::default().event("change").data(data));
+                    return Some((item, (rx, filter)));
+                }
+                // A slow reader missed events: say so, keep streaming.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    let item = Ok(Event::default().event("lagged").data(n.to_string()));
+                    return Some((item, (rx, filter)));
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    use futures::StreamExt as _;
+    Ok(Sse::new(ready.chain(stream))
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }
 
 fn authorised(headers: &HeaderMap, token: &str) -> Result<(), ApiError> {
@@ -436,11 +496,13 @@ pub async fn serve(
     addr: SocketAddr,
     token: String,
     tx: mpsc::Sender<ApiRequest>,
+    events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
     cancel: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
     let state = AppState {
         token: Arc::new(token),
         tx,
+        events: events_tx,
     };
     let app = Router::new()
         .route("/v1/status", get(status))
@@ -455,6 +517,7 @@ pub async fn serve(
         .route("/v1/state.update", post(state_update))
         .route("/v1/state.query", post(state_query))
         .route("/v1/state.delete", post(state_delete))
+        .route("/v1/state.events", get(events))
         .route("/v1/{op}", post(state_control))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -122,6 +122,10 @@ struct Daemon {
     mdns_on: bool,
     /// Typed state: the schema registry and the lifecycle timer.
     asm: asm::Asm,
+    /// Change events for `/v1/state.events`.
+    events: tokio::sync::broadcast::Sender<api::ChangeEvent>,
+    /// Whether changes being persisted come from the local API.
+    local_origin: bool,
 }
 
 pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
@@ -207,9 +211,16 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         getrandom::fill(&mut t).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
         hex::encode(t)
     };
-    let api_addr = api::serve(opts.api_listen, token.clone(), api_tx, cancel.clone())
-        .await
-        .context("cannot start the local API")?;
+    let (events_tx, _) = tokio::sync::broadcast::channel::<api::ChangeEvent>(1024);
+    let api_addr = api::serve(
+        opts.api_listen,
+        token.clone(),
+        api_tx,
+        events_tx.clone(),
+        cancel.clone(),
+    )
+    .await
+    .context("cannot start the local API")?;
     let api_url = format!("http://{api_addr}");
     home::write_private(
         &home.dir.join(home::API_FILE),
@@ -268,6 +279,8 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         pairing: approve::Pairing::default(),
         mdns_on: mdns.is_some(),
         asm: asm::Asm::new(opts.lifecycle_every),
+        events: events_tx,
+        local_origin: false,
     };
     d.seen = crate::devices::Seen::load(d.store.as_ref());
     d.asm_start().await;
@@ -734,6 +747,20 @@ impl Daemon {
             .context("store task panicked")?
             .with_context(|| format!("cannot persist changes of container {container:?}"))?;
         self.last_seq.insert(container.to_owned(), seq);
+        if self.events.receiver_count() > 0 {
+            let heads = self
+                .engine
+                .container(container)
+                .map(|c| c.heads().iter().map(hex::encode).collect())
+                .unwrap_or_default();
+            let _ = self.events.send(api::ChangeEvent {
+                container: container.to_owned(),
+                changes: n as usize,
+                heads,
+                origin: if self.local_origin { "local" } else { "peer" },
+                at_unix_ms: home::now_ms(),
+            });
+        }
         let logged = self.logged.entry(container.to_owned()).or_default();
         *logged += n;
         if *logged >= COMPACT_AFTER_CHANGES {
@@ -761,6 +788,12 @@ impl Daemon {
     }
 
     async fn on_api_batch(&mut self, batch: Vec<ApiRequest>) {
+        self.local_origin = true;
+        self.on_api_batch_inner(batch).await;
+        self.local_origin = false;
+    }
+
+    async fn on_api_batch_inner(&mut self, batch: Vec<ApiRequest>) {
         // Apply every put of the batch, persist them in one group commit
         // per container, and only then acknowledge and push to peers.
         let mut pending: Vec<(oneshot::Sender<Result<PutReply, ApiError>>, PutBody)> = Vec::new();

@@ -584,7 +584,10 @@ impl Daemon {
                 .local_transact(&name, |tx| doc::remove_items(tx, &layout, &ids).map(|_| ()))
             {
                 Ok(change) => {
-                    if self.commit_local(&name, change).await.is_ok() {
+                    self.local_origin = true;
+                    let committed = self.commit_local(&name, change).await.is_ok();
+                    self.local_origin = false;
+                    if committed {
                         self.count("lifecycle_items_removed");
                         info!(container = %name, removed = ids.len(), "lifecycle removed expired items");
                     }
