@@ -165,7 +165,14 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         };
         let n = rec.changes.len() as u64;
         last_seq.insert(name.clone(), rec.last_seq);
-        let container = Container::load(&actor, rec.snapshot.as_deref(), rec.changes)
+        let snapshot = match rec.snapshot.as_deref() {
+            Some(s) => Some(
+                crate::snapshot::decompress(s)
+                    .with_context(|| format!("cannot read the snapshot of container {name:?}"))?,
+            ),
+            None => None,
+        };
+        let container = Container::load(&actor, snapshot.as_deref(), rec.changes)
             .with_context(|| format!("cannot load container {name:?}"))?;
         engine.insert_container(name.clone(), container);
         logged.insert(name, n);
@@ -774,7 +781,17 @@ impl Daemon {
             return Ok(());
         };
         // Every logged change up to `covers` is already in the document.
-        let snapshot = doc.save();
+        let mut snapshot = doc.save();
+        if let Some(c) = self.asm.registry.get(container).and_then(|s| s.compression) {
+            let plain = snapshot.len();
+            snapshot = crate::snapshot::compress(&snapshot, c)?;
+            debug!(
+                container,
+                plain,
+                stored = snapshot.len(),
+                "compressed snapshot"
+            );
+        }
         let covers = self.last_seq.get(container).copied().unwrap_or(0);
         let store = self.store.clone();
         let name = container.to_owned();

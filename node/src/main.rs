@@ -14,6 +14,7 @@ mod infra;
 mod lifecycle;
 mod pair;
 mod pairing;
+mod snapshot;
 mod status;
 
 use std::path::PathBuf;

@@ -367,7 +367,7 @@ fn conversation_log_ttl_trims_on_every_device() {
         let mut c = Cluster::new();
         let a = c.init("a");
         let b = c.provision(&a, "b");
-        c.start(&a, &["--lifecycle-every", "1s"]);
+        let ia = c.start(&a, &["--lifecycle-every", "1s"]);
         c.start(&b, &["--lifecycle-every", "1s"]);
         let entry = |n: u32, secs_ago: i64| {
             json!({"id": format!("00000000-0000-4000-8000-{n:012}"), "role": "user",
@@ -428,5 +428,12 @@ fn conversation_log_ttl_trims_on_every_device() {
                 .unwrap_or(0);
         assert!(removed >= 1, "the lifecycle task did the trimming");
         assert_eq!(heads(&a, LOG), heads(&b, LOG), "same document on both");
+
+        // x-compression: br. A compacted (compressed) snapshot reloads.
+        let d = json_out(&a, &["state", "compact", LOG]);
+        assert_eq!(d["compression"], json!("br"), "{d}");
+        c.stop(ia);
+        c.start(&a, &["--no-mdns", "--no-known-peers"]);
+        assert_eq!(try_query(&a, &q).unwrap()["items"], want);
     });
 }
