@@ -50,6 +50,23 @@ fn try_query(home: &Path, q: &Value) -> Option<Value> {
     serde_json::from_slice(&out.stdout).ok()
 }
 
+/// `state update` of a note.
+fn update_note(home: &Path, id: &str, patch: Value) {
+    cli_ok(
+        home,
+        &[
+            "state",
+            "update",
+            "--schema",
+            NOTE,
+            "--id",
+            id,
+            "--patch",
+            &patch.to_string(),
+        ],
+    );
+}
+
 fn heads(home: &Path, container: &str) -> Value {
     json_out(home, &["state", "describe", container])["heads"].clone()
 }
@@ -177,49 +194,19 @@ fn typed_state_converges_on_two_devices() {
         c.stop(jb);
         let ia = c.start(&a, &apart);
         let ib = c.start(&b, &apart);
-        cli_ok(
+        update_note(
             &a,
-            &[
-                "state",
-                "update",
-                "--schema",
-                NOTE,
-                "--id",
-                &id1,
-                "--patch",
-                &json!([{"op": "replace", "path": "/title", "value": "plan A"},
-                    {"op": "add", "path": "/tags/-", "value": "urgent"}])
-                .to_string(),
-            ],
+            &id1,
+            json!([{"op": "replace", "path": "/title", "value": "plan A"},
+                    {"op": "add", "path": "/tags/-", "value": "urgent"}]),
         );
-        cli_ok(
+        update_note(
             &b,
-            &[
-                "state",
-                "update",
-                "--schema",
-                NOTE,
-                "--id",
-                &id1,
-                "--patch",
-                &json!([{"op": "replace", "path": "/body", "value": "hello brave world"},
-                    {"op": "add", "path": "/tags/-", "value": "q4"}])
-                .to_string(),
-            ],
+            &id1,
+            json!([{"op": "replace", "path": "/body", "value": "hello brave world"},
+                    {"op": "add", "path": "/tags/-", "value": "q4"}]),
         );
-        cli_ok(
-            &b,
-            &[
-                "state",
-                "update",
-                "--schema",
-                NOTE,
-                "--id",
-                &id1,
-                "--patch",
-                &json!({"$push": {"tags": "shared"}}).to_string(),
-            ],
-        );
+        update_note(&b, &id1, json!({"$push": {"tags": "shared"}}));
         c.stop(ia);
         c.stop(ib);
         c.start(&a, &[]);

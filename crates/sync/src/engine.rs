@@ -202,13 +202,7 @@ impl Engine {
         changes: Vec<Vec<u8>>,
         out: &mut Vec<Action>,
     ) -> Result<bool, EngineError> {
-        let applied = self
-            .container_mut(container)?
-            .apply_changes(changes)
-            .map_err(|source| EngineError::State {
-                container: container.to_owned(),
-                source: Box::new(source),
-            })?;
+        let applied = self.apply_to(container, changes)?;
         if !applied.new_changes.is_empty() {
             for peer in self.peers.values_mut() {
                 if let Some(pc) = peer.containers.get_mut(container) {
@@ -296,17 +290,24 @@ impl Engine {
         container: &str,
         changes: Vec<Vec<u8>>,
     ) -> Result<Vec<Vec<u8>>, EngineError> {
-        let applied = self
-            .container_mut(container)?
-            .apply_changes(changes)
-            .map_err(|source| EngineError::State {
-                container: container.to_owned(),
-                source: Box::new(source),
-            })?;
+        let applied = self.apply_to(container, changes)?;
         for c in &applied.new_changes {
             self.record_local(container, c.clone());
         }
         Ok(applied.new_changes)
+    }
+
+    fn apply_to(
+        &mut self,
+        container: &str,
+        changes: Vec<Vec<u8>>,
+    ) -> Result<nuwa_state::Applied, EngineError> {
+        self.container_mut(container)?
+            .apply_changes(changes)
+            .map_err(|source| EngineError::State {
+                container: container.to_owned(),
+                source: Box::new(source),
+            })
     }
 
     fn record_local(&mut self, container: &str, change: Vec<u8>) {
