@@ -449,7 +449,11 @@ fn sign_announcement(m: &Membership, peer: &PeerId, port: u16) -> Announcement {
 
 impl Daemon {
     fn count(&mut self, what: &str) {
-        *self.counters.entry(what.to_owned()).or_default() += 1;
+        self.add(what, 1);
+    }
+
+    fn add(&mut self, what: &str, n: u64) {
+        *self.counters.entry(what.to_owned()).or_default() += n;
     }
 
     fn reject(&mut self, source: &str, who: String, rejection: &Rejection) {
@@ -738,6 +742,7 @@ impl Daemon {
                         continue;
                     }
                     self.count("frames_sent");
+                    self.add("bytes_sent", bytes.len() as u64);
                     let _ = self.net.send(peer_id, bytes).await;
                 }
                 Err(e) => warn!(error = %e, "cannot seal payload"),

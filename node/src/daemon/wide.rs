@@ -557,6 +557,8 @@ impl Daemon {
             };
             if bytes.len() <= nuwa_net::MAX_GOSSIP_BYTES {
                 self.count("gossip_deltas_published");
+                // Sealed bytes handed to gossip (each mesh peer gets a copy).
+                self.add("bytes_sent", bytes.len() as u64);
                 let _ = self
                     .net
                     .gossip_publish(self.wide.topic.clone(), bytes)
