@@ -193,6 +193,51 @@ fn validate(v: &Value) -> Result<(), StateError> {
     Ok(())
 }
 
+/// Most Bloom-filter probes accepted in a sync message (Automerge uses 7).
+pub const MAX_BLOOM_PROBES: u64 = 64;
+
+/// Refuses `have` Bloom filters that automerge 0.12 would trip over when it
+/// answers: zero bits per entry makes `generate_sync_message` divide by
+/// zero, and a huge probe count makes it allocate gigabytes (both found by
+/// the `sync_message` fuzz target; reproducers in fuzz/regressions/).
+fn check_blooms(msg: &automerge::sync::Message) -> Result<(), StateError> {
+    fn leb(bytes: &mut &[u8]) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = bytes.split_first()?;
+            *bytes = rest;
+            value |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+    for have in &msg.have {
+        let bytes = have.bloom.to_bytes();
+        let mut rest = bytes.as_slice();
+        if rest.is_empty() {
+            continue; // an empty filter: no entries
+        }
+        let (Some(entries), Some(bits_per_entry), Some(probes)) =
+            (leb(&mut rest), leb(&mut rest), leb(&mut rest))
+        else {
+            return Err(StateError::BadSyncMessage("truncated bloom filter".into()));
+        };
+        if entries > 0 && (bits_per_entry == 0 || rest.is_empty()) {
+            return Err(StateError::BadSyncMessage(
+                "bloom filter with entries but no bits".into(),
+            ));
+        }
+        if probes > MAX_BLOOM_PROBES {
+            return Err(StateError::BadSyncMessage(format!(
+                "bloom filter with {probes} probes (at most {MAX_BLOOM_PROBES})"
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl Container {
     /// An empty container whose local edits are attributed to `actor`.
     pub fn new(actor: &[u8]) -> Self {
@@ -357,6 +402,7 @@ impl Container {
     ) -> Result<Vec<Vec<u8>>, StateError> {
         let msg = automerge::sync::Message::decode(message)
             .map_err(|e| StateError::BadSyncMessage(e.to_string()))?;
+        check_blooms(&msg)?;
         let before = self.doc.get_heads();
         self.doc.receive_sync_message(state, msg)?;
         if self.doc.get_heads() == before {
@@ -375,6 +421,37 @@ impl Container {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    // Goal: the two hostile sync messages the fuzzer found (a Bloom filter
+    // with zero bits per entry, one with 2^32-1 probes) are refused with a
+    // typed error, and the container still answers afterwards instead of
+    // panicking or allocating gigabytes. Regression for
+    // fuzz/regressions/sync_message/.
+    #[test]
+    fn hostile_bloom_filters_are_refused() {
+        let crash = hex_bytes(
+            "4201d8309c232f7d263dacf5c113802bcc439fb47115c670f12ebc35d7dc65db44ce00010008070000000000000000020284",
+        );
+        let oom = hex_bytes(
+            "4201d8309c232f7d263dacf5c113802bcc439fb47115c670f12ebc35d7dc65db44ce000100080701ffffffff0f0000020284",
+        );
+        for (name, msg) in [("zero bits", crash), ("huge probes", oom)] {
+            let mut c = Container::new(b"aaaa");
+            c.put("k", &json!(1)).unwrap();
+            let mut state = SyncState::new();
+            let err = c.receive_sync_message(&mut state, &msg).unwrap_err();
+            assert!(matches!(err, StateError::BadSyncMessage(_)), "{name}: {err}");
+            // The container still works and can answer a well-formed peer.
+            assert!(c.generate_sync_message(&mut state).is_some(), "{name}");
+        }
+    }
+
+    fn hex_bytes(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
 
     // Goal: concurrent puts on two replicas converge to the same JSON once
     // each has the other's changes, whichever order they arrive in.
