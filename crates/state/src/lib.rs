@@ -193,6 +193,22 @@ fn validate(v: &Value) -> Result<(), StateError> {
     Ok(())
 }
 
+/// Refuses a change whose bytes are not the canonical encoding of its
+/// operations. automerge 0.12 accepts such a change, but re-encodes it
+/// under another hash when it later lists changes, then panics on the
+/// dependency it can no longer find (found by the `sync_message` fuzz
+/// target; reproducer in fuzz/regressions/). Changes made by Automerge
+/// itself always pass.
+fn check_canonical(change: &Change) -> Result<(), StateError> {
+    let reencoded: Change = change.decode().into();
+    if reencoded.hash() != change.hash() {
+        return Err(StateError::BadChange(
+            "change is not canonically encoded".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Most Bloom-filter probes accepted in a sync message (Automerge uses 7).
 pub const MAX_BLOOM_PROBES: u64 = 64;
 
@@ -327,6 +343,7 @@ impl Container {
             let change =
                 Change::from_bytes(bytes).map_err(|e| StateError::BadChange(e.to_string()))?;
             if self.doc.get_change_by_hash(&change.hash()).is_none() {
+                check_canonical(&change)?;
                 parsed.push(change);
             }
         }
@@ -440,10 +457,33 @@ mod tests {
             c.put("k", &json!(1)).unwrap();
             let mut state = SyncState::new();
             let err = c.receive_sync_message(&mut state, &msg).unwrap_err();
-            assert!(matches!(err, StateError::BadSyncMessage(_)), "{name}: {err}");
+            assert!(
+                matches!(err, StateError::BadSyncMessage(_)),
+                "{name}: {err}"
+            );
             // The container still works and can answer a well-formed peer.
             assert!(c.generate_sync_message(&mut state).is_some(), "{name}");
         }
+    }
+
+    // Goal: a change whose bytes are not Automerge's canonical encoding
+    // (found by fuzzing; Automerge would accept it and panic later when
+    // listing changes) is refused, and the container stays usable.
+    #[test]
+    fn non_canonical_changes_are_refused() {
+        let bad = hex_bytes(
+            "856f4a83f46f6d2a0135000e6e7577612d66757a7a2d706565720101080000061507340142025602570570027f057469746c65017f017f5668656e65737400",
+        );
+        let mut c = Container::new(b"aaaa");
+        c.put("k", &json!(1)).unwrap();
+        let err = c.apply_changes([bad]).unwrap_err();
+        assert!(err.to_string().contains("canonical"), "{err}");
+        assert_eq!(c.get("k"), Some(json!(1)));
+        assert_eq!(c.change_count(), 1);
+        // Ordinary changes from another replica still apply.
+        let mut other = Container::new(b"bbbb");
+        let change = other.put("x", &json!("y")).unwrap().unwrap();
+        assert_eq!(c.apply_changes([change]).unwrap().new_changes.len(), 1);
     }
 
     fn hex_bytes(s: &str) -> Vec<u8> {
