@@ -120,6 +120,11 @@ impl Membership {
         self.epoch_grant = grant;
     }
 
+    /// The grant of our current key epoch (empty at epoch 0).
+    pub fn epoch_grant(&self) -> &[u8] {
+        &self.epoch_grant
+    }
+
     /// Adopts a log this device extended itself (a signed update it made).
     /// Refuses a log that does not verifiably extend ours.
     pub fn adopt_log(&mut self, log: DidLog, now_ms: u64) -> Result<bool, Rejection> {

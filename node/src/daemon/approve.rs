@@ -423,8 +423,7 @@ impl Daemon {
                 )))
                 .await;
                 // Nothing more to say to it; closing lets it move on at once.
-                self.peers.remove(&peer);
-                let _ = self.net.disconnect(peer).await;
+                self.drop_peer(peer).await;
                 return;
             }
             other => Err(ApiError::new(
@@ -518,9 +517,14 @@ impl Daemon {
         )
         .map_err(|e| ApiError::new(500, "internal", format!("{e:#}")))?;
         drop(master);
-        let grant_pt = GrantPlaintext::new(&log, self.secure.keys(), &self.current_grant(), &name)
-            .to_bytes()
-            .map_err(|e| ApiError::new(500, "internal", format!("{e:#}")))?;
+        let grant_pt = GrantPlaintext::new(
+            &log,
+            self.secure.keys(),
+            self.membership.epoch_grant(),
+            &name,
+        )
+        .to_bytes()
+        .map_err(|e| ApiError::new(500, "internal", format!("{e:#}")))?;
         let Some(a) = &mut self.pairing.approval else {
             return Ok(());
         };
@@ -552,9 +556,5 @@ impl Daemon {
         info!(%context_id, %name, "DID document updated with the new device; grant sent");
         self.on_log_extended().await;
         Ok(())
-    }
-
-    fn current_grant(&self) -> Vec<u8> {
-        std::fs::read(self.home_dir.join(home::EPOCH_GRANT)).unwrap_or_default()
     }
 }
