@@ -254,6 +254,59 @@ fn check_blooms(msg: &automerge::sync::Message) -> Result<(), StateError> {
     Ok(())
 }
 
+/// Checks the change chunks a sync message carries the way
+/// [`Container::apply_changes`] checks loose changes: automerge 0.12 would
+/// load a non-canonically encoded change from a sync message just as it
+/// does from `apply_changes`, and panic later. Each element of the chunk
+/// list may hold several concatenated storage chunks (magic, checksum,
+/// type, LEB128 length, body); every change chunk must parse as exactly
+/// one change and be canonical. Document chunks (a peer sending its whole
+/// document) are verified by Automerge itself against their heads.
+fn check_sync_changes(msg: &automerge::sync::Message) -> Result<(), StateError> {
+    const MAGIC: [u8; 4] = [0x85, 0x6f, 0x4a, 0x83];
+    const HEADER: usize = 9; // magic (4) + checksum (4) + chunk type (1)
+    for element in msg.changes.iter() {
+        let mut rest = element;
+        while !rest.is_empty() {
+            let bad = |why: &str| StateError::BadSyncMessage(format!("change chunk: {why}"));
+            if rest.len() < HEADER || rest[..4] != MAGIC {
+                return Err(bad("missing chunk header"));
+            }
+            let kind = rest[8];
+            let (mut len, mut used) = (0u64, 0usize);
+            loop {
+                let Some(&b) = rest.get(HEADER + used) else {
+                    return Err(bad("truncated length"));
+                };
+                if used == 9 {
+                    return Err(bad("length out of range"));
+                }
+                len |= u64::from(b & 0x7f) << (7 * used);
+                used += 1;
+                if b & 0x80 == 0 {
+                    break;
+                }
+            }
+            let end = usize::try_from(len)
+                .ok()
+                .and_then(|len| (HEADER + used).checked_add(len))
+                .filter(|&end| end <= rest.len())
+                .ok_or_else(|| bad("length past the end of the message"))?;
+            let (chunk, tail) = rest.split_at(end);
+            match kind {
+                0 => {} // a whole document: Automerge checks its heads
+                1 | 2 => {
+                    let change = Change::try_from(chunk).map_err(|e| bad(&e.to_string()))?;
+                    check_canonical(&change)?;
+                }
+                other => return Err(bad(&format!("unknown chunk type {other}"))),
+            }
+            rest = tail;
+        }
+    }
+    Ok(())
+}
+
 impl Container {
     /// An empty container whose local edits are attributed to `actor`.
     pub fn new(actor: &[u8]) -> Self {
@@ -420,6 +473,7 @@ impl Container {
         let msg = automerge::sync::Message::decode(message)
             .map_err(|e| StateError::BadSyncMessage(e.to_string()))?;
         check_blooms(&msg)?;
+        check_sync_changes(&msg)?;
         let before = self.doc.get_heads();
         self.doc.receive_sync_message(state, msg)?;
         if self.doc.get_heads() == before {
@@ -484,6 +538,64 @@ mod tests {
         let mut other = Container::new(b"bbbb");
         let change = other.put("x", &json!("y")).unwrap().unwrap();
         assert_eq!(c.apply_changes([change]).unwrap().new_changes.len(), 1);
+    }
+
+    // Goal: the same non-canonical change carried inside a sync message
+    // (alone, or concatenated after a valid change in one chunk-list
+    // element) is refused before Automerge loads it; garbage and truncated
+    // chunks are typed errors; the container is unchanged and a normal
+    // sync message still applies.
+    #[test]
+    fn non_canonical_changes_in_sync_messages_are_refused() {
+        use automerge::sync::{ChunkList, Message};
+        let bad = hex_bytes(
+            "856f4a83f46f6d2a0135000e6e7577612d66757a7a2d706565720101080000061507340142025602570570027f057469746c65017f017f5668656e65737400",
+        );
+        let mut other = Container::new(b"bbbb");
+        let good = other.put("x", &json!("y")).unwrap().unwrap();
+        let mut sender = SyncState::new();
+        let template = other.generate_sync_message(&mut sender).unwrap();
+        let with = |elements: Vec<Vec<u8>>| {
+            let mut m = Message::decode(&template).unwrap();
+            m.changes = ChunkList::from(elements);
+            m.encode()
+        };
+        let mut c = Container::new(b"aaaa");
+        c.put("k", &json!(1)).unwrap();
+        let heads = c.heads();
+        let cases = [
+            ("alone", with(vec![bad.clone()]), "canonical"),
+            (
+                "after a good one",
+                with(vec![[good.clone(), bad.clone()].concat()]),
+                "canonical",
+            ),
+            ("garbage", with(vec![vec![1, 2, 3]]), "chunk header"),
+            (
+                "truncated",
+                with(vec![good[..good.len() - 1].to_vec()]),
+                "past the end",
+            ),
+        ];
+        for (name, msg, why) in cases {
+            let err = c
+                .receive_sync_message(&mut SyncState::new(), &msg)
+                .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    StateError::BadSyncMessage(_) | StateError::BadChange(_)
+                ),
+                "{name}: {err}"
+            );
+            assert!(err.to_string().contains(why), "{name}: {err}");
+            assert_eq!(c.heads(), heads, "{name}");
+        }
+        let new = c
+            .receive_sync_message(&mut SyncState::new(), &with(vec![good]))
+            .unwrap();
+        assert_eq!(new.len(), 1);
+        assert_eq!(c.get("x"), Some(json!("y")));
     }
 
     fn hex_bytes(s: &str) -> Vec<u8> {
