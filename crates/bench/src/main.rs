@@ -1,0 +1,585 @@
+//! `nuwa-bench`: measures real `nuwa-node` daemons on loopback against the
+//! performance targets of the project brief, and writes the figures as a
+//! Markdown table, JSON (schema in docs/performance.md) and PNG charts.
+//!
+//! The daemons are child processes in a temporary directory, all on
+//! 127.0.0.1 with mDNS, the DHT and rendezvous off. The benchmark judges
+//! nothing about correctness beyond checking that every run converged.
+
+mod api;
+mod coldsync;
+mod latency;
+mod local;
+mod node;
+mod plot;
+mod report;
+mod stats;
+mod throughput;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use serde_json::{Map, Value, json};
+
+use crate::node::NodeBin;
+use crate::report::stat_json;
+
+const ABOUT: &str = "Benchmark nuwa-node: propagation latency, converged write throughput, \
+cold sync, bytes on the wire and memory, against the project's performance targets.";
+
+const AFTER_HELP: &str = "\
+Every figure is the median and the min–max over --reps repetitions; ratios
+are taken inside each repetition. Daemons run as child processes on
+127.0.0.1 only (mDNS, DHT and rendezvous off) in a temporary directory.
+
+Examples:
+  nuwa-bench --quick                                   # seconds; a smoke run
+  nuwa-bench --node-bin target/release/nuwa-node       # the full benchmark
+  nuwa-bench --results bench-out/results.json --compare scripts/bench/out/automerge-repo.json";
+
+#[derive(Parser, Debug)]
+#[command(name = "nuwa-bench", version, about = ABOUT, after_help = AFTER_HELP)]
+struct Cli {
+    /// The nuwa-node binary to benchmark. Default: `nuwa-node` next to this
+    /// executable.
+    #[arg(long, value_name = "PATH")]
+    node_bin: Option<PathBuf>,
+    /// Cluster sizes for the propagation latency (default 3,5,10).
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
+    sizes: Option<Vec<usize>>,
+    /// Writes timed per cluster size and repetition (default 100).
+    #[arg(long, value_name = "S")]
+    samples: Option<usize>,
+    /// Writes in the throughput run (default 5000).
+    #[arg(long, value_name = "W")]
+    writes: Option<usize>,
+    /// Requests in flight during the throughput run.
+    #[arg(long, value_name = "K", default_value_t = 32)]
+    in_flight: usize,
+    /// Entries in the log a fresh device syncs (default 100000).
+    #[arg(long, value_name = "E")]
+    log_entries: Option<usize>,
+    /// Repetitions of every workload (default 3).
+    #[arg(long, value_name = "R")]
+    reps: Option<usize>,
+    /// Shrink everything for a smoke run: N=3 only, 20 samples, 500 writes,
+    /// 2000 log entries, 1 repetition (explicit options still win).
+    #[arg(long)]
+    quick: bool,
+    /// Workloads to run: latency, throughput, cold-sync (default: all).
+    #[arg(long, value_name = "W,W,...", value_delimiter = ',')]
+    only: Option<Vec<Workload>>,
+    /// Directory for report.md, results.json and the PNG charts.
+    #[arg(long, value_name = "DIR", default_value = "bench-out")]
+    out: PathBuf,
+    /// Also write the results JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json_out: Option<PathBuf>,
+    /// A results file of the same schema from another tool (e.g. the
+    /// automerge-repo script in scripts/bench/): add a side-by-side table.
+    #[arg(long, value_name = "FILE")]
+    compare: Option<PathBuf>,
+    /// Run nothing: render the report from an earlier results.json.
+    #[arg(long, value_name = "FILE")]
+    results: Option<PathBuf>,
+    /// Where the daemons' temporary homes go (default: the system temp dir).
+    #[arg(long, value_name = "DIR")]
+    work_dir: Option<PathBuf>,
+    /// Keep the daemons' homes and logs after the run (their path is printed).
+    #[arg(long)]
+    keep: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Workload {
+    Latency,
+    Throughput,
+    ColdSync,
+}
+
+/// The effective parameters after `--quick` and the explicit options.
+#[derive(Debug, Clone)]
+struct Params {
+    sizes: Vec<usize>,
+    samples: usize,
+    writes: usize,
+    in_flight: usize,
+    log_entries: usize,
+    reps: usize,
+    quick: bool,
+    workloads: Vec<Workload>,
+}
+
+impl Params {
+    fn from_cli(cli: &Cli) -> Result<Params> {
+        let q = cli.quick;
+        let p = Params {
+            sizes: cli
+                .sizes
+                .clone()
+                .unwrap_or_else(|| if q { vec![3] } else { vec![3, 5, 10] }),
+            samples: cli.samples.unwrap_or(if q { 20 } else { 100 }),
+            writes: cli.writes.unwrap_or(if q { 500 } else { 5000 }),
+            in_flight: cli.in_flight,
+            log_entries: cli.log_entries.unwrap_or(if q { 2000 } else { 100_000 }),
+            reps: cli.reps.unwrap_or(if q { 1 } else { 3 }),
+            quick: q,
+            workloads: cli.only.clone().unwrap_or_else(|| {
+                vec![Workload::Latency, Workload::Throughput, Workload::ColdSync]
+            }),
+        };
+        if p.sizes.iter().any(|&n| n < 2) {
+            bail!("--sizes: every cluster needs at least 2 nodes");
+        }
+        if p.samples == 0 || p.writes == 0 || p.log_entries == 0 || p.reps == 0 || p.in_flight == 0
+        {
+            bail!("--samples, --writes, --log-entries, --reps and --in-flight must be at least 1");
+        }
+        Ok(p)
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "reps": self.reps,
+            "samples": self.samples,
+            "writes": self.writes,
+            "in_flight": self.in_flight,
+            "log_entries": self.log_entries,
+            "sizes": self.sizes,
+            "quick": self.quick,
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(real_main(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn real_main(cli: Cli) -> Result<()> {
+    let doc = match &cli.results {
+        Some(file) => read_json(file)?,
+        None => {
+            let params = Params::from_cli(&cli)?;
+            let bin = node_bin(cli.node_bin.as_deref())?;
+            measure_all(&cli, &params, &bin).await?
+        }
+    };
+    let other = cli.compare.as_deref().map(read_json).transpose()?;
+    write_outputs(&cli, &doc, other.as_ref())
+}
+
+fn read_json(file: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))
+}
+
+fn node_bin(given: Option<&Path>) -> Result<NodeBin> {
+    let path = match given {
+        Some(p) => p.to_owned(),
+        None => std::env::current_exe()
+            .context("cannot find this executable's path; pass --node-bin")?
+            .parent()
+            .map(|d| d.join("nuwa-node"))
+            .context("this executable has no parent directory; pass --node-bin")?,
+    };
+    if !path.is_file() {
+        bail!(
+            "nuwa-node not found at {}; build it (`cargo build --release -p nuwa-node`) or pass --node-bin PATH",
+            path.display()
+        );
+    }
+    Ok(NodeBin(path))
+}
+
+/// A fresh directory for one repetition, removed afterwards unless --keep.
+struct RepDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl RepDir {
+    fn new(root: &Path, name: &str, keep: bool) -> Result<RepDir> {
+        let path = root.join(name);
+        std::fs::create_dir_all(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(RepDir { path, keep })
+    }
+}
+
+impl Drop for RepDir {
+    fn drop(&mut self) {
+        // Long logs take disk space; each repetition frees its own.
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix("nuwa-bench-");
+    let root = match &cli.work_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+            builder.tempdir_in(d)
+        }
+        None => builder.tempdir(),
+    }
+    .context("cannot create a temporary directory")?;
+    // With --keep the directory outlives the run; otherwise dropping the
+    // guard at the end removes it (each repetition already removed its own).
+    let (root_path, _guard) = if cli.keep {
+        let kept = root.keep();
+        eprintln!("homes and logs are kept in {}", kept.display());
+        (kept, None)
+    } else {
+        (root.path().to_owned(), Some(root))
+    };
+    eprintln!("nuwa-node: {}", bin.0.display());
+
+    let mut lat: BTreeMap<usize, Vec<latency::LatencyRun>> = BTreeMap::new();
+    let mut thr = Vec::new();
+    let mut cold = Vec::new();
+    if p.workloads.contains(&Workload::Latency) {
+        for &n in &p.sizes {
+            for rep in 0..p.reps {
+                let dir = RepDir::new(&root_path, &format!("latency-n{n}-r{rep}"), cli.keep)?;
+                let r = latency::run(bin, &dir.path, n, p.samples)
+                    .await
+                    .with_context(|| format!("latency run N={n}, repetition {}", rep + 1))?;
+                eprintln!(
+                    "latency N={n} rep {}/{}: p50 {} ms, p99 {} ms",
+                    rep + 1,
+                    p.reps,
+                    report::num(r.p50_ms),
+                    report::num(r.p99_ms)
+                );
+                lat.entry(n).or_default().push(r);
+            }
+        }
+    }
+    if p.workloads.contains(&Workload::Throughput) {
+        for rep in 0..p.reps {
+            let dir = RepDir::new(&root_path, &format!("throughput-r{rep}"), cli.keep)?;
+            let r = throughput::run(bin, &dir.path, p.writes, p.in_flight)
+                .await
+                .with_context(|| format!("throughput run, repetition {}", rep + 1))?;
+            eprintln!(
+                "throughput rep {}/{}: {} writes/s converged, local append {} /s (ratio {}); \
+                 wire {} B/change vs raw {} B",
+                rep + 1,
+                p.reps,
+                report::num(r.rate_per_sec),
+                report::num(r.local_append_rate_per_sec),
+                report::num(r.ratio),
+                report::num(r.wire_bytes_per_change),
+                report::num(r.raw_change_bytes)
+            );
+            thr.push(r);
+        }
+    }
+    if p.workloads.contains(&Workload::ColdSync) {
+        for rep in 0..p.reps {
+            let dir = RepDir::new(&root_path, &format!("cold-sync-r{rep}"), cli.keep)?;
+            let r = coldsync::run(bin, &dir.path, p.log_entries)
+                .await
+                .with_context(|| format!("cold sync run, repetition {}", rep + 1))?;
+            eprintln!(
+                "cold sync rep {}/{}: sync {} ms, local load {} ms (ratio {}); RSS after {} MB",
+                rep + 1,
+                p.reps,
+                report::num(r.sync_ms),
+                report::num(r.local_load_ms),
+                report::num(r.ratio),
+                report::num(r.rss_after_sync_mb)
+            );
+            cold.push(r);
+        }
+    }
+    let doc = results_json(p, &lat, &thr, &cold);
+    if p.workloads.len() == 3 {
+        let missing = report::missing(&doc, &report::required_paths(&p.sizes));
+        if !missing.is_empty() {
+            eprintln!(
+                "warning: figures missing from the results: {}",
+                missing.join(", ")
+            );
+        }
+    }
+    Ok(doc)
+}
+
+fn insert(map: &mut Map<String, Value>, key: &str, v: Option<Value>) {
+    if let Some(v) = v {
+        map.insert(key.to_owned(), v);
+    }
+}
+
+fn machine() -> Value {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    json!({
+        "os": std::env::consts::OS,
+        "arch": std::env::consts::ARCH,
+        "cpus": cpus,
+        "cpu_model": model,
+    })
+}
+
+fn results_json(
+    p: &Params,
+    lat: &BTreeMap<usize, Vec<latency::LatencyRun>>,
+    thr: &[throughput::ThroughputRun],
+    cold: &[coldsync::ColdSyncRun],
+) -> Value {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut doc = Map::new();
+    doc.insert("schema_version".into(), json!(report::SCHEMA_VERSION));
+    doc.insert("tool".into(), json!("nuwa-bench"));
+    doc.insert("tool_version".into(), json!(env!("CARGO_PKG_VERSION")));
+    doc.insert("generated_at_unix_ms".into(), json!(now_ms));
+    doc.insert("machine".into(), machine());
+    doc.insert("params".into(), p.json());
+
+    if !lat.is_empty() {
+        let mut m = Map::new();
+        for (n, runs) in lat {
+            let mut e = Map::new();
+            let col = |f: fn(&latency::LatencyRun) -> f64| runs.iter().map(f).collect::<Vec<_>>();
+            insert(&mut e, "p50_ms", stat_json(&col(|r| r.p50_ms)));
+            insert(&mut e, "p99_ms", stat_json(&col(|r| r.p99_ms)));
+            insert(
+                &mut e,
+                "wire_bytes_per_change",
+                stat_json(&col(|r| r.wire_bytes_per_change)),
+            );
+            let pooled: Vec<f64> = runs
+                .iter()
+                .flat_map(|r| r.samples_ms.iter().map(|x| (x * 1000.0).round() / 1000.0))
+                .collect();
+            e.insert("samples_ms".into(), json!(pooled));
+            m.insert(n.to_string(), Value::Object(e));
+        }
+        doc.insert("propagation_latency".into(), Value::Object(m));
+    }
+
+    if !thr.is_empty() {
+        let col = |f: fn(&throughput::ThroughputRun) -> f64| thr.iter().map(f).collect::<Vec<_>>();
+        let mut t = Map::new();
+        t.insert("nodes".into(), json!(throughput::NODES));
+        insert(&mut t, "elapsed_ms", stat_json(&col(|r| r.elapsed_ms)));
+        insert(&mut t, "rate_per_sec", stat_json(&col(|r| r.rate_per_sec)));
+        insert(
+            &mut t,
+            "local_append_rate_per_sec",
+            stat_json(&col(|r| r.local_append_rate_per_sec)),
+        );
+        insert(&mut t, "ratio", stat_json(&col(|r| r.ratio)));
+        let first = &thr[0];
+        t.insert(
+            "timeline".into(),
+            json!({
+                "acks_per_100ms": acks_per_100ms(&first.acks_ms, first.elapsed_ms),
+                "converged_ms": first.elapsed_ms,
+            }),
+        );
+        doc.insert("throughput".into(), Value::Object(t));
+
+        let mut b = Map::new();
+        insert(
+            &mut b,
+            "wire_bytes_per_change",
+            stat_json(&col(|r| r.wire_bytes_per_change)),
+        );
+        insert(
+            &mut b,
+            "raw_change_bytes",
+            stat_json(&col(|r| r.raw_change_bytes)),
+        );
+        insert(&mut b, "ratio", stat_json(&col(|r| r.bytes_ratio)));
+        doc.insert("bytes_per_change".into(), Value::Object(b));
+    }
+
+    if !cold.is_empty() {
+        let col = |f: fn(&coldsync::ColdSyncRun) -> f64| cold.iter().map(f).collect::<Vec<_>>();
+        let mut c = Map::new();
+        c.insert("entries".into(), json!(p.log_entries));
+        insert(&mut c, "sync_ms", stat_json(&col(|r| r.sync_ms)));
+        insert(
+            &mut c,
+            "local_load_ms",
+            stat_json(&col(|r| r.local_load_ms)),
+        );
+        insert(&mut c, "ratio", stat_json(&col(|r| r.ratio)));
+        insert(&mut c, "fill_ms", stat_json(&col(|r| r.fill_ms)));
+        insert(
+            &mut c,
+            "baseline_sync_ms",
+            stat_json(&col(|r| r.baseline_sync_ms)),
+        );
+        doc.insert("cold_sync".into(), Value::Object(c));
+    }
+
+    let idle: Vec<f64> = thr
+        .iter()
+        .flat_map(|r| r.idle_rss_mb.iter().copied())
+        .collect();
+    let after: Vec<f64> = cold.iter().map(|r| r.rss_after_sync_mb).collect();
+    if !idle.is_empty() || !after.is_empty() {
+        let mut r = Map::new();
+        insert(&mut r, "idle", stat_json(&idle));
+        insert(&mut r, "after_sync", stat_json(&after));
+        doc.insert("rss_mb".into(), Value::Object(r));
+    }
+    Value::Object(doc)
+}
+
+fn acks_per_100ms(acks_ms: &[f64], until_ms: f64) -> Vec<u32> {
+    let last = acks_ms.iter().copied().fold(until_ms, f64::max);
+    let mut counts = vec![0u32; (last / 100.0).floor() as usize + 1];
+    for ms in acks_ms {
+        let i = ((ms / 100.0).floor() as usize).min(counts.len() - 1);
+        counts[i] += 1;
+    }
+    counts
+}
+
+/// `doc` without the long arrays (latency samples, timeline), for reading.
+fn without_series(doc: &Value) -> Value {
+    let mut d = doc.clone();
+    if let Some(m) = d
+        .get_mut("propagation_latency")
+        .and_then(Value::as_object_mut)
+    {
+        for e in m.values_mut() {
+            if let Some(e) = e.as_object_mut() {
+                e.remove("samples_ms");
+            }
+        }
+    }
+    if let Some(t) = d.get_mut("throughput").and_then(Value::as_object_mut) {
+        t.remove("timeline");
+    }
+    d
+}
+
+fn write_outputs(cli: &Cli, doc: &Value, other: Option<&Value>) -> Result<()> {
+    let out = &cli.out;
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let pretty = serde_json::to_string_pretty(doc)?;
+    std::fs::write(out.join("results.json"), &pretty)
+        .with_context(|| format!("cannot write {}", out.join("results.json").display()))?;
+    if let Some(f) = &cli.json_out {
+        if let Some(dir) = f.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        std::fs::write(f, &pretty).with_context(|| format!("cannot write {}", f.display()))?;
+    }
+
+    let mut charts = Vec::new();
+    let series: Vec<(usize, Vec<f64>)> = doc
+        .get("propagation_latency")
+        .and_then(Value::as_object)
+        .map(|m| {
+            let mut v: Vec<(usize, Vec<f64>)> = m
+                .iter()
+                .filter_map(|(k, e)| {
+                    let n = k.parse().ok()?;
+                    let s: Vec<f64> = serde_json::from_value(e.get("samples_ms")?.clone()).ok()?;
+                    Some((n, s))
+                })
+                .collect();
+            v.sort_by_key(|(n, _)| *n);
+            v
+        })
+        .unwrap_or_default();
+    if !series.is_empty() {
+        plot::latency_cdf(&out.join("latency.png"), &series)?;
+        charts.push(("Propagation latency (CDF)", "latency.png"));
+    }
+    if let Some(t) = doc.get("throughput").and_then(|t| t.get("timeline")) {
+        let counts: Vec<u32> =
+            serde_json::from_value(t.get("acks_per_100ms").cloned().unwrap_or_default())
+                .unwrap_or_default();
+        let conv = t.get("converged_ms").and_then(Value::as_f64).unwrap_or(0.0);
+        if !counts.is_empty() {
+            plot::throughput(&out.join("throughput.png"), &counts, conv)?;
+            charts.push((
+                "Acknowledged writes per 100 ms (first repetition)",
+                "throughput.png",
+            ));
+        }
+    }
+
+    let figures = report::figures_table(doc);
+    let compare = other.map(|o| report::compare_table(doc, o));
+    println!("{figures}");
+    if let Some(c) = &compare {
+        println!("{c}");
+    }
+
+    let mut md = String::from("# nuwa-node benchmark\n\n");
+    md.push_str(&format!(
+        "Command: `{}`\n\n",
+        std::env::args().collect::<Vec<_>>().join(" ")
+    ));
+    if let Some(m) = doc.get("machine") {
+        md.push_str(&format!("Machine: `{m}`\n\n"));
+    }
+    if let Some(p) = doc.get("params") {
+        md.push_str(&format!("Parameters: `{p}`\n\n"));
+    }
+    md.push_str("Each figure is the median and min–max over the repetitions; ratios are taken inside each repetition.\n\n");
+    md.push_str(&figures);
+    if let Some(c) = &compare {
+        md.push_str("\n## Compared\n\n");
+        md.push_str(c);
+    }
+    if !charts.is_empty() {
+        md.push_str("\n## Charts\n\n");
+        for (title, file) in &charts {
+            md.push_str(&format!("![{title}]({file})\n\n"));
+        }
+    }
+    md.push_str(
+        "\n## JSON\n\nThe full file, with every latency sample and the timeline, is `results.json`.\n\n```json\n",
+    );
+    md.push_str(&serde_json::to_string_pretty(&without_series(doc))?);
+    md.push_str("\n```\n");
+    std::fs::write(out.join("report.md"), md)
+        .with_context(|| format!("cannot write {}", out.join("report.md").display()))?;
+    eprintln!("report: {}", out.join("report.md").display());
+    Ok(())
+}
