@@ -752,6 +752,18 @@ impl Daemon {
 
     async fn persist(&mut self, container: &str, changes: Vec<Vec<u8>>) -> Result<()> {
         let n = changes.len() as u64;
+        if n >= COMPACT_AFTER_CHANGES && self.engine.container(container).is_some() {
+            // A batch this large (a cold sync, a long partition healing)
+            // would be compacted right after being logged. The document
+            // already holds every one of these changes, so one snapshot
+            // makes them durable at a fraction of the cost of logging each
+            // (a 100,000-change cold sync: one ~0.5 MB write instead of
+            // ~90 MB of log). Nothing is acknowledged before it returns.
+            drop(changes);
+            self.compact(container).await?;
+            self.emit_change_event(container, n as usize);
+            return Ok(());
+        }
         let store = self.store.clone();
         let name = container.to_owned();
         let seq = tokio::task::spawn_blocking(move || store.append_changes(&name, &changes))
@@ -759,6 +771,16 @@ impl Daemon {
             .context("store task panicked")?
             .with_context(|| format!("cannot persist changes of container {container:?}"))?;
         self.last_seq.insert(container.to_owned(), seq);
+        self.emit_change_event(container, n as usize);
+        let logged = self.logged.entry(container.to_owned()).or_default();
+        *logged += n;
+        if *logged >= COMPACT_AFTER_CHANGES {
+            self.compact(container).await?;
+        }
+        Ok(())
+    }
+
+    fn emit_change_event(&self, container: &str, n: usize) {
         if self.events.receiver_count() > 0 {
             let heads = self
                 .engine
@@ -767,18 +789,12 @@ impl Daemon {
                 .unwrap_or_default();
             let _ = self.events.send(api::ChangeEvent {
                 container: container.to_owned(),
-                changes: n as usize,
+                changes: n,
                 heads,
                 origin: if self.local_origin { "local" } else { "peer" },
                 at_unix_ms: home::now_ms(),
             });
         }
-        let logged = self.logged.entry(container.to_owned()).or_default();
-        *logged += n;
-        if *logged >= COMPACT_AFTER_CHANGES {
-            self.compact(container).await?;
-        }
-        Ok(())
     }
 
     async fn compact(&mut self, container: &str) -> Result<()> {

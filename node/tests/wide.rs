@@ -190,12 +190,9 @@ fn sync_once_pulls_state_or_explains() {
         let fresh = c.provision(&a, "fresh");
         let lonely = c.provision(&a, "lonely");
         c.start(&a, &[]);
-        for i in 0..30 {
-            cli_ok(
-                &a,
-                &["state", "put", "big", &format!("k{i}"), &i.to_string()],
-            );
-        }
+        // More changes than one compaction (2048): the fresh device stores
+        // them as one snapshot rather than a log entry each.
+        put_many(&a, "big", "k", 3000);
         cli_ok(&a, &["state", "put", "small", "x", "\"y\""]);
 
         let t0 = Instant::now();
@@ -219,12 +216,18 @@ fn sync_once_pulls_state_or_explains() {
         assert!(err.contains("converged with 1 peer"), "{err}");
         println!("sync --once converged in {:?}", t0.elapsed());
         // What it pulled is in its store: read it back alone.
-        c.start(&fresh, &["--no-mdns", "--no-known-peers"]);
-        assert_eq!(
-            get_json(&fresh, "big").unwrap().as_object().unwrap().len(),
-            30
-        );
+        let alone = c.start(&fresh, &["--no-mdns", "--no-known-peers"]);
+        let big = get_json(&fresh, "big").unwrap();
+        assert_eq!(big, get_json(&a, "big").unwrap());
+        assert_eq!(big.as_object().unwrap().len(), 3000);
         assert_eq!(get_json(&fresh, "small").unwrap(), json!({"x": "y"}));
+        // A write after the snapshot survives kill -9 along with it.
+        cli_ok(&fresh, &["state", "put", "big", "after", "1"]);
+        c.kill9(alone);
+        c.start(&fresh, &["--no-mdns", "--no-known-peers"]);
+        let big = get_json(&fresh, "big").unwrap();
+        assert_eq!(big.as_object().unwrap().len(), 3001);
+        assert_eq!(big["k2999"], json!(2999));
 
         let t0 = Instant::now();
         let out = Command::new(bin())

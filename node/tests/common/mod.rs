@@ -248,6 +248,41 @@ pub fn cli_ok(home: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Puts `{key_prefix}{i}` = i for i in 0..n into `container` through the
+/// running daemon's HTTP API, 16 requests in flight, and panics unless every
+/// put is acknowledged as durable. Far faster than one CLI process per put.
+pub fn put_many(home: &Path, container: &str, key_prefix: &str, n: usize) {
+    let api: Value =
+        serde_json::from_slice(&fs::read(home.join("api.json")).expect("api.json")).unwrap();
+    let url = format!("{}/v1/state/put", api["url"].as_str().unwrap());
+    let token = api["token"].as_str().unwrap().to_owned();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let mut tasks = tokio::task::JoinSet::new();
+        for lane in 0..16 {
+            let (http, url, token) = (http.clone(), url.clone(), token.clone());
+            let (container, prefix) = (container.to_owned(), key_prefix.to_owned());
+            tasks.spawn(async move {
+                for i in (lane..n).step_by(16) {
+                    let body = serde_json::json!(
+                        {"container": container, "key": format!("{prefix}{i}"), "value": i}
+                    );
+                    let resp = http.post(&url).bearer_auth(&token).json(&body).send().await;
+                    let reply: Value = resp.expect("put request").json().await.expect("put reply");
+                    assert_eq!(reply["durable"], Value::Bool(true), "put {i}: {reply}");
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.expect("put task panicked");
+        }
+    });
+}
+
 pub fn status(home: &Path) -> Result<Value, String> {
     let out = cli(home, &["status", "--json"]);
     if !out.status.success() {
