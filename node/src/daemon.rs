@@ -160,22 +160,12 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     let mut logged = BTreeMap::new();
     let mut last_seq = BTreeMap::new();
     for name in store.list_containers()? {
-        let Some(rec) = store.load_container(&name)? else {
+        let Some(loaded) = load_container(store.as_ref(), &actor, &name)? else {
             continue;
         };
-        let n = rec.changes.len() as u64;
-        last_seq.insert(name.clone(), rec.last_seq);
-        let snapshot = match rec.snapshot.as_deref() {
-            Some(s) => Some(
-                crate::snapshot::decompress(s)
-                    .with_context(|| format!("cannot read the snapshot of container {name:?}"))?,
-            ),
-            None => None,
-        };
-        let container = Container::load(&actor, snapshot.as_deref(), rec.changes)
-            .with_context(|| format!("cannot load container {name:?}"))?;
-        engine.insert_container(name.clone(), container);
-        logged.insert(name, n);
+        engine.insert_container(name.clone(), loaded.container);
+        last_seq.insert(name.clone(), loaded.last_seq);
+        logged.insert(name, loaded.logged);
     }
     info!(containers = engine.containers().count(), "store opened");
 
@@ -447,6 +437,40 @@ fn sign_announcement(m: &Membership, peer: &PeerId, port: u16) -> Announcement {
     )
 }
 
+/// A container as the store holds it: decrypted, decompressed, loaded.
+struct LoadedContainer {
+    container: Container,
+    /// Sequence number of the last logged change.
+    last_seq: u64,
+    /// Changes logged after the snapshot.
+    logged: u64,
+}
+
+fn load_container(
+    store: &dyn Storage,
+    actor: &[u8],
+    name: &str,
+) -> Result<Option<LoadedContainer>> {
+    let Some(rec) = store.load_container(name)? else {
+        return Ok(None);
+    };
+    let logged = rec.changes.len() as u64;
+    let snapshot = match rec.snapshot.as_deref() {
+        Some(s) => Some(
+            crate::snapshot::decompress(s)
+                .with_context(|| format!("cannot read the snapshot of container {name:?}"))?,
+        ),
+        None => None,
+    };
+    let container = Container::load(actor, snapshot.as_deref(), rec.changes)
+        .with_context(|| format!("cannot load container {name:?}"))?;
+    Ok(Some(LoadedContainer {
+        container,
+        last_seq: rec.last_seq,
+        logged,
+    }))
+}
+
 impl Daemon {
     fn count(&mut self, what: &str) {
         self.add(what, 1);
@@ -693,6 +717,38 @@ impl Daemon {
             Err(e) => {
                 self.count("payload_rejected");
                 debug!(%peer, error = %e, "payload rejected");
+                self.reload_if_poisoned(&e).await;
+            }
+        }
+    }
+
+    /// Automerge panicked on a peer's bytes: the engine dropped the
+    /// half-updated container, and it is rebuilt from the store, which holds
+    /// everything the container held before (every change is persisted
+    /// before the next input is handled). The daemon keeps running.
+    pub(crate) async fn reload_if_poisoned(&mut self, e: &nuwa_sync::EngineError) {
+        let Some(name) = e.poisoned_container().map(str::to_owned) else {
+            return;
+        };
+        self.count("automerge_panics");
+        warn!(container = %name, error = %e, "automerge panicked on peer input; reloading the container from the store");
+        let store = self.store.clone();
+        let actor = self.membership.device().public().to_vec();
+        let task_name = name.clone();
+        let loaded =
+            tokio::task::spawn_blocking(move || load_container(store.as_ref(), &actor, &task_name))
+                .await
+                .context("store task panicked");
+        match loaded {
+            Ok(Ok(Some(loaded))) => {
+                self.engine.insert_container(name.clone(), loaded.container);
+                self.last_seq.insert(name.clone(), loaded.last_seq);
+                self.logged.insert(name, loaded.logged);
+            }
+            // Never persisted: the container was empty before this input.
+            Ok(Ok(None)) => {}
+            Ok(Err(err)) | Err(err) => {
+                self.fatal = Some(err.context(format!("cannot reload container {name:?}")));
             }
         }
     }

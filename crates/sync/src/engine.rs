@@ -96,6 +96,22 @@ pub enum EngineError {
     NotGossip,
 }
 
+impl EngineError {
+    /// The container Automerge panicked in, if that is what this error is.
+    /// The engine has dropped that container; rebuild it from storage and
+    /// give it back with [`Engine::insert_container`].
+    pub fn poisoned_container(&self) -> Option<&str> {
+        match self {
+            EngineError::State { container, source }
+                if matches!(**source, StateError::Poisoned(_)) =>
+            {
+                Some(container)
+            }
+            _ => None,
+        }
+    }
+}
+
 #[derive(Default)]
 struct PeerContainer {
     state: SyncState,
@@ -302,12 +318,29 @@ impl Engine {
         container: &str,
         changes: Vec<Vec<u8>>,
     ) -> Result<nuwa_state::Applied, EngineError> {
-        self.container_mut(container)?
-            .apply_changes(changes)
-            .map_err(|source| EngineError::State {
-                container: container.to_owned(),
-                source: Box::new(source),
-            })
+        let result = self.container_mut(container)?.apply_changes(changes);
+        result.map_err(|source| self.state_error(container, source))
+    }
+
+    /// Wraps a container's error. A container that Automerge panicked in is
+    /// poisoned (empty): it is dropped here, with every peer's sync state
+    /// for it, so the caller can rebuild it from storage and insert it again
+    /// ([`Engine::insert_container`]); until then it does not exist.
+    fn state_error(&mut self, container: &str, source: StateError) -> EngineError {
+        if self
+            .containers
+            .get(container)
+            .is_some_and(Container::is_poisoned)
+        {
+            self.containers.remove(container);
+            for peer in self.peers.values_mut() {
+                peer.containers.remove(container);
+            }
+        }
+        EngineError::State {
+            container: container.to_owned(),
+            source: Box::new(source),
+        }
     }
 
     fn record_local(&mut self, container: &str, change: Vec<u8>) {
@@ -524,12 +557,10 @@ impl Engine {
             .containers
             .entry(container.to_owned())
             .or_default();
-        let new_changes = doc
-            .receive_sync_message(&mut pc.state, message)
-            .map_err(|source| EngineError::State {
-                container: container.to_owned(),
-                source: Box::new(source),
-            })?;
+        let new_changes = match doc.receive_sync_message(&mut pc.state, message) {
+            Ok(new) => new,
+            Err(source) => return Err(self.state_error(container, source)),
+        };
         if !new_changes.is_empty() {
             out.push(Action::Persist {
                 container: container.to_owned(),

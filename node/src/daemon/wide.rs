@@ -521,6 +521,7 @@ impl Daemon {
             Err(e) => {
                 self.count("payload_rejected");
                 debug!(error = %e, "gossip payload rejected");
+                self.reload_if_poisoned(&e).await;
                 false
             }
         }
