@@ -206,14 +206,40 @@ fn validate(v: &Value) -> Result<(), StateError> {
 /// dependency it can no longer find (found by the `sync_message` fuzz
 /// target; reproducer in fuzz/regressions/). Changes made by Automerge
 /// itself always pass.
+///
+/// Decoding itself can panic inside automerge 0.12 on a change that parsed
+/// (an op referencing an actor index the change does not list; found by
+/// fuzzing), so it runs under [`no_panic`]; the document is not touched.
 fn check_canonical(change: &Change) -> Result<(), StateError> {
-    let reencoded: Change = change.decode().into();
-    if reencoded.hash() != change.hash() {
+    let same = no_panic("decoding a change", || {
+        let reencoded: Change = change.decode().into();
+        reencoded.hash() == change.hash()
+    })?;
+    if !same {
         return Err(StateError::BadChange(
             "change is not canonically encoded".into(),
         ));
     }
     Ok(())
+}
+
+/// Runs Automerge code that touches no document on peer bytes, turning a
+/// panic into [`StateError::BadChange`].
+fn no_panic<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, StateError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
+        StateError::BadChange(format!(
+            "automerge panicked {what}: {}",
+            panic_message(&*payload)
+        ))
+    })
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// Most Bloom-filter probes accepted in a sync message (Automerge uses 7).
@@ -303,7 +329,9 @@ fn check_sync_changes(msg: &automerge::sync::Message) -> Result<(), StateError> 
             match kind {
                 0 => {} // a whole document: Automerge checks its heads
                 1 | 2 => {
-                    let change = Change::try_from(chunk).map_err(|e| bad(&e.to_string()))?;
+                    let change = no_panic("parsing a change", || Change::try_from(chunk))
+                        .map_err(|e| bad(&e.to_string()))?
+                        .map_err(|e| bad(&e.to_string()))?;
                     check_canonical(&change)?;
                 }
                 other => return Err(bad(&format!("unknown chunk type {other}"))),
@@ -346,11 +374,7 @@ impl Container {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(doc))) {
             Ok(result) => result,
             Err(payload) => {
-                let why = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
+                let why = panic_message(&*payload);
                 let actor = self.doc.get_actor().clone();
                 self.doc = Automerge::new().with_actor(actor);
                 self.poisoned = true;
@@ -441,8 +465,8 @@ impl Container {
         }
         let mut parsed = Vec::new();
         for bytes in changes {
-            let change =
-                Change::from_bytes(bytes).map_err(|e| StateError::BadChange(e.to_string()))?;
+            let change = no_panic("parsing a change", || Change::from_bytes(bytes))?
+                .map_err(|e| StateError::BadChange(e.to_string()))?;
             if self.doc.get_change_by_hash(&change.hash()).is_none() {
                 check_canonical(&change)?;
                 parsed.push(change);
@@ -520,8 +544,11 @@ impl Container {
         state: &mut SyncState,
         message: &[u8],
     ) -> Result<Vec<Vec<u8>>, StateError> {
-        let msg = automerge::sync::Message::decode(message)
-            .map_err(|e| StateError::BadSyncMessage(e.to_string()))?;
+        let msg = no_panic("decoding a sync message", || {
+            automerge::sync::Message::decode(message)
+        })
+        .map_err(|e| StateError::BadSyncMessage(e.to_string()))?
+        .map_err(|e| StateError::BadSyncMessage(e.to_string()))?;
         check_blooms(&msg)?;
         check_sync_changes(&msg)?;
         self.guarded(|doc| {
@@ -691,6 +718,24 @@ mod tests {
         let mut d = Container::new(b"aaaa");
         assert!(!d.is_poisoned());
         d.put("k", &json!(2)).unwrap();
+    }
+
+    // Goal: a change whose decoding panics inside automerge 0.12 (an op
+    // refers to an actor index the change does not list; found by fuzzing,
+    // kept in fuzz/regressions/) is refused as a malformed change, before
+    // the document is touched: no poisoning, the container keeps its data.
+    #[test]
+    fn changes_automerge_cannot_decode_are_refused() {
+        let bad = hex_bytes(
+            "856f4a83cb7c6722017c01f46f6d2a44b7ffcdb09bfb3b6a15f7e37141e3fe4ef7ae07f94e31c2af1263010e6e7577612d66757a7a2d7065657202020000000a0104020611061307150b3403420556055701700200010321000102027f0400027f00000100017e000300017f046c69737400027f01610102017c020100017e00140200010400",
+        );
+        let mut c = Container::new(b"aaaa");
+        c.put("k", &json!(1)).unwrap();
+        let err = c.apply_changes([bad]).unwrap_err();
+        assert!(matches!(err, StateError::BadChange(_)), "{err}");
+        assert!(err.to_string().contains("panicked decoding"), "{err}");
+        assert!(!c.is_poisoned());
+        assert_eq!(c.get("k"), Some(json!(1)));
     }
 
     fn hex_bytes(s: &str) -> Vec<u8> {
