@@ -38,7 +38,8 @@ are taken inside each repetition. Daemons run as child processes on
 Examples:
   nuwa-bench --quick                                   # seconds; a smoke run
   nuwa-bench --node-bin target/release/nuwa-node       # the full benchmark
-  nuwa-bench --results bench-out/results.json --compare scripts/bench/out/automerge-repo.json";
+  nuwa-bench --results bench-out/results.json --compare scripts/bench/out/automerge-repo.json
+  nuwa-bench --quick --automerge-repo                  # both tools, one table (needs Node.js)";
 
 #[derive(Parser, Debug)]
 #[command(name = "nuwa-bench", version, about = ABOUT, after_help = AFTER_HELP)]
@@ -82,6 +83,15 @@ struct Cli {
     /// automerge-repo script in scripts/bench/): add a side-by-side table.
     #[arg(long, value_name = "FILE")]
     compare: Option<PathBuf>,
+    /// After measuring nuwa-node, run the same workloads with the same
+    /// parameters through the automerge-repo script (scripts/bench/run.sh;
+    /// needs Node.js 20+ and, on first use, the npm registry) and put both
+    /// in one table. Its JSON goes to OUT/automerge-repo.json.
+    #[arg(long, conflicts_with_all = ["compare", "results"])]
+    automerge_repo: bool,
+    /// The automerge-repo script to run with --automerge-repo.
+    #[arg(long, value_name = "PATH", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench/run.sh"))]
+    automerge_repo_script: PathBuf,
     /// Run nothing: render the report from an earlier results.json.
     #[arg(long, value_name = "FILE")]
     results: Option<PathBuf>,
@@ -177,16 +187,81 @@ fn main() -> ExitCode {
 }
 
 async fn real_main(cli: Cli) -> Result<()> {
-    let doc = match &cli.results {
-        Some(file) => read_json(file)?,
+    let (doc, params) = match &cli.results {
+        Some(file) => (read_json(file)?, None),
         None => {
             let params = Params::from_cli(&cli)?;
             let bin = node_bin(cli.node_bin.as_deref())?;
-            measure_all(&cli, &params, &bin).await?
+            (measure_all(&cli, &params, &bin).await?, Some(params))
         }
     };
-    let other = cli.compare.as_deref().map(read_json).transpose()?;
+    let other = match (&params, cli.automerge_repo) {
+        (Some(p), true) => {
+            // Keep nuwa-node's figures even if the comparison fails.
+            std::fs::create_dir_all(&cli.out)
+                .with_context(|| format!("cannot create {}", cli.out.display()))?;
+            std::fs::write(
+                cli.out.join("results.json"),
+                serde_json::to_string_pretty(&doc)?,
+            )
+            .context("cannot write results.json")?;
+            Some(run_automerge_repo(&cli, p).await?)
+        }
+        _ => cli.compare.as_deref().map(read_json).transpose()?,
+    };
     write_outputs(&cli, &doc, other.as_ref())
+}
+
+/// Runs scripts/bench/run.sh with the parameters nuwa-node was measured
+/// with, right after it (the daemons are gone, so the two do not compete
+/// for the cores), and reads its JSON.
+async fn run_automerge_repo(cli: &Cli, p: &Params) -> Result<Value> {
+    let script = &cli.automerge_repo_script;
+    if !script.is_file() {
+        bail!(
+            "the automerge-repo script is not at {}; pass --automerge-repo-script PATH",
+            script.display()
+        );
+    }
+    std::fs::create_dir_all(&cli.out)
+        .with_context(|| format!("cannot create {}", cli.out.display()))?;
+    let json_out = std::path::absolute(cli.out.join("automerge-repo.json"))
+        .context("cannot resolve the output directory")?;
+    let sizes: Vec<String> = p.sizes.iter().map(ToString::to_string).collect();
+    let mut cmd = tokio::process::Command::new(script);
+    if p.quick {
+        cmd.arg("--quick");
+    }
+    cmd.arg("--reps")
+        .arg(p.reps.to_string())
+        .arg("--samples")
+        .arg(p.samples.to_string())
+        .arg("--sizes")
+        .arg(sizes.join(","))
+        .arg("--writes")
+        .arg(p.writes.to_string())
+        .arg("--in-flight")
+        .arg(p.in_flight.to_string())
+        .arg("--log-entries")
+        .arg(p.log_entries.to_string())
+        .arg("--json-out")
+        .arg(&json_out)
+        // Its table goes to our stderr, so our stdout stays one report.
+        .stdout(std::process::Stdio::from(std::io::stderr()));
+    eprintln!("automerge-repo: running {}", script.display());
+    let status = cmd.status().await.with_context(|| {
+        format!(
+            "cannot run {} (is Node.js 20+ installed?)",
+            script.display()
+        )
+    })?;
+    if !status.success() {
+        bail!(
+            "the automerge-repo script failed ({status}); nuwa-node's figures are in {}",
+            cli.out.display()
+        );
+    }
+    read_json(&json_out)
 }
 
 fn read_json(file: &Path) -> Result<Value> {
