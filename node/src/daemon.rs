@@ -730,8 +730,8 @@ impl Daemon {
         let Some(name) = e.poisoned_container().map(str::to_owned) else {
             return;
         };
-        self.count("automerge_panics");
-        warn!(container = %name, error = %e, "automerge panicked on peer input; reloading the container from the store");
+        self.count("containers_poisoned");
+        warn!(container = %name, error = %e, "peer input left the container untrustworthy; reloading it from the store");
         let store = self.store.clone();
         let actor = self.membership.device().public().to_vec();
         let task_name = name.clone();

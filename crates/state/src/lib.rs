@@ -45,10 +45,11 @@ pub enum StateError {
     BadSyncMessage(String),
     #[error("automerge rejected the operation: {0}")]
     Automerge(#[from] automerge::AutomergeError),
-    /// Automerge panicked on peer input. The document may have been left
-    /// half-updated, so the container dropped it: it is empty and
+    /// Automerge panicked on peer input, or applied a change it should have
+    /// refused. The document cannot be trusted, so the container dropped
+    /// it: it is empty and
     /// [`Container::is_poisoned`] until the caller rebuilds it from storage.
-    #[error("automerge panicked on this input ({0}); the container must be reloaded")]
+    #[error("this input left the document untrustworthy ({0}); the container must be reloaded")]
     Poisoned(String),
 }
 
@@ -223,6 +224,49 @@ fn check_canonical(change: &Change) -> Result<(), StateError> {
     Ok(())
 }
 
+/// Checks every change that became part of `doc` since `before`: its first
+/// op must come right after the last op of its dependencies, as in every
+/// change Automerge makes (a change's ops are numbered on from the document
+/// it was made on, whose heads become its deps). automerge 0.12 applies a
+/// change that breaks this, then saves a document it cannot load again
+/// ("missing ops"; found by fuzzing): after the next compaction the daemon
+/// could not start. Such a change has already been applied, so the answer
+/// is [`StateError::Poisoned`]: the caller drops the document and reloads.
+fn check_op_numbering(doc: &Automerge, before: &[ChangeHash]) -> Result<(), StateError> {
+    let new = doc.get_changes_meta(before);
+    // Most dependencies are among the new changes themselves (a cold sync
+    // brings them all); only the frontier is looked up in the document.
+    let max_ops: std::collections::HashMap<ChangeHash, u64> =
+        new.iter().map(|c| (c.hash, c.max_op)).collect();
+    for change in &new {
+        let mut expected = 1;
+        for dep in &change.deps {
+            let max_op = match max_ops.get(dep) {
+                Some(&m) => m,
+                None => match doc.get_change_meta_by_hash(dep) {
+                    Some(d) => d.max_op,
+                    None => {
+                        return Err(StateError::Poisoned(format!(
+                            "change {} applied without its dependency {dep}",
+                            change.hash
+                        )));
+                    }
+                },
+            };
+            expected = expected.max(max_op + 1);
+        }
+        if change.start_op != expected {
+            return Err(StateError::Poisoned(format!(
+                "change {} starts at op {}, its dependencies end at op {}",
+                change.hash,
+                change.start_op,
+                expected - 1
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Runs Automerge code that touches no document on peer bytes, turning a
 /// panic into [`StateError::BadChange`].
 fn no_panic<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, StateError> {
@@ -372,6 +416,13 @@ impl Container {
         }
         let doc = &mut self.doc;
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(doc))) {
+            Ok(Err(StateError::Poisoned(why))) => {
+                // The closure found the document holding what it must not.
+                let actor = self.doc.get_actor().clone();
+                self.doc = Automerge::new().with_actor(actor);
+                self.poisoned = true;
+                Err(StateError::Poisoned(why))
+            }
             Ok(result) => result,
             Err(payload) => {
                 let why = panic_message(&*payload);
@@ -464,11 +515,24 @@ impl Container {
             return Err(StateError::Poisoned("an earlier input".into()));
         }
         let mut parsed = Vec::new();
+        let mut batch_max_op = std::collections::HashMap::new();
         for bytes in changes {
             let change = no_panic("parsing a change", || Change::from_bytes(bytes))?
                 .map_err(|e| StateError::BadChange(e.to_string()))?;
             if self.doc.get_change_by_hash(&change.hash()).is_none() {
                 check_canonical(&change)?;
+                // Refused before it is applied when its dependencies are at
+                // hand; otherwise check_op_numbering catches it after.
+                if let Some(expected) = self.expected_start_op(&batch_max_op, change.deps()) {
+                    if change.start_op().get() != expected {
+                        return Err(StateError::BadChange(format!(
+                            "change starts at op {}, its dependencies end at op {}",
+                            change.start_op(),
+                            expected - 1
+                        )));
+                    }
+                }
+                batch_max_op.insert(change.hash(), change.max_op());
                 parsed.push(change);
             }
         }
@@ -478,6 +542,7 @@ impl Container {
         self.guarded(|doc| {
             let before = doc.get_heads();
             doc.apply_changes(parsed)?;
+            check_op_numbering(doc, &before)?;
             // Report everything that became part of the document, including
             // changes that earlier messages left waiting for their
             // dependencies and that this batch released: all of them must be
@@ -492,6 +557,24 @@ impl Container {
                 missing_deps: !doc.get_missing_deps(&[]).is_empty(),
             })
         })
+    }
+
+    /// The op a change with these dependencies must start at, if every
+    /// dependency is in the document or in `batch`.
+    fn expected_start_op(
+        &self,
+        batch: &std::collections::HashMap<ChangeHash, u64>,
+        deps: &[ChangeHash],
+    ) -> Option<u64> {
+        let mut expected = 1;
+        for dep in deps {
+            let max_op = match batch.get(dep) {
+                Some(&m) => m,
+                None => self.doc.get_change_meta_by_hash(dep)?.max_op,
+            };
+            expected = expected.max(max_op + 1);
+        }
+        Some(expected)
     }
 
     /// The JSON value under `key`, if any.
@@ -557,6 +640,7 @@ impl Container {
             if doc.get_heads() == before {
                 return Ok(Vec::new());
             }
+            check_op_numbering(doc, &before)?;
             Ok(doc
                 .get_changes(&before)
                 .into_iter()
@@ -736,6 +820,57 @@ mod tests {
         assert!(err.to_string().contains("panicked decoding"), "{err}");
         assert!(!c.is_poisoned());
         assert_eq!(c.get("k"), Some(json!(1)));
+    }
+
+    // Goal: a change whose first op does not follow its dependencies' last
+    // op (seq 1, no deps, starting at op 2; found by fuzzing: automerge
+    // 0.12 applied it, then saved a document it could not load, so the
+    // daemon would not have started after its next compaction) is refused
+    // before it is applied when it comes alone, and poisons the container
+    // when it comes inside a sync message (Automerge applies those itself);
+    // a legitimate chain of changes still applies both ways.
+    #[test]
+    fn changes_with_misnumbered_ops_are_refused() {
+        use automerge::sync::{ChunkList, Message};
+        let bad = hex_bytes(
+            "856f4a83f46f6d2a0135000e6e7577612d66700200017f0000020102030400027f000000000302230b3403420b560b57746c8f1507d101420256026c6f27ac",
+        );
+        let mut c = Container::new(b"aaaa");
+        c.put("k", &json!(1)).unwrap();
+        let err = c.apply_changes([bad.clone()]).unwrap_err();
+        assert!(matches!(err, StateError::BadChange(_)), "{err}");
+        assert!(err.to_string().contains("starts at op 2"), "{err}");
+        assert!(!c.is_poisoned());
+
+        let mut fixed = bad.clone();
+        let hash = Change::from_bytes(bad).unwrap().hash();
+        fixed[4..8].copy_from_slice(&hash.0[..4]);
+        let mut other = Container::new(b"bbbb");
+        let first = other.put("x", &json!(1)).unwrap().unwrap();
+        let second = other.put("y", &json!(2)).unwrap().unwrap();
+        let template = other.generate_sync_message(&mut SyncState::new()).unwrap();
+        let with = |elements: Vec<Vec<u8>>| {
+            let mut m = Message::decode(&template).unwrap();
+            m.changes = ChunkList::from(elements);
+            m.encode()
+        };
+        let err = c
+            .receive_sync_message(&mut SyncState::new(), &with(vec![fixed]))
+            .unwrap_err();
+        assert!(matches!(err, StateError::Poisoned(_)), "{err}");
+        assert!(c.is_poisoned());
+
+        let mut d = Container::new(b"aaaa");
+        d.put("k", &json!(1)).unwrap();
+        let new = d
+            .receive_sync_message(&mut SyncState::new(), &with(vec![first, second]))
+            .unwrap();
+        assert_eq!(new.len(), 2);
+        assert_eq!(d.get("y"), Some(json!(2)));
+        let mut e = Container::new(b"cccc");
+        assert_eq!(e.apply_changes(new).unwrap().new_changes.len(), 2);
+        let saved = e.save();
+        assert!(Container::load(b"cccc", Some(&saved), []).is_ok());
     }
 
     fn hex_bytes(s: &str) -> Vec<u8> {
