@@ -10,23 +10,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::*;
 use nuwa_crypto::epoch::KeyRing;
 use nuwa_identity::keys::DeviceKey;
-use nuwa_net::{Features, NetConfig};
 use nuwa_proto::{Frame, SyncPayload};
 use nuwa_sync::SecureChannel;
 use serde_json::json;
-use zeroize::Zeroizing;
 
 /// A well-signed Automerge change that automerge 0.12 panics on while
 /// applying it (seq 101 of an actor the document has never seen, no deps),
 /// found by the `sync_message` fuzz target (fuzz/regressions/sync_message/).
 const POISON: &str = "856f4a83f46f6d2a0135000e6e7577612d66757a7a2d720165706501000000000000003f42025602570570027f057469050000000000000068656c6c6f7f00";
-
-fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
 
 // Goal: a change that makes Automerge panic, sent by gossip from a real
 // member device (its own key, its own sync key, properly sealed), costs the
@@ -34,8 +25,8 @@ fn hex(s: &str) -> Vec<u8> {
 // running and answering, the container holds exactly what it held before,
 // and it takes and keeps new writes. Method: daemon a with entries; an
 // in-process libp2p node with the identity and keys of provisioned member b
-// publishes the sealed poison on the agent's gossip topic until a counts an
-// Automerge panic.
+// publishes the sealed poison on the agent's gossip topic until a counts a
+// poisoned container.
 #[test]
 fn a_member_sending_poison_does_not_take_the_daemon_down() {
     isolated(
@@ -64,31 +55,11 @@ fn a_member_sending_poison_does_not_take_the_daemon_down() {
             let secure = SecureChannel::new(did.clone(), context_id(&b), ring);
             let rt = tokio::runtime::Runtime::new().unwrap();
             let cancel = tokio_util::sync::CancellationToken::new();
-            let net = rt.block_on(async {
-                let (net, mut events) = nuwa_net::spawn(
-                    Zeroizing::new(*device.seed()),
-                    NetConfig {
-                        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
-                        features: Features {
-                            gossip: true,
-                            ..Features::default()
-                        },
-                        ..NetConfig::default()
-                    },
-                    cancel.clone(),
-                )
-                .await
-                .unwrap();
-                net.gossip_subscribe(nuwa_sync::pointer::gossip_topic(&did))
-                    .await
-                    .unwrap();
-                net.dial(None, vec![a_addr.parse().unwrap()]).await.unwrap();
-                tokio::spawn(async move { while events.recv().await.is_some() {} });
-                net
-            });
+            let (net, mut events) = gossip_node(&rt, device.seed(), &did, &a_addr, cancel.clone());
+            rt.spawn(async move { while events.recv().await.is_some() {} });
             let topic = nuwa_sync::pointer::gossip_topic(&did);
             wait_for(
-                "a to count an Automerge panic",
+                "a to count a poisoned container",
                 Duration::from_secs(20),
                 || {
                     let now = SystemTime::now()
@@ -97,7 +68,7 @@ fn a_member_sending_poison_does_not_take_the_daemon_down() {
                         .as_millis() as u64;
                     let payload = SyncPayload::Delta {
                         container: "notes".into(),
-                        changes: vec![hex(POISON)],
+                        changes: vec![hex::decode(POISON).unwrap()],
                     };
                     let env = secure.seal(&device, &payload, now).unwrap();
                     // Fails until the gossip mesh has formed; then the next poll

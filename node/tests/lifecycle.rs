@@ -13,7 +13,7 @@ use nuwa_crypto::SyncKey;
 use nuwa_crypto::epoch::KeyRing;
 use nuwa_identity::keys::DeviceKey;
 use nuwa_identity::log::DidLog;
-use nuwa_net::{Features, NetConfig, NetEvent};
+use nuwa_net::NetEvent;
 use nuwa_proto::{Frame, SyncPayload};
 use serde_json::{Value, json};
 use zeroize::Zeroizing;
@@ -231,34 +231,21 @@ fn revoked_device_gets_nothing_new() {
             .to_owned();
         let (tx, captured) = std::sync::mpsc::channel::<Vec<u8>>();
         let cancel = tokio_util::sync::CancellationToken::new();
-        rt.block_on(async {
-            let key = DeviceKey::generate().unwrap();
-            let (net, mut events) = nuwa_net::spawn(
-                Zeroizing::new(*key.seed()),
-                NetConfig {
-                    listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
-                    features: Features {
-                        gossip: true,
-                        ..Features::default()
-                    },
-                    ..NetConfig::default()
-                },
-                cancel.clone(),
-            )
-            .await
-            .unwrap();
-            net.gossip_subscribe(nuwa_sync::pointer::gossip_topic(&did))
-                .await
-                .unwrap();
-            net.dial(None, vec![a_addr.parse().unwrap()]).await.unwrap();
-            tokio::spawn(async move {
-                while let Some(ev) = events.recv().await {
-                    if let NetEvent::GossipMessage { id, data, .. } = ev {
-                        let _ = net.gossip_report(id, false).await;
-                        let _ = tx.send(data);
-                    }
+        let key = DeviceKey::generate().unwrap();
+        let (net, mut events) = gossip_node(
+            &rt,
+            Zeroizing::new(*key.seed()),
+            &did,
+            &a_addr,
+            cancel.clone(),
+        );
+        rt.spawn(async move {
+            while let Some(ev) = events.recv().await {
+                if let NetEvent::GossipMessage { id, data, .. } = ev {
+                    let _ = net.gossip_report(id, false).await;
+                    let _ = tx.send(data);
                 }
-            });
+            }
         });
 
         let out = cli_ok(&a, &["device", "revoke", &cr]);

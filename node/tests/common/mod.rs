@@ -283,6 +283,43 @@ pub fn put_many(home: &Path, container: &str, key_prefix: &str, n: usize) {
     });
 }
 
+/// An in-process libp2p node with identity `seed`, subscribed to the gossip
+/// topic of agent `did` and dialing `dial` (a daemon's listen address). It
+/// proves nothing to the daemon (no `Hello`); it is a gossip participant,
+/// like any connected peer. Events go to the returned receiver.
+pub fn gossip_node(
+    rt: &tokio::runtime::Runtime,
+    seed: zeroize::Zeroizing<[u8; 32]>,
+    did: &str,
+    dial: &str,
+    cancel: tokio_util::sync::CancellationToken,
+) -> (
+    nuwa_net::NetHandle,
+    tokio::sync::mpsc::Receiver<nuwa_net::NetEvent>,
+) {
+    rt.block_on(async {
+        let (net, events) = nuwa_net::spawn(
+            seed,
+            nuwa_net::NetConfig {
+                listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
+                features: nuwa_net::Features {
+                    gossip: true,
+                    ..nuwa_net::Features::default()
+                },
+                ..nuwa_net::NetConfig::default()
+            },
+            cancel,
+        )
+        .await
+        .unwrap();
+        net.gossip_subscribe(nuwa_sync::pointer::gossip_topic(did))
+            .await
+            .unwrap();
+        net.dial(None, vec![dial.parse().unwrap()]).await.unwrap();
+        (net, events)
+    })
+}
+
 pub fn status(home: &Path) -> Result<Value, String> {
     let out = cli(home, &["status", "--json"]);
     if !out.status.success() {
