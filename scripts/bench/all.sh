@@ -4,7 +4,7 @@
 # workloads through automerge-repo (Node.js 20+; npm registry on first use)
 # and writes one report with both tools side by side.
 #
-#   ./scripts/bench/all.sh            # full run (about 15 min on 2 cores)
+#   ./scripts/bench/all.sh            # full run (10–15 min on 2 cores)
 #   ./scripts/bench/all.sh --quick    # smoke run (under a minute)
 #   ./scripts/bench/all.sh --no-automerge-repo [nuwa-bench options]
 #
