@@ -1029,6 +1029,7 @@ impl Daemon {
             }
             DiscoveryEvent::Expired { instance } => {
                 if let Ok(peer) = instance.parse::<PeerId>() {
+                    self.wide.mdns_hints.remove(&peer);
                     self.pairing_candidate_gone(&peer);
                 }
             }
@@ -1092,6 +1093,9 @@ impl Daemon {
             return;
         }
         debug!(%peer, context_id = %ann.context_id, "dialing peer found by mDNS");
+        // Only verified announcements of active devices get here, so the
+        // map is bounded by the DID document.
+        self.wide.mdns_hints.insert(peer, addrs.clone());
         let _ = self.net.dial(Some(peer), addrs).await;
     }
 

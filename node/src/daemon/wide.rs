@@ -57,6 +57,13 @@ pub struct Wide {
     infra: BTreeSet<PeerId>,
     static_peers: Vec<(Option<PeerId>, Multiaddr)>,
     known: BTreeMap<PeerId, Vec<Multiaddr>>,
+    /// Addresses of member devices from their latest verified mDNS
+    /// announcement, redialed like known peers until they connect or their
+    /// announcement expires: one dial at discovery is not enough when two
+    /// devices find each other at the same instant and dial each other
+    /// (both handshakes can fail), and mDNS reports a present peer again
+    /// only every two minutes.
+    pub(super) mdns_hints: BTreeMap<PeerId, Vec<Multiaddr>>,
     identified: BTreeMap<PeerId, Vec<Multiaddr>>,
     connected_infra: BTreeSet<PeerId>,
     rv_register_due: BTreeMap<PeerId, u64>,
@@ -106,6 +113,7 @@ impl Wide {
             infra,
             static_peers: opts.peers.iter().map(|a| (peer_of(a), a.clone())).collect(),
             known: BTreeMap::new(),
+            mdns_hints: BTreeMap::new(),
             identified: BTreeMap::new(),
             connected_infra: BTreeSet::new(),
             rv_register_due: BTreeMap::new(),
@@ -165,9 +173,28 @@ impl Daemon {
     async fn redial(&mut self) {
         let connected: BTreeSet<PeerId> = self.peers.keys().copied().collect();
         let mut targets: Vec<(Option<PeerId>, Vec<Multiaddr>)> = Vec::new();
+        let now = home::now_ms();
+        // A fresh mDNS address first, then what the cache remembers.
+        let mut member_addrs: BTreeMap<PeerId, Vec<Multiaddr>> = BTreeMap::new();
+        for (peer, addrs) in &self.wide.mdns_hints {
+            // A device revoked since its announcement is not dialed again.
+            let active = public_from_peer_id(peer)
+                .is_some_and(|public| self.membership.authorise_public(&public, now).is_ok());
+            if active {
+                member_addrs.insert(*peer, addrs.clone());
+            }
+        }
         for (peer, addrs) in &self.wide.known {
-            if !connected.contains(peer) && !addrs.is_empty() {
-                targets.push((Some(*peer), addrs.clone()));
+            let entry = member_addrs.entry(*peer).or_default();
+            for a in addrs {
+                if !entry.contains(a) {
+                    entry.push(a.clone());
+                }
+            }
+        }
+        for (peer, addrs) in member_addrs {
+            if !connected.contains(&peer) && !addrs.is_empty() {
+                targets.push((Some(peer), addrs));
             }
         }
         for (peer, addr) in &self.wide.static_peers {
