@@ -698,13 +698,21 @@ impl Actor {
     fn on_command(&mut self, cmd: Command) {
         match cmd {
             Command::Dial { peer, addrs } => {
+                // A fresh source port: reusing the listening port lets two
+                // devices that dial each other at the same instant end up
+                // in one TCP connection (simultaneous open) where both are
+                // the Noise initiator and both handshakes fail.
                 let opts = match peer {
                     Some(peer) => DialOpts::peer_id(peer)
                         .addresses(addrs)
                         .condition(PeerCondition::DisconnectedAndNotDialing)
+                        .allocate_new_port()
                         .build(),
                     None => match addrs.into_iter().next() {
-                        Some(addr) => DialOpts::unknown_peer_id().address(addr).build(),
+                        Some(addr) => DialOpts::unknown_peer_id()
+                            .address(addr)
+                            .allocate_new_port()
+                            .build(),
                         None => return,
                     },
                 };
@@ -1222,6 +1230,59 @@ mod tests {
         })
         .await
         .expect("event within 10 s")
+    }
+
+    // Goal: a dial leaves from a fresh port, never from the listening port.
+    // With libp2p's default port reuse, two devices that discover each
+    // other at the same instant and dial each other (mDNS makes that
+    // common) can have their SYNs cross: TCP then makes one connection in
+    // which both ends are the Noise initiator, and both handshakes fail
+    // ("input error"); CI saw exactly that. Method: a dials b on loopback;
+    // the address b sees the connection come from must not be a's listening
+    // port; then, ten times, two fresh nodes dial each other at once and
+    // both connect.
+    #[tokio::test]
+    async fn dials_leave_from_a_fresh_port() {
+        let (a, _a_rx, a_addr) = node(3, 1024).await;
+        let (b, mut b_rx, b_addr) = node(4, 1024).await;
+        a.dial(Some(b.local_peer_id()), vec![b_addr.clone()])
+            .await
+            .unwrap();
+        let from = next_matching(&mut b_rx, |e| match e {
+            NetEvent::Connected { remote, .. } => Some(remote),
+            _ => None,
+        })
+        .await;
+        let port = |m: &Multiaddr| {
+            m.iter().find_map(|p| match p {
+                Protocol::Tcp(port) => Some(port),
+                _ => None,
+            })
+        };
+        assert_ne!(
+            port(&from),
+            port(&a_addr),
+            "a dialed from its listening port"
+        );
+        for round in 0..10u8 {
+            let (a, mut a_rx, a_addr) = node(10 + 2 * round, 1024).await;
+            let (b, mut b_rx, b_addr) = node(11 + 2 * round, 1024).await;
+            let (ra, rb) = tokio::join!(
+                a.dial(Some(b.local_peer_id()), vec![b_addr]),
+                b.dial(Some(a.local_peer_id()), vec![a_addr]),
+            );
+            ra.unwrap();
+            rb.unwrap();
+            for rx in [&mut a_rx, &mut b_rx] {
+                let got = next_matching(rx, |e| match e {
+                    NetEvent::Connected { .. } => Some(Ok(())),
+                    NetEvent::DialFailed { reason, .. } => Some(Err(reason)),
+                    _ => None,
+                })
+                .await;
+                assert_eq!(got, Ok(()), "round {round}");
+            }
+        }
     }
 
     // Goal: over a real loopback connection, frames to one peer arrive in the
