@@ -40,16 +40,8 @@ pub async fn run(bin: &NodeBin, dir: &Path, n: usize, samples: usize) -> Result<
 
 async fn measure(cluster: &Cluster, samples: usize) -> Result<LatencyRun> {
     let writer = &cluster.nodes[0];
-    let mut watchers = Vec::new();
-    for node in &cluster.nodes[1..] {
-        watchers.push(node.api.watch(CONTAINER).await?);
-    }
-    let bytes_before: u64 = cluster
-        .statuses()
-        .await?
-        .iter()
-        .map(|s| s.bytes_sent())
-        .sum();
+    let mut watchers = cluster.watch_followers(CONTAINER).await?;
+    let bytes_before = cluster.bytes_sent().await?;
     let mut samples_ms = Vec::with_capacity(samples);
     for i in 0..WARM_UP + samples {
         let t0 = Instant::now();
@@ -72,12 +64,7 @@ async fn measure(cluster: &Cluster, samples: usize) -> Result<LatencyRun> {
             samples_ms.push(last.duration_since(t0).as_secs_f64() * 1e3);
         }
     }
-    let bytes_after: u64 = cluster
-        .statuses()
-        .await?
-        .iter()
-        .map(|s| s.bytes_sent())
-        .sum();
+    let bytes_after = cluster.bytes_sent().await?;
     Ok(LatencyRun {
         wire_bytes_per_change: bytes_after.saturating_sub(bytes_before) as f64
             / (WARM_UP + samples) as f64,

@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use crate::api::{Api, ApiFile, Status};
+use crate::api::{Api, ApiFile, Status, Watcher};
 
 /// Flags that keep every daemon on loopback with discovery off.
 const LOOPBACK_ONLY: &[&str] = &[
@@ -336,6 +336,20 @@ impl Cluster {
             out.push(n.api.status().await?);
         }
         Ok(out)
+    }
+
+    /// The `bytes_sent` counters of all nodes, summed.
+    pub async fn bytes_sent(&self) -> Result<u64> {
+        Ok(self.statuses().await?.iter().map(Status::bytes_sent).sum())
+    }
+
+    /// An event stream of `container` on every node but node 0 (the writer).
+    pub async fn watch_followers(&self, container: &str) -> Result<Vec<Watcher>> {
+        let mut watchers = Vec::with_capacity(self.nodes.len().saturating_sub(1));
+        for node in &self.nodes[1..] {
+            watchers.push(node.api.watch(container).await?);
+        }
+        Ok(watchers)
     }
 
     /// Stops every daemon cleanly.

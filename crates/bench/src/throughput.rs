@@ -66,16 +66,8 @@ async fn measure(cluster: &Cluster, writes: usize, in_flight: usize) -> Result<T
         .iter()
         .map(|n| n.rss_mb())
         .collect::<Result<Vec<_>>>()?;
-    let bytes_before: u64 = cluster
-        .statuses()
-        .await?
-        .iter()
-        .map(|s| s.bytes_sent())
-        .sum();
-    let mut watchers = Vec::new();
-    for node in &cluster.nodes[1..] {
-        watchers.push(node.api.watch(CONTAINER).await?);
-    }
+    let bytes_before = cluster.bytes_sent().await?;
+    let mut watchers = cluster.watch_followers(CONTAINER).await?;
 
     let writer = cluster.nodes[0].api.clone();
     let start = Instant::now();

@@ -21,6 +21,7 @@ use automerge::{
     transaction::Transactable,
 };
 use serde_json::Value;
+use std::collections::HashMap;
 
 /// Longest key accepted in a map container.
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -236,25 +237,14 @@ fn check_op_numbering(doc: &Automerge, before: &[ChangeHash]) -> Result<(), Stat
     let new = doc.get_changes_meta(before);
     // Most dependencies are among the new changes themselves (a cold sync
     // brings them all); only the frontier is looked up in the document.
-    let max_ops: std::collections::HashMap<ChangeHash, u64> =
-        new.iter().map(|c| (c.hash, c.max_op)).collect();
+    let max_ops: HashMap<ChangeHash, u64> = new.iter().map(|c| (c.hash, c.max_op)).collect();
     for change in &new {
-        let mut expected = 1;
-        for dep in &change.deps {
-            let max_op = match max_ops.get(dep) {
-                Some(&m) => m,
-                None => match doc.get_change_meta_by_hash(dep) {
-                    Some(d) => d.max_op,
-                    None => {
-                        return Err(StateError::Poisoned(format!(
-                            "change {} applied without its dependency {dep}",
-                            change.hash
-                        )));
-                    }
-                },
-            };
-            expected = expected.max(max_op + 1);
-        }
+        let Some(expected) = expected_start_op(doc, &max_ops, &change.deps) else {
+            return Err(StateError::Poisoned(format!(
+                "change {} applied without its dependencies",
+                change.hash
+            )));
+        };
         if change.start_op != expected {
             return Err(StateError::Poisoned(format!(
                 "change {} starts at op {}, its dependencies end at op {}",
@@ -265,6 +255,40 @@ fn check_op_numbering(doc: &Automerge, before: &[ChangeHash]) -> Result<(), Stat
         }
     }
     Ok(())
+}
+
+/// The op a change with these dependencies must start at: one past the
+/// last op of any of them, looked up in `batch` (changes not yet, or just,
+/// applied) and then in `doc`. `None` if a dependency is in neither.
+fn expected_start_op(
+    doc: &Automerge,
+    batch: &HashMap<ChangeHash, u64>,
+    deps: &[ChangeHash],
+) -> Option<u64> {
+    let mut expected = 1;
+    for dep in deps {
+        let max_op = match batch.get(dep) {
+            Some(&m) => m,
+            None => doc.get_change_meta_by_hash(dep)?.max_op,
+        };
+        expected = expected.max(max_op + 1);
+    }
+    Some(expected)
+}
+
+/// Reads one unsigned LEB128 number (at most 64 bits) off the front of
+/// `bytes`; `None` if it is truncated or too long.
+fn read_leb128(bytes: &mut &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&b, rest) = bytes.split_first()?;
+        *bytes = rest;
+        value |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
 }
 
 /// Runs Automerge code that touches no document on peer bytes, turning a
@@ -294,27 +318,17 @@ pub const MAX_BLOOM_PROBES: u64 = 64;
 /// zero, and a huge probe count makes it allocate gigabytes (both found by
 /// the `sync_message` fuzz target; reproducers in fuzz/regressions/).
 fn check_blooms(msg: &automerge::sync::Message) -> Result<(), StateError> {
-    fn leb(bytes: &mut &[u8]) -> Option<u64> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, rest) = bytes.split_first()?;
-            *bytes = rest;
-            value |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Some(value);
-            }
-        }
-        None
-    }
     for have in &msg.have {
         let bytes = have.bloom.to_bytes();
         let mut rest = bytes.as_slice();
         if rest.is_empty() {
             continue; // an empty filter: no entries
         }
-        let (Some(entries), Some(bits_per_entry), Some(probes)) =
-            (leb(&mut rest), leb(&mut rest), leb(&mut rest))
-        else {
+        let (Some(entries), Some(bits_per_entry), Some(probes)) = (
+            read_leb128(&mut rest),
+            read_leb128(&mut rest),
+            read_leb128(&mut rest),
+        ) else {
             return Err(StateError::BadSyncMessage("truncated bloom filter".into()));
         };
         if entries > 0 && (bits_per_entry == 0 || rest.is_empty()) {
@@ -350,23 +364,12 @@ fn check_sync_changes(msg: &automerge::sync::Message) -> Result<(), StateError> 
                 return Err(bad("missing chunk header"));
             }
             let kind = rest[8];
-            let (mut len, mut used) = (0u64, 0usize);
-            loop {
-                let Some(&b) = rest.get(HEADER + used) else {
-                    return Err(bad("truncated length"));
-                };
-                if used == 9 {
-                    return Err(bad("length out of range"));
-                }
-                len |= u64::from(b & 0x7f) << (7 * used);
-                used += 1;
-                if b & 0x80 == 0 {
-                    break;
-                }
-            }
+            let mut body = &rest[HEADER..];
+            let len = read_leb128(&mut body).ok_or_else(|| bad("truncated length"))?;
+            let start = rest.len() - body.len();
             let end = usize::try_from(len)
                 .ok()
-                .and_then(|len| (HEADER + used).checked_add(len))
+                .and_then(|len| start.checked_add(len))
                 .filter(|&end| end <= rest.len())
                 .ok_or_else(|| bad("length past the end of the message"))?;
             let (chunk, tail) = rest.split_at(end);
@@ -415,23 +418,16 @@ impl Container {
             return Err(StateError::Poisoned("an earlier input".into()));
         }
         let doc = &mut self.doc;
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(doc))) {
-            Ok(Err(StateError::Poisoned(why))) => {
-                // The closure found the document holding what it must not.
-                let actor = self.doc.get_actor().clone();
-                self.doc = Automerge::new().with_actor(actor);
-                self.poisoned = true;
-                Err(StateError::Poisoned(why))
-            }
-            Ok(result) => result,
-            Err(payload) => {
-                let why = panic_message(&*payload);
-                let actor = self.doc.get_actor().clone();
-                self.doc = Automerge::new().with_actor(actor);
-                self.poisoned = true;
-                Err(StateError::Poisoned(why))
-            }
-        }
+        let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(doc))) {
+            // The closure found the document holding what it must not.
+            Ok(Err(StateError::Poisoned(why))) => why,
+            Ok(result) => return result,
+            Err(payload) => panic_message(&*payload),
+        };
+        let actor = self.doc.get_actor().clone();
+        self.doc = Automerge::new().with_actor(actor);
+        self.poisoned = true;
+        Err(StateError::Poisoned(why))
     }
 
     /// Rebuilds a container from a saved snapshot (if any) plus change bytes
@@ -515,7 +511,7 @@ impl Container {
             return Err(StateError::Poisoned("an earlier input".into()));
         }
         let mut parsed = Vec::new();
-        let mut batch_max_op = std::collections::HashMap::new();
+        let mut batch_max_op = HashMap::new();
         for bytes in changes {
             let change = no_panic("parsing a change", || Change::from_bytes(bytes))?
                 .map_err(|e| StateError::BadChange(e.to_string()))?;
@@ -523,7 +519,7 @@ impl Container {
                 check_canonical(&change)?;
                 // Refused before it is applied when its dependencies are at
                 // hand; otherwise check_op_numbering catches it after.
-                if let Some(expected) = self.expected_start_op(&batch_max_op, change.deps()) {
+                if let Some(expected) = expected_start_op(&self.doc, &batch_max_op, change.deps()) {
                     if change.start_op().get() != expected {
                         return Err(StateError::BadChange(format!(
                             "change starts at op {}, its dependencies end at op {}",
@@ -557,24 +553,6 @@ impl Container {
                 missing_deps: !doc.get_missing_deps(&[]).is_empty(),
             })
         })
-    }
-
-    /// The op a change with these dependencies must start at, if every
-    /// dependency is in the document or in `batch`.
-    fn expected_start_op(
-        &self,
-        batch: &std::collections::HashMap<ChangeHash, u64>,
-        deps: &[ChangeHash],
-    ) -> Option<u64> {
-        let mut expected = 1;
-        for dep in deps {
-            let max_op = match batch.get(dep) {
-                Some(&m) => m,
-                None => self.doc.get_change_meta_by_hash(dep)?.max_op,
-            };
-            expected = expected.max(max_op + 1);
-        }
-        Some(expected)
     }
 
     /// The JSON value under `key`, if any.
