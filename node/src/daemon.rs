@@ -1,13 +1,17 @@
-//! `nuwa-node run`: the daemon. One loop owns the sync engine, the
-//! membership checks, the secure channel and the store; the network actor,
-//! mDNS and the local API feed it through bounded channels.
+//! `nuwa-node run`: the daemon, a thin runtime around the IO-free
+//! [`nuwa_sync::Session`]. One loop owns the session and the store handle;
+//! the network actor, mDNS and the local API feed it through bounded
+//! channels. Every decision about peers (admission, envelopes, key epochs,
+//! DID-log re-checks) is the session's; the loop turns IO into session
+//! inputs and hands the session's effects to one executor
+//! ([`exec`](self::exec)), the only place that persists, acknowledges,
+//! seals and sends, in that order.
 //!
 //! Order of trust on a new connection: Noise proves the peer holds the key
-//! behind its PeerId → both sides send a Hello → the Hello is checked
-//! against the agent's DID document (membership) → only then does the engine
-//! learn about the peer, and only verified peers' envelopes are opened.
-//! Anything else is counted, recorded for `status`, and the peer is
-//! disconnected.
+//! behind its PeerId → both sides send a Hello → the session checks it
+//! against the agent's DID document → only then does the engine learn about
+//! the peer, and only verified peers' envelopes are opened. Anything else is
+//! counted, recorded for `status`, and the peer is disconnected.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -18,22 +22,25 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use nuwa_discovery::{Announcement, DiscoveryEvent, Mdns, MdnsConfig};
 use nuwa_net::{Multiaddr, NetConfig, NetEvent, NetHandle, PeerId};
-use nuwa_proto::{Frame, SyncPayload};
+use nuwa_proto::Frame;
 use nuwa_state::Container;
 use nuwa_store::{SledStore, Storage};
-use nuwa_sync::{Action, Engine, Membership, Rejection, SecureChannel};
-use tokio::sync::{mpsc, oneshot};
+use nuwa_sync::{Effect, Engine, Membership, PeerState, Rejection, SecureChannel, Session};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::api::{self, ApiError, ApiFile, ApiRequest, PutBody, PutReply};
+use crate::api::{self, ApiError, ApiFile, ApiRequest};
 use crate::home::{self, Home};
 use crate::status::{ContainerStatus, DeviceStatus, PeerStatus, RejectionStatus, Status};
 
 mod approve;
 mod asm;
+mod exec;
 mod lifecycle;
 mod wide;
+
+use exec::Ack;
 
 pub use asm::{LIFECYCLE_EVERY_MS, Tool};
 
@@ -69,18 +76,6 @@ const MAX_API_BATCH: usize = 512;
 const COMPACT_AFTER_CHANGES: u64 = 2048;
 
 #[derive(Debug, Clone)]
-enum PeerState {
-    /// Connected; Hello not yet verified. Nothing but a Hello is accepted.
-    Pending { public: [u8; 32], remote: Multiaddr },
-    Verified {
-        context_id: String,
-        public: [u8; 32],
-        remote: Multiaddr,
-        since_ms: u64,
-    },
-}
-
-#[derive(Debug, Clone)]
 struct RejectionRecord {
     label: &'static str,
     reason: String,
@@ -91,12 +86,10 @@ struct RejectionRecord {
 struct Daemon {
     home_dir: PathBuf,
     name: String,
-    membership: Membership,
-    secure: SecureChannel,
-    engine: Engine,
+    /// Admission, envelopes, key epochs and the sync engine (IO-free).
+    session: Session,
     store: Arc<dyn Storage>,
     net: NetHandle,
-    peers: BTreeMap<PeerId, PeerState>,
     rejections: BTreeMap<(String, String), RejectionRecord>,
     rejection_order: VecDeque<(String, String)>,
     counters: BTreeMap<String, u64>,
@@ -104,6 +97,10 @@ struct Daemon {
     logged: BTreeMap<String, u64>,
     /// Highest change-log sequence number per container.
     last_seq: BTreeMap<String, u64>,
+    /// Local changes made during this loop turn, persisted by the next
+    /// [`Daemon::execute`] (with origin `local`) before anything is
+    /// acknowledged or sent.
+    staged: Vec<(String, Vec<u8>)>,
     /// Announcements of our agent whose key we do not know yet; retried
     /// when the DID log grows.
     unknown_announcements: BTreeMap<String, (Announcement, Vec<Multiaddr>)>,
@@ -114,9 +111,6 @@ struct Daemon {
     /// Name and last time each device was seen verified, by context id
     /// (persisted encrypted, for `device list`).
     seen: crate::devices::Seen,
-    /// Envelopes of an epoch whose key has not arrived yet (arrival time,
-    /// peer, envelope), replayed when its grant comes.
-    held: VecDeque<(u64, PeerId, nuwa_crypto::Envelope)>,
     /// `device approve`: candidates waiting to pair and the approval underway.
     pairing: approve::Pairing,
     mdns_on: bool,
@@ -124,50 +118,28 @@ struct Daemon {
     asm: asm::Asm,
     /// Change events for `/v1/state.events`.
     events: tokio::sync::broadcast::Sender<api::ChangeEvent>,
-    /// Whether changes being persisted come from the local API.
-    local_origin: bool,
+    /// Clock offsets already warned about, per peer (so redials do not
+    /// repeat the warning every few seconds).
+    skew_warned: BTreeMap<String, i64>,
 }
 
 pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     let cancel = CancellationToken::new();
     let lock = lock_home(&home.dir)?;
-    let now = home::now_ms();
-    let context_id = home.info.context_id.clone();
     let did = home.log.did().to_owned();
-    let mut membership = Membership::new(
-        home.log.clone(),
-        context_id.clone(),
-        home.info.name.clone(),
-        nuwa_identity::keys::DeviceKey::from_seed(&home.device.seed()),
-    );
-    if let Some(grant) = &home.grant {
-        membership.set_epoch_grant(grant.clone());
-    }
-    match membership.self_authorised(now) {
-        Ok(()) => {}
-        Err(r) => warn!(
-            reason = %r,
-            "this device is not an active member of the agent's DID document; \
-             peers will refuse it until it is added"
-        ),
-    }
+    let context_id = home.info.context_id.clone();
     let store: Arc<dyn Storage> = Arc::new(
         SledStore::open(&home.dir.join(home::STORE_DIR), home.at_rest.clone())
             .with_context(|| format!("cannot open the store in {}", home.dir.display()))?,
     );
-    let actor = home.device.public().to_vec();
-    let mut engine = Engine::new(actor.clone(), nuwa_sync::Config::default());
-    let mut logged = BTreeMap::new();
-    let mut last_seq = BTreeMap::new();
-    for name in store.list_containers()? {
-        let Some(loaded) = load_container(store.as_ref(), &actor, &name)? else {
-            continue;
-        };
-        engine.insert_container(name.clone(), loaded.container);
-        last_seq.insert(name.clone(), loaded.last_seq);
-        logged.insert(name, loaded.logged);
+    let opened = open_session(&home, store.as_ref())?;
+    if let Err(r) = opened.session.self_authorised(home::now_ms()) {
+        warn!(
+            reason = %r,
+            "this device is not an active member of the agent's DID document; \
+             peers will refuse it until it is added"
+        );
     }
-    info!(containers = engine.containers().count(), "store opened");
 
     let net_config = NetConfig {
         listen: opts.listen.clone(),
@@ -233,7 +205,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     let mut mdns = None;
     let mut mdns_events = None;
     if opts.mdns {
-        let ann = sign_announcement(&membership, &local_peer, port);
+        let ann = sign_announcement(opened.session.membership(), &local_peer, port);
         match Mdns::start(MdnsConfig {
             instance_name: local_peer.to_string(),
             port,
@@ -251,36 +223,21 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         }
     }
 
-    let secure = SecureChannel::new(did.clone(), context_id.clone(), home.keys.clone());
-    let mut d = Daemon {
-        home_dir: home.dir.clone(),
-        name: home.info.name.clone(),
-        membership,
-        secure,
-        engine,
+    let mut d = Daemon::new(
+        &home,
+        opened,
         store,
-        net: net.clone(),
-        peers: BTreeMap::new(),
-        rejections: BTreeMap::new(),
-        rejection_order: VecDeque::new(),
-        counters: BTreeMap::new(),
-        logged,
-        last_seq,
-        unknown_announcements: BTreeMap::new(),
+        net.clone(),
         listen_addrs,
         api_url,
-        fatal: None,
-        wide: wide::Wide::new(&did, &opts),
-        seen: crate::devices::Seen::default(),
-        held: VecDeque::new(),
-        pairing: approve::Pairing::default(),
-        mdns_on: mdns.is_some(),
-        asm: asm::Asm::new(opts.lifecycle_every),
-        events: events_tx,
-        local_origin: false,
-    };
+        &opts,
+        mdns.is_some(),
+        events_tx,
+    );
     d.seen = crate::devices::Seen::load(d.store.as_ref());
     d.asm_start().await;
+    // The core models' genesis changes, durable before anything else runs.
+    d.execute(Vec::new(), Vec::new()).await;
     d.start_wide().await;
 
     let mut tick = tokio::time::interval(TICK);
@@ -320,12 +277,10 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
             },
             _ = tick.tick() => {
                 let now = home::now_ms();
-                d.secure.prune(now);
-                d.expire_held(now);
                 d.pairing_tick(now).await;
                 d.asm_lifecycle(now).await;
-                let actions = d.engine.tick(now);
-                d.perform(actions).await;
+                let effects = d.session.tick(now);
+                d.execute(effects, Vec::new()).await;
                 d.wide_tick(now).await;
                 if let Some(deadline) = once_deadline {
                     match d.once_progress(now, deadline, &mut once_last_line) {
@@ -339,7 +294,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
             }
             _ = announce.tick() => {
                 if let Some(m) = &mdns {
-                    if let Err(e) = m.update_announcement(sign_announcement(&d.membership, &local_peer, port)) {
+                    if let Err(e) = m.update_announcement(sign_announcement(d.session.membership(), &local_peer, port)) {
                         warn!(error = %e, "cannot refresh the mDNS announcement");
                     }
                 }
@@ -365,6 +320,94 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     match once_result {
         Some(Err(reason)) => Err(anyhow::anyhow!(reason)),
         _ => Ok(()),
+    }
+}
+
+/// A session over what the home's store holds, with the bookkeeping the
+/// executor needs per container.
+struct Opened {
+    session: Session,
+    logged: BTreeMap<String, u64>,
+    last_seq: BTreeMap<String, u64>,
+}
+
+fn open_session(home: &Home, store: &dyn Storage) -> Result<Opened> {
+    let mut membership = Membership::new(
+        home.log.clone(),
+        home.info.context_id.clone(),
+        home.info.name.clone(),
+        nuwa_identity::keys::DeviceKey::from_seed(&home.device.seed()),
+    );
+    if let Some(grant) = &home.grant {
+        membership.set_epoch_grant(grant.clone());
+    }
+    let actor = home.device.public().to_vec();
+    let mut engine = Engine::new(actor.clone(), nuwa_sync::Config::default());
+    let mut logged = BTreeMap::new();
+    let mut last_seq = BTreeMap::new();
+    for name in store.list_containers()? {
+        let Some(loaded) = load_container(store, &actor, &name)? else {
+            continue;
+        };
+        engine.insert_container(name.clone(), loaded.container);
+        last_seq.insert(name.clone(), loaded.last_seq);
+        logged.insert(name, loaded.logged);
+    }
+    info!(containers = engine.containers().count(), "store opened");
+    let secure = SecureChannel::new(
+        home.log.did().to_owned(),
+        home.info.context_id.clone(),
+        home.keys.clone(),
+    );
+    Ok(Opened {
+        session: Session::new(
+            membership,
+            secure,
+            engine,
+            nuwa_sync::SessionConfig::default(),
+        ),
+        logged,
+        last_seq,
+    })
+}
+
+impl Daemon {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        home: &Home,
+        opened: Opened,
+        store: Arc<dyn Storage>,
+        net: NetHandle,
+        listen_addrs: Vec<Multiaddr>,
+        api_url: String,
+        opts: &RunOptions,
+        mdns_on: bool,
+        events: tokio::sync::broadcast::Sender<api::ChangeEvent>,
+    ) -> Self {
+        Daemon {
+            home_dir: home.dir.clone(),
+            name: home.info.name.clone(),
+            session: opened.session,
+            store,
+            net,
+            rejections: BTreeMap::new(),
+            rejection_order: VecDeque::new(),
+            counters: BTreeMap::new(),
+            logged: opened.logged,
+            last_seq: opened.last_seq,
+            staged: Vec::new(),
+            unknown_announcements: BTreeMap::new(),
+            listen_addrs,
+            api_url,
+            fatal: None,
+            wide: wide::Wide::new(home.log.did(), opts),
+            seen: crate::devices::Seen::default(),
+            pairing: approve::Pairing::default(),
+            mdns_on,
+            asm: asm::Asm::new(opts.lifecycle_every),
+            events,
+            skew_warned: BTreeMap::new(),
+        }
     }
 }
 
@@ -511,6 +554,15 @@ impl Daemon {
         }
     }
 
+    /// Whether `peer` has an open connection the session knows of.
+    fn is_connected(&self, peer: &PeerId) -> bool {
+        self.session.peers().contains_key(&peer.to_string())
+    }
+
+    fn is_verified(&self, peer: &PeerId) -> bool {
+        self.session.context_of(&peer.to_string()).is_some()
+    }
+
     async fn on_net(&mut self, ev: NetEvent) {
         match ev {
             NetEvent::Listening(a) => {
@@ -529,30 +581,22 @@ impl Daemon {
                     self.on_infra_connected(peer).await;
                     return;
                 }
-                let Some(public) = public else {
-                    self.reject("connection", peer.to_string(), &Rejection::UnknownKey);
-                    let _ = self.net.disconnect(peer).await;
-                    return;
-                };
                 debug!(%peer, %remote, "connected; sending hello");
-                self.peers
-                    .insert(peer, PeerState::Pending { public, remote });
-                match self.membership.hello(home::now_ms()) {
-                    Ok(hello) => {
-                        let _ = self.net.send(peer, Frame::Hello(hello).encode()).await;
-                    }
-                    Err(e) => warn!(error = %e, "cannot build hello"),
+                let effects = self.session.connected(
+                    &peer.to_string(),
+                    public,
+                    remote.to_string(),
+                    home::now_ms(),
+                );
+                self.execute(effects, Vec::new()).await;
+                if public.is_some() {
+                    self.pairing_on_connected(peer).await;
                 }
-                self.pairing_on_connected(peer).await;
             }
             NetEvent::Disconnected { peer } => {
                 self.wide.on_disconnected(&peer);
-                if let Some(PeerState::Verified { context_id, .. }) = self.peers.remove(&peer) {
-                    info!(%peer, context_id = %context_id, "peer disconnected");
-                    self.seen.saw(&context_id, "", home::now_ms());
-                    self.seen.save(self.store.as_ref());
-                }
-                self.engine.peer_down(&peer.to_string());
+                let effects = self.session.disconnected(&peer.to_string());
+                self.execute(effects, Vec::new()).await;
             }
             NetEvent::Frame { peer, frame } => self.on_frame(peer, frame).await,
             NetEvent::SendFailed { peer, reason } => {
@@ -581,333 +625,44 @@ impl Daemon {
             }
         };
         let now = home::now_ms();
-        if let Frame::Pairing { step, body } = frame {
-            self.on_pairing_frame(peer, step, body).await;
-            return;
-        }
-        match (frame, self.peers.get(&peer).cloned()) {
-            (Frame::Hello(hello), Some(PeerState::Pending { public, remote })) => {
-                match self.membership.verify_hello(&public, &hello, now) {
-                    Ok(v) => {
-                        if v.log_extended {
-                            self.on_log_extended().await;
-                        }
-                        info!(%peer, context_id = %v.context_id, address = %remote, "peer verified");
-                        self.seen.saw(&v.context_id, &v.name, now);
-                        self.seen.save(self.store.as_ref());
-                        self.count("peers_verified");
-                        self.peers.insert(
-                            peer,
-                            PeerState::Verified {
-                                context_id: v.context_id,
-                                public,
-                                remote,
-                                since_ms: now,
-                            },
-                        );
-                        self.on_verified(peer).await;
-                        self.on_grant(peer, &v.epoch_grant).await;
-                        let actions = self.engine.peer_up(&peer.to_string(), now);
-                        self.perform(actions).await;
-                    }
-                    Err(r) => {
-                        info!(%peer, reason = %r, "peer rejected");
-                        self.reject("connection", peer.to_string(), &r);
-                        self.peers.remove(&peer);
-                        let _ = self.net.disconnect(peer).await;
-                    }
-                }
-            }
-            (Frame::Hello(hello), Some(PeerState::Verified { public, .. })) => {
-                // A verified peer re-sends its Hello when its DID log grew:
-                // adopt the newer log, or drop the peer if it no longer
-                // passes.
-                match self.membership.verify_hello(&public, &hello, now) {
-                    Ok(v) => {
-                        self.count("hello_refreshed");
-                        if v.log_extended {
-                            self.on_log_extended().await;
-                        }
-                        self.on_grant(peer, &v.epoch_grant).await;
-                    }
-                    Err(r) => {
-                        info!(%peer, reason = %r, "verified peer rejected on refresh");
-                        self.reject("connection", peer.to_string(), &r);
-                        self.drop_peer(peer).await;
-                    }
-                }
-            }
-            (
-                Frame::Envelope(env),
-                Some(PeerState::Verified {
-                    context_id, public, ..
-                }),
-            ) => match self.secure.open(&env, &context_id, &public, now) {
-                Ok(payload) => self.on_payload(peer, payload, now).await,
-                Err(nuwa_sync::OpenError::UnknownEpoch { epoch, newest }) if epoch > newest => {
-                    self.hold(peer, env);
-                }
-                Err(e) => {
-                    self.count(&format!("envelope_rejected_{}", e.label()));
-                    debug!(%peer, error = %e, "envelope rejected");
-                }
-            },
-            (_, _) => {
-                // State from a peer that has not passed the Hello checks is
-                // never opened.
-                self.count("frame_from_unverified_peer");
-                debug!(%peer, "frame from an unverified peer dropped");
-            }
-        }
-    }
-
-    /// Our DID log grew (a peer brought a verified extension): persist it,
-    /// pass it on to every verified peer in a fresh Hello, re-check every
-    /// verified peer against the new document, and retry announcements
-    /// whose keys we did not know.
-    async fn on_log_extended(&mut self) {
-        info!(
-            len = self.membership.log().len(),
-            "adopted a newer DID log from a peer"
-        );
-        if let Err(e) = home::save_log(&self.home_dir, self.membership.log()) {
-            warn!(error = %e, "cannot persist the newer DID log");
-        }
-        let now = home::now_ms();
-        if let Err(r) = self.membership.self_authorised(now) {
-            warn!(
-                reason = %r,
-                "this device is no longer an active device of the agent (revoked?); \
-                 its peers will refuse it and it receives nothing new"
-            );
-        }
-        let verified: Vec<(PeerId, [u8; 32])> = self
-            .peers
-            .iter()
-            .filter_map(|(p, s)| match s {
-                PeerState::Verified { public, .. } => Some((*p, *public)),
-                PeerState::Pending { .. } => None,
-            })
-            .collect();
-        for (peer, public) in verified {
-            if let Err(r) = self.membership.authorise_public(&public, now) {
-                info!(%peer, reason = %r, "peer no longer authorised by the DID document");
-                self.reject("connection", peer.to_string(), &r);
-                self.drop_peer(peer).await;
-                continue;
-            }
-            if let Ok(hello) = self.membership.hello(now) {
-                self.count("hello_refresh_sent");
-                let _ = self.net.send(peer, Frame::Hello(hello).encode()).await;
-            }
-        }
-        self.retry_unknown_announcements().await;
-    }
-
-    /// Forgets a peer and closes its connections.
-    async fn drop_peer(&mut self, peer: PeerId) {
-        self.peers.remove(&peer);
-        self.engine.peer_down(&peer.to_string());
-        let _ = self.net.disconnect(peer).await;
-    }
-
-    async fn on_payload(&mut self, peer: PeerId, payload: SyncPayload, now: u64) {
-        match self.engine.handle(&peer.to_string(), payload, now) {
-            Ok(actions) => self.perform(actions).await,
-            Err(e) => {
-                self.count("payload_rejected");
-                debug!(%peer, error = %e, "payload rejected");
-                self.reload_if_poisoned(&e).await;
-            }
-        }
-    }
-
-    /// Automerge panicked on a peer's bytes: the engine dropped the
-    /// half-updated container, and it is rebuilt from the store, which holds
-    /// everything the container held before (every change is persisted
-    /// before the next input is handled). The daemon keeps running.
-    pub(crate) async fn reload_if_poisoned(&mut self, e: &nuwa_sync::EngineError) {
-        let Some(name) = e.poisoned_container().map(str::to_owned) else {
-            return;
-        };
-        self.count("containers_poisoned");
-        warn!(container = %name, error = %e, "peer input left the container untrustworthy; reloading it from the store");
-        let store = self.store.clone();
-        let actor = self.membership.device().public().to_vec();
-        let task_name = name.clone();
-        let loaded =
-            tokio::task::spawn_blocking(move || load_container(store.as_ref(), &actor, &task_name))
-                .await
-                .context("store task panicked");
-        match loaded {
-            Ok(Ok(Some(loaded))) => {
-                self.engine.insert_container(name.clone(), loaded.container);
-                self.last_seq.insert(name.clone(), loaded.last_seq);
-                self.logged.insert(name, loaded.logged);
-            }
-            // Never persisted: the container was empty before this input.
-            Ok(Ok(None)) => {}
-            Ok(Err(err)) | Err(err) => {
-                self.fatal = Some(err.context(format!("cannot reload container {name:?}")));
-            }
-        }
-    }
-
-    async fn perform(&mut self, actions: Vec<Action>) {
-        let now = home::now_ms();
-        // Persist first (grouped per container), then send.
-        let mut persist: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
-        let mut sends = Vec::new();
-        for a in actions {
-            match a {
-                Action::Persist { container, changes } => {
-                    persist.entry(container).or_default().extend(changes)
-                }
-                Action::Send { peer, payload } => sends.push((peer, payload)),
-                Action::Converged { peer, container } => {
-                    let ctx = peer
-                        .parse::<PeerId>()
-                        .ok()
-                        .and_then(|p| match self.peers.get(&p) {
-                            Some(PeerState::Verified { context_id, .. }) => {
-                                Some(context_id.clone())
-                            }
-                            _ => None,
-                        })
-                        .unwrap_or_default();
-                    info!(container = %container, peer_context = %ctx, "container converged with peer");
-                }
-            }
-        }
-        for (container, changes) in persist {
-            if let Err(e) = self.persist(&container, changes).await {
-                self.fatal = Some(e);
+        let key = peer.to_string();
+        let effects = match frame {
+            Frame::Pairing { step, body } => {
+                // Pairing talks to a device that has no listed key yet:
+                // keep its Hello deadline from cutting the exchange.
+                self.session.touch_pending(&key, now);
+                self.on_pairing_frame(peer, step, body).await;
                 return;
             }
-        }
-        for (peer, payload) in sends {
-            let Ok(peer_id) = peer.parse::<PeerId>() else {
-                continue;
-            };
-            match self.secure.seal(self.membership.device(), &payload, now) {
-                Ok(env) => {
-                    let bytes = Frame::Envelope(env).encode();
-                    if bytes.len() > nuwa_proto::MAX_FRAME_BYTES {
-                        self.count("frame_too_large");
-                        warn!(%peer_id, len = bytes.len(), "payload exceeds the frame cap; relying on the sync protocol");
-                        continue;
-                    }
-                    self.count("frames_sent");
-                    self.add("bytes_sent", bytes.len() as u64);
-                    let _ = self.net.send(peer_id, bytes).await;
-                }
-                Err(e) => warn!(error = %e, "cannot seal payload"),
-            }
-        }
-    }
-
-    async fn persist(&mut self, container: &str, changes: Vec<Vec<u8>>) -> Result<()> {
-        let n = changes.len() as u64;
-        if n >= COMPACT_AFTER_CHANGES && self.engine.container(container).is_some() {
-            // A batch this large (a cold sync, a long partition healing)
-            // would be compacted right after being logged. The document
-            // already holds every one of these changes, so one snapshot
-            // makes them durable at a fraction of the cost of logging each
-            // (a 100,000-change cold sync: one ~0.5 MB write instead of
-            // ~90 MB of log). Nothing is acknowledged before it returns.
-            drop(changes);
-            self.compact(container).await?;
-            self.emit_change_event(container, n as usize);
-            return Ok(());
-        }
-        let store = self.store.clone();
-        let name = container.to_owned();
-        let seq = tokio::task::spawn_blocking(move || store.append_changes(&name, &changes))
-            .await
-            .context("store task panicked")?
-            .with_context(|| format!("cannot persist changes of container {container:?}"))?;
-        self.last_seq.insert(container.to_owned(), seq);
-        self.emit_change_event(container, n as usize);
-        let logged = self.logged.entry(container.to_owned()).or_default();
-        *logged += n;
-        if *logged >= COMPACT_AFTER_CHANGES {
-            self.compact(container).await?;
-        }
-        Ok(())
-    }
-
-    fn emit_change_event(&self, container: &str, n: usize) {
-        if self.events.receiver_count() > 0 {
-            let heads = self
-                .engine
-                .container(container)
-                .map(|c| c.heads().iter().map(hex::encode).collect())
-                .unwrap_or_default();
-            let _ = self.events.send(api::ChangeEvent {
-                container: container.to_owned(),
-                changes: n,
-                heads,
-                origin: if self.local_origin { "local" } else { "peer" },
-                at_unix_ms: home::now_ms(),
-            });
-        }
-    }
-
-    async fn compact(&mut self, container: &str) -> Result<()> {
-        let Some(doc) = self.engine.container(container) else {
-            return Ok(());
+            Frame::Hello(hello) => self.session.on_hello(&key, &hello, now),
+            Frame::Envelope(env) => self.session.on_envelope(&key, env, now),
         };
-        // Every logged change up to `covers` is already in the document.
-        let mut snapshot = doc.save();
-        if let Some(c) = self.asm.registry.get(container).and_then(|s| s.compression) {
-            let plain = snapshot.len();
-            snapshot = crate::snapshot::compress(&snapshot, c)?;
-            debug!(
-                container,
-                plain,
-                stored = snapshot.len(),
-                "compressed snapshot"
-            );
-        }
-        let covers = self.last_seq.get(container).copied().unwrap_or(0);
-        let store = self.store.clone();
-        let name = container.to_owned();
-        tokio::task::spawn_blocking(move || store.save_snapshot(&name, &snapshot, covers))
-            .await
-            .context("store task panicked")?
-            .with_context(|| format!("cannot compact container {container:?}"))?;
-        self.logged.insert(container.to_owned(), 0);
-        debug!(container, "compacted");
-        Ok(())
+        self.execute(effects, Vec::new()).await;
     }
 
     async fn on_api_batch(&mut self, batch: Vec<ApiRequest>) {
-        self.local_origin = true;
-        self.on_api_batch_inner(batch).await;
-        self.local_origin = false;
-    }
-
-    async fn on_api_batch_inner(&mut self, batch: Vec<ApiRequest>) {
-        // Apply every put of the batch, persist them in one group commit
-        // per container, and only then acknowledge and push to peers.
-        let mut pending: Vec<(oneshot::Sender<Result<PutReply, ApiError>>, PutBody)> = Vec::new();
-        let mut changes: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+        // Apply every write of the batch; the executor then persists them
+        // in one group commit per container, and only then acknowledges
+        // and pushes to peers.
+        let mut acks: Vec<Ack> = Vec::new();
+        let mut effects: Vec<Effect> = Vec::new();
         for req in batch {
             match req {
                 ApiRequest::Put(body, reply) => {
                     match self
-                        .engine
+                        .session
                         .local_put(&body.container, &body.key, &body.value)
                     {
                         Ok(change) => {
                             // `None`: the key already held this value.
                             if let Some(change) = change {
-                                changes
-                                    .entry(body.container.clone())
-                                    .or_default()
-                                    .push(change);
+                                self.staged.push((body.container.clone(), change));
                             }
-                            pending.push((reply, body));
+                            acks.push(Ack::Put {
+                                reply,
+                                container: body.container,
+                                key: body.key,
+                            });
                         }
                         Err(e) => {
                             let _ =
@@ -916,7 +671,7 @@ impl Daemon {
                     }
                 }
                 ApiRequest::Get(q, reply) => {
-                    let r = match self.engine.container(&q.container) {
+                    let r = match self.session.engine().container(&q.container) {
                         None => Err(ApiError::new(
                             404,
                             "no_such_container",
@@ -937,7 +692,8 @@ impl Daemon {
                 }
                 ApiRequest::Export(name, reply) => {
                     let r = self
-                        .engine
+                        .session
+                        .engine()
                         .container(&name)
                         .map(|c| c.save())
                         .ok_or_else(|| {
@@ -949,59 +705,39 @@ impl Daemon {
                         });
                     let _ = reply.send(r);
                 }
-                ApiRequest::Revoke(body, reply) => {
-                    let _ = reply.send(self.on_revoke(body).await);
-                }
+                ApiRequest::Revoke(body, reply) => match self.on_revoke(body) {
+                    Ok((r, e)) => {
+                        effects.extend(e);
+                        acks.push(Ack::Revoke(reply, r));
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                },
                 ApiRequest::Approve(body, reply) => self.on_approve(body, reply).await,
-                ApiRequest::Tool(t, reply) => {
-                    let _ = reply.send(self.on_tool(t).await);
-                }
+                ApiRequest::Tool(t, reply) => match self.on_tool(t).await {
+                    // Answered once what the tool wrote is durable.
+                    Ok(v) => acks.push(Ack::Value(reply, v)),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                },
                 ApiRequest::Status(reply) => {
                     let _ = reply.send(self.status());
                 }
                 ApiRequest::Devices(reply) => {
                     let now = home::now_ms();
                     let mut seen = self.seen.clone();
-                    seen.saw(self.membership.context_id(), &self.name, now);
-                    for s in self.peers.values() {
-                        if let PeerState::Verified { context_id, .. } = s {
-                            seen.saw(context_id, "", now);
-                        }
+                    let m = self.session.membership();
+                    seen.saw(m.context_id(), &self.name, now);
+                    for (_, ctx) in self.session.verified() {
+                        seen.saw(ctx, "", now);
                     }
-                    let _ = reply.send(crate::devices::list(
-                        self.membership.log(),
-                        &seen,
-                        self.membership.context_id(),
-                        now,
-                    ));
+                    let _ = reply.send(crate::devices::list(m.log(), &seen, m.context_id(), now));
                 }
             }
         }
-        for (container, ch) in changes {
-            if let Err(e) = self.persist(&container, ch).await {
-                for (reply, _) in pending.drain(..) {
-                    let _ = reply.send(Err(ApiError::new(500, "storage_failed", e.to_string())));
-                }
-                self.fatal = Some(e);
-                return;
-            }
-        }
-        for (reply, body) in pending {
-            let heads = self
-                .engine
-                .container(&body.container)
-                .map(|c| c.heads().iter().map(hex::encode).collect())
-                .unwrap_or_default();
-            let _ = reply.send(Ok(PutReply {
-                container: body.container,
-                key: body.key,
-                heads,
-                durable: true,
-            }));
-        }
-        let actions = self.engine.flush();
-        let actions = self.gossip_deltas(actions).await;
-        self.perform(actions).await;
+        self.execute(effects, acks).await;
     }
 
     async fn on_discovery(&mut self, ev: DiscoveryEvent) {
@@ -1047,7 +783,7 @@ impl Daemon {
             self.on_pairing_announcement(&ann, addrs);
             return;
         }
-        if !ann.matches_agent(self.membership.did()) {
+        if !ann.matches_agent(self.session.membership().did()) {
             let theirs = match &ann.agent {
                 nuwa_discovery::AgentRef::Did(d) => d.clone(),
                 nuwa_discovery::AgentRef::DidHash(h) => format!("did hash {}", hex::encode(h)),
@@ -1055,7 +791,11 @@ impl Daemon {
             self.reject("mdns", who, &Rejection::DifferentAgent(theirs));
             return;
         }
-        let key = match self.membership.key_of_context(&ann.context_id, now) {
+        let key = match self
+            .session
+            .membership()
+            .key_of_context(&ann.context_id, now)
+        {
             Ok(k) => k,
             Err(r) => {
                 if matches!(r, Rejection::UnknownKey) {
@@ -1089,7 +829,7 @@ impl Daemon {
             return;
         }
         self.count("mdns_announcements_verified");
-        if self.peers.contains_key(&peer) || addrs.is_empty() {
+        if self.is_connected(&peer) || addrs.is_empty() {
             return;
         }
         debug!(%peer, context_id = %ann.context_id, "dialing peer found by mDNS");
@@ -1109,14 +849,15 @@ impl Daemon {
     fn status(&self) -> Status {
         let now = home::now_ms();
         let peer_id = self.net.local_peer_id().to_string();
+        let m = self.session.membership();
         Status {
-            agent_did: self.membership.did().to_owned(),
+            agent_did: m.did().to_owned(),
             device: DeviceStatus {
-                context_id: self.membership.context_id().to_owned(),
+                context_id: m.context_id().to_owned(),
                 peer_id: peer_id.clone(),
                 name: self.name.clone(),
-                authorised: self.membership.self_authorised(now).is_ok(),
-                did_log_len: self.membership.log().len(),
+                authorised: m.self_authorised(now).is_ok(),
+                did_log_len: m.log().len(),
             },
             listen_addrs: self
                 .listen_addrs
@@ -1125,21 +866,34 @@ impl Daemon {
                 .collect(),
             api_url: self.api_url.clone(),
             peers: self
-                .peers
+                .session
+                .peers()
                 .iter()
                 .filter_map(|(p, s)| match s {
                     PeerState::Verified {
                         context_id,
                         remote,
                         since_ms,
+                        clock_offset_ms,
                         ..
                     } => Some(PeerStatus {
-                        peer_id: p.to_string(),
+                        peer_id: p.clone(),
                         context_id: context_id.clone(),
-                        address: remote.to_string(),
+                        address: remote.clone(),
                         verified_at_unix_ms: *since_ms,
+                        clock_offset_ms: *clock_offset_ms,
                     }),
                     PeerState::Pending { .. } => None,
+                })
+                .collect(),
+            clock_skew: self
+                .session
+                .skewed()
+                .iter()
+                .map(|(peer, offset_ms)| crate::status::ClockSkewStatus {
+                    peer_id: peer.clone(),
+                    offset_ms: *offset_ms,
+                    window_ms: nuwa_sync::secure::REPLAY_WINDOW_SECS * 1000,
                 })
                 .collect(),
             rejections: self
@@ -1170,7 +924,8 @@ impl Daemon {
                 c
             },
             containers: self
-                .engine
+                .session
+                .engine()
                 .containers()
                 .map(|(name, c)| ContainerStatus {
                     name: name.clone(),

@@ -12,6 +12,9 @@ pub struct Status {
     pub listen_addrs: Vec<String>,
     pub api_url: String,
     pub peers: Vec<PeerStatus>,
+    /// Peers refused because their clock is beyond the replay window.
+    #[serde(default)]
+    pub clock_skew: Vec<ClockSkewStatus>,
     pub rejections: Vec<RejectionStatus>,
     pub counters: BTreeMap<String, u64>,
     pub containers: Vec<ContainerStatus>,
@@ -33,6 +36,19 @@ pub struct PeerStatus {
     pub context_id: String,
     pub address: String,
     pub verified_at_unix_ms: u64,
+    /// The peer's clock minus ours, from its last Hello.
+    #[serde(default)]
+    pub clock_offset_ms: i64,
+}
+
+/// A peer whose genuine Hello was refused for clock skew.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClockSkewStatus {
+    pub peer_id: String,
+    /// The peer's clock minus ours.
+    pub offset_ms: i64,
+    /// The largest offset accepted either way.
+    pub window_ms: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -83,6 +99,15 @@ impl Status {
             out.push_str(&format!(
                 "  {}  {}  {}\n",
                 p.context_id, p.peer_id, p.address
+            ));
+        }
+        for c in &self.clock_skew {
+            out.push_str(&format!(
+                "\nCLOCK SKEW: peer {} is {:+.1} s off this device's clock (at most ±{} s is accepted); \
+                 sync with it is refused until the wrong clock is fixed (enable NTP)\n",
+                c.peer_id,
+                c.offset_ms as f64 / 1000.0,
+                c.window_ms / 1000
             ));
         }
         out.push_str(&format!("\nrejections ({}):\n", self.rejections.len()));

@@ -265,6 +265,9 @@ pub struct NetStats {
     /// Provider records refused because the provider was not the sender.
     pub kad_forged_providers: u64,
     pub gossip_publish_dropped: u64,
+    /// Commands the owner issued through the handle (sends, dials, ...),
+    /// counted as they are issued.
+    pub commands_issued: u64,
 }
 
 #[derive(Default)]
@@ -272,6 +275,7 @@ struct Counters {
     oversized: Arc<AtomicU64>,
     forged_providers: AtomicU64,
     publish_dropped: AtomicU64,
+    commands: AtomicU64,
 }
 
 /// The PeerId of an Ed25519 public key (a device key is its libp2p identity).
@@ -387,10 +391,27 @@ impl NetHandle {
             oversized_frames_refused: self.counters.oversized.load(Ordering::Relaxed),
             kad_forged_providers: self.counters.forged_providers.load(Ordering::Relaxed),
             gossip_publish_dropped: self.counters.publish_dropped.load(Ordering::Relaxed),
+            commands_issued: self.counters.commands.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A handle with no swarm behind it: commands are counted
+    /// ([`NetStats::commands_issued`]) and dropped. For tests of code that
+    /// drives the network and must be observed doing so (or not) at a given
+    /// moment. Needs a tokio runtime.
+    pub fn detached(local_peer_id: PeerId) -> NetHandle {
+        let (tx, mut rx) = mpsc::channel::<Command>(1024);
+        tokio::spawn(async move { while rx.recv().await.is_some() {} });
+        NetHandle {
+            tx,
+            local_peer_id,
+            counters: Arc::new(Counters::default()),
         }
     }
 
     async fn cmd(&self, c: Command) -> Result<(), NetError> {
+        // Counted when issued, before the actor sees it.
+        self.counters.commands.fetch_add(1, Ordering::Relaxed);
         self.tx.send(c).await.map_err(|_| NetError::Stopped)
     }
 

@@ -4,16 +4,23 @@
 //!   Automerge sync protocol, batched live deltas).
 //! - [`secure`]: sealing and opening of payload envelopes with replay checks.
 //! - [`membership`]: who is a device of this agent (DID log, Hello checks).
+//! - [`session`]: one device's session with its peers: admission, envelope
+//!   opening, key epochs, held envelopes, DID-log re-checks; it owns the
+//!   three above and emits effects for the runtime.
+//! - [`grant`]: checking an epoch grant a peer forwarded.
 //!
 //! Nothing here knows libp2p, sled, tokio, files or clocks: inputs carry
 //! `now_ms`, outputs are values for the runtime to act on. The node crate
 //! wires these to the network and the store.
 
 pub mod engine;
+pub mod grant;
 pub mod membership;
 pub mod pointer;
 pub mod secure;
+pub mod session;
 
 pub use engine::{Action, Config, Engine, EngineError, LocalEditError, PeerKey};
 pub use membership::{Membership, Rejection, VerifiedPeer};
 pub use secure::{OpenError, SecureChannel};
+pub use session::{Count, Door, Effect, Origin, PeerState, Session, SessionConfig};

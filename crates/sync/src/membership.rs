@@ -17,7 +17,9 @@ use nuwa_proto::{Hello, PROTOCOL_VERSION};
 
 /// Relationship a device key must hold to take part in sync.
 pub const SYNC_RELATIONSHIP: Relationship = Relationship::Authentication;
-const HELLO_REPLAY_WINDOW_SECS: i64 = 300;
+/// Accepted clock difference for Hellos, either way (the same as for
+/// envelopes: a peer outside it could not get a single envelope accepted).
+pub const HELLO_REPLAY_WINDOW_SECS: i64 = crate::secure::REPLAY_WINDOW_SECS;
 
 /// Why a peer or an announcement was not accepted. The `Display` text is
 /// shown to operators in logs and `status`.
@@ -46,6 +48,16 @@ pub enum Rejection {
     Replay(String),
     #[error("malformed: {0}")]
     Malformed(String),
+    /// The peer's signed Hello is genuine but its clock differs from ours
+    /// by more than the replay window; nothing it seals would pass either.
+    #[error(
+        "clock skew: the peer's clock is {offset_ms} ms off ours (beyond the ±{window_secs} s window); \
+         fix the clock of the device that is wrong (NTP)"
+    )]
+    ClockSkew { offset_ms: i64, window_secs: i64 },
+    /// Connected, but no Hello arrived within the deadline.
+    #[error("no Hello within {0} ms of connecting")]
+    HelloTimeout(u64),
 }
 
 impl Rejection {
@@ -63,8 +75,16 @@ impl Rejection {
             Rejection::ProtocolVersion(_) => "protocol_version",
             Rejection::Replay(_) => "replay",
             Rejection::Malformed(_) => "malformed",
+            Rejection::ClockSkew { .. } => "clock_skew",
+            Rejection::HelloTimeout(_) => "hello_timeout",
         }
     }
+}
+
+/// How far `their_ms` is ahead of `our_ms` (negative: behind), saturating.
+pub fn clock_offset_ms(their_ms: u64, our_ms: u64) -> i64 {
+    let d = i128::from(their_ms) - i128::from(our_ms);
+    d.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
 }
 
 /// A peer that passed every check.
@@ -77,6 +97,8 @@ pub struct VerifiedPeer {
     pub log_extended: bool,
     /// The epoch grant the peer forwarded (empty if none); unverified.
     pub epoch_grant: Vec<u8>,
+    /// The peer's clock minus ours, as its Hello's timestamp showed.
+    pub clock_offset_ms: i64,
 }
 
 /// This device's view of the agent.
@@ -227,6 +249,15 @@ impl Membership {
         let digest = signing_hash(Hello::DOMAIN, &hello.signing_content());
         verify_ed25519(peer_public, &digest, &hello.signature)
             .map_err(|_| Rejection::BadSignature)?;
+        // The signature is genuine, so the timestamp is the peer's clock:
+        // report a skew beyond the window as such, not as a replay.
+        let offset_ms = clock_offset_ms(hello.timestamp_ms, now_ms);
+        if offset_ms.unsigned_abs() > HELLO_REPLAY_WINDOW_SECS as u64 * 1000 {
+            return Err(Rejection::ClockSkew {
+                offset_ms,
+                window_secs: HELLO_REPLAY_WINDOW_SECS,
+            });
+        }
         let now_secs = (now_ms / 1000) as i64;
         let ts_secs = (hello.timestamp_ms / 1000) as i64;
         let scope = hex::encode(peer_public);
@@ -266,6 +297,7 @@ impl Membership {
             public: *peer_public,
             log_extended,
             epoch_grant: hello.epoch_grant.clone(),
+            clock_offset_ms: offset_ms,
         })
     }
 }

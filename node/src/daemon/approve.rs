@@ -119,7 +119,7 @@ impl Daemon {
             }
         }
         if let Err(e) =
-            lifecycle::load_master(&self.home_dir, self.membership.log(), home::now_unix_secs())
+            lifecycle::load_master(&self.home_dir, self.session.log(), home::now_unix_secs())
         {
             let _ = reply.send(Err(ApiError::new(403, "not_key_manager", format!("{e:#}"))));
             return;
@@ -246,7 +246,7 @@ impl Daemon {
             a.tried.insert(peer);
             a.target = Some((peer, now));
             info!(%peer, "found the new device; connecting");
-            if self.peers.contains_key(&peer) {
+            if self.is_connected(&peer) {
                 self.send_offer(peer).await;
             } else {
                 let _ = self.net.dial(Some(peer), addrs).await;
@@ -423,7 +423,8 @@ impl Daemon {
                 )))
                 .await;
                 // Nothing more to say to it; closing lets it move on at once.
-                self.drop_peer(peer).await;
+                let effects = self.session.hang_up(&peer.to_string());
+                self.execute(effects, Vec::new()).await;
                 return;
             }
             other => Err(ApiError::new(
@@ -505,9 +506,9 @@ impl Daemon {
         }
         let name = a.name.clone().unwrap_or_else(|| joiner.name.clone());
         let now_secs = home::now_unix_secs();
-        let master = lifecycle::load_master(&self.home_dir, self.membership.log(), now_secs)
+        let master = lifecycle::load_master(&self.home_dir, self.session.log(), now_secs)
             .map_err(|e| ApiError::new(403, "not_key_manager", format!("{e:#}")))?;
-        let mut log = self.membership.log().clone();
+        let mut log = self.session.log().clone();
         let context_id = lifecycle::add_device(
             &mut log,
             &master,
@@ -519,8 +520,8 @@ impl Daemon {
         drop(master);
         let grant_pt = GrantPlaintext::new(
             &log,
-            self.secure.keys(),
-            self.membership.epoch_grant(),
+            self.session.secure().keys(),
+            self.session.membership().epoch_grant(),
             &name,
         )
         .to_bytes()
@@ -535,8 +536,9 @@ impl Daemon {
         // The device is ours now: record it durably before it learns so.
         home::save_log(&self.home_dir, &log)
             .map_err(|e| ApiError::new(500, "storage_failed", format!("{e:#}")))?;
-        self.membership
-            .adopt_log(log.clone(), home::now_ms())
+        let effects = self
+            .session
+            .adopt_own_update(log.clone(), None, home::now_ms())
             .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
         self.seen.saw(&context_id, &name, 0);
         self.seen.save(self.store.as_ref());
@@ -554,7 +556,7 @@ impl Daemon {
         };
         let _ = self.net.send(peer, frame.encode()).await;
         info!(%context_id, %name, "DID document updated with the new device; grant sent");
-        self.on_log_extended().await;
+        self.execute(effects, Vec::new()).await;
         Ok(())
     }
 }

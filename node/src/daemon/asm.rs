@@ -211,22 +211,20 @@ impl Daemon {
         name: &str,
         layout: &nuwa_asm::model::Layout,
     ) -> Result<(), ApiError> {
-        if let Some(c) = self.engine.container(name) {
+        if let Some(c) = self.session.engine().container(name) {
             if doc::check_genesis(c.doc(), layout).is_ok() {
                 return Ok(());
             }
         }
         let genesis = doc::genesis_change(name, layout);
         let new = self
-            .engine
+            .session
             .local_apply(name, vec![genesis])
             .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
-        if !new.is_empty() {
-            self.persist(name, new)
-                .await
-                .map_err(|e| ApiError::new(500, "storage_failed", format!("{e:#}")))?;
+        for change in new {
+            self.stage(name, Some(change));
         }
-        if let Some(c) = self.engine.container(name) {
+        if let Some(c) = self.session.engine().container(name) {
             doc::check_genesis(c.doc(), layout).map_err(|e| {
                 ApiError::new(
                     409,
@@ -240,7 +238,7 @@ impl Daemon {
 
     /// Rebuilds the registry when the registry container changed.
     pub(super) fn refresh_registry(&mut self) {
-        let Some(c) = self.engine.container(REGISTRY_CONTAINER) else {
+        let Some(c) = self.session.engine().container(REGISTRY_CONTAINER) else {
             return;
         };
         let heads = c.heads();
@@ -329,20 +327,15 @@ impl Daemon {
             let text =
                 serde_json::to_string(&raw).map_err(|e| bad("invalid_schema", e.to_string()))?;
             let change = self
-                .engine
+                .session
                 .local_put(REGISTRY_CONTAINER, &id, &Value::String(text))
                 .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
-            if let Some(change) = change {
-                self.persist(REGISTRY_CONTAINER, vec![change])
-                    .await
-                    .map_err(|e| ApiError::new(500, "storage_failed", format!("{e:#}")))?;
-            }
+            self.stage(REGISTRY_CONTAINER, change);
             self.asm.registry = trial;
-            if let Some(c) = self.engine.container(REGISTRY_CONTAINER) {
+            if let Some(c) = self.session.engine().container(REGISTRY_CONTAINER) {
                 self.asm.registry_heads = c.heads();
             }
             self.ensure_container(&id, &schema.layout).await?;
-            self.after_local_edit().await;
             info!(schema = %id, "schema registered");
         }
         let mut d = schema.describe();
@@ -405,17 +398,18 @@ impl Daemon {
         self.ensure_container(uri, &schema.layout).await?;
         let layout = schema.layout.clone();
         let change = self
-            .engine
+            .session
             .local_transact(uri, |tx| doc::create(tx, &layout, &id, &object))
             .map_err(edit_error)?;
-        self.commit_local(uri, change).await?;
-        Ok(json!({ "id": id, "heads": self.heads_of(uri) }))
+        self.stage(uri, change);
+        Ok(json!({ "id": id, "heads": self.heads_hex(uri) }))
     }
 
     async fn tool_update(&mut self, uri: &str, id: &str, patch: &Value) -> Result<Value, ApiError> {
         let schema = self.schema(uri)?;
         let current = self
-            .engine
+            .session
+            .engine()
             .container(uri)
             .map(|c| doc::get(c.doc(), &schema.layout, id))
             .transpose()
@@ -437,30 +431,30 @@ impl Daemon {
             .map_err(validation_error)?;
         let layout = schema.layout.clone();
         let change = self
-            .engine
+            .session
             .local_transact(uri, |tx| doc::update(tx, &layout, id, &new))
             .map_err(edit_error)?;
-        self.commit_local(uri, change).await?;
-        Ok(json!({ "id": id, "heads": self.heads_of(uri) }))
+        self.stage(uri, change);
+        Ok(json!({ "id": id, "heads": self.heads_hex(uri) }))
     }
 
     async fn tool_delete(&mut self, uri: &str, id: &str, hard: bool) -> Result<Value, ApiError> {
         let schema = self.schema(uri)?;
         let layout = schema.layout.clone();
         let change = self
-            .engine
+            .session
             .local_transact(uri, |tx| doc::delete(tx, &layout, id, hard))
             .map_err(edit_error)?;
-        self.commit_local(uri, change).await?;
+        self.stage(uri, change);
         Ok(
-            json!({ "id": id, "mode": if hard { "hard" } else { "tombstone" }, "heads": self.heads_of(uri) }),
+            json!({ "id": id, "mode": if hard { "hard" } else { "tombstone" }, "heads": self.heads_hex(uri) }),
         )
     }
 
     fn tool_query(&self, q: &Value) -> Result<Value, ApiError> {
         let parsed = query::parse(q).map_err(|e| bad("invalid_query", e.to_string()))?;
         let schema = self.schema(&parsed.from)?;
-        let items = match self.engine.container(&parsed.from) {
+        let items = match self.session.engine().container(&parsed.from) {
             Some(c) => doc::items(c.doc(), &schema.layout).map_err(doc_error)?,
             None => Vec::new(),
         };
@@ -487,7 +481,7 @@ impl Daemon {
     fn describe(&self, name: &str) -> Result<Value, ApiError> {
         let schema = self.schema(name)?;
         let mut d = schema.describe();
-        let (count, heads, changes, bytes) = match self.engine.container(name) {
+        let (count, heads, changes, bytes) = match self.session.engine().container(name) {
             Some(c) => (
                 doc::item_count(c.doc(), &schema.layout).map_err(doc_error)?,
                 c.heads().iter().map(hex::encode).collect::<Vec<_>>(),
@@ -508,7 +502,7 @@ impl Daemon {
     /// the schema and the container stay.
     async fn reset(&mut self, name: &str) -> Result<Value, ApiError> {
         let schema = self.schema(name)?;
-        let ids: Vec<String> = match self.engine.container(name) {
+        let ids: Vec<String> = match self.session.engine().container(name) {
             Some(c) => doc::items(c.doc(), &schema.layout)
                 .map_err(doc_error)?
                 .into_iter()
@@ -518,38 +512,11 @@ impl Daemon {
         };
         let layout = schema.layout.clone();
         let change = self
-            .engine
+            .session
             .local_transact(name, |tx| doc::remove_items(tx, &layout, &ids).map(|_| ()))
             .map_err(edit_error)?;
-        self.commit_local(name, change).await?;
-        Ok(json!({ "container": name, "removed": ids.len(), "heads": self.heads_of(name) }))
-    }
-
-    fn heads_of(&self, name: &str) -> Vec<String> {
-        self.engine
-            .container(name)
-            .map(|c| c.heads().iter().map(hex::encode).collect())
-            .unwrap_or_default()
-    }
-
-    /// Persists a local change (durable before the caller acknowledges) and
-    /// pushes it to peers.
-    async fn commit_local(&mut self, name: &str, change: Option<Vec<u8>>) -> Result<(), ApiError> {
-        if let Some(change) = change {
-            if let Err(e) = self.persist(name, vec![change]).await {
-                let msg = format!("{e:#}");
-                self.fatal = Some(e);
-                return Err(ApiError::new(500, "storage_failed", msg));
-            }
-            self.after_local_edit().await;
-        }
-        Ok(())
-    }
-
-    async fn after_local_edit(&mut self) {
-        let actions = self.engine.flush();
-        let actions = self.gossip_deltas(actions).await;
-        self.perform(actions).await;
+        self.stage(name, change);
+        Ok(json!({ "container": name, "removed": ids.len(), "heads": self.heads_hex(name) }))
     }
 
     /// The lifecycle task: TTL and retention, on every device.
@@ -568,7 +535,7 @@ impl Daemon {
             .collect();
         for schema in schemas {
             let name = schema.id.full.clone();
-            let Some(c) = self.engine.container(&name) else {
+            let Some(c) = self.session.engine().container(&name) else {
                 continue;
             };
             let Ok(items) = doc::items(c.doc(), &schema.layout) else {
@@ -580,17 +547,13 @@ impl Daemon {
             }
             let layout = schema.layout.clone();
             match self
-                .engine
+                .session
                 .local_transact(&name, |tx| doc::remove_items(tx, &layout, &ids).map(|_| ()))
             {
                 Ok(change) => {
-                    self.local_origin = true;
-                    let committed = self.commit_local(&name, change).await.is_ok();
-                    self.local_origin = false;
-                    if committed {
-                        self.count("lifecycle_items_removed");
-                        info!(container = %name, removed = ids.len(), "lifecycle removed expired items");
-                    }
+                    self.stage(&name, change);
+                    self.count("lifecycle_items_removed");
+                    info!(container = %name, removed = ids.len(), "lifecycle removed expired items");
                 }
                 Err(e) => warn!(container = %name, error = %e, "lifecycle edit failed"),
             }

@@ -14,8 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::IsTerminal;
 
 use nuwa_net::{Multiaddr, NetEvent, PeerId, peer_of, public_from_peer_id};
-use nuwa_proto::{Frame, SyncPayload};
-use nuwa_sync::Action;
+use nuwa_proto::Frame;
 use nuwa_sync::Rejection;
 use nuwa_sync::pointer::{AgentPointer, dht_key, gossip_topic, rendezvous_namespace};
 use serde::{Deserialize, Serialize};
@@ -47,7 +46,7 @@ struct KnownPeer {
 
 pub struct Wide {
     dht_key: [u8; 32],
-    topic: String,
+    pub(super) topic: String,
     namespace: String,
     dht: bool,
     rendezvous: bool,
@@ -171,15 +170,24 @@ impl Daemon {
     }
 
     async fn redial(&mut self) {
-        let connected: BTreeSet<PeerId> = self.peers.keys().copied().collect();
+        let connected: BTreeSet<PeerId> = self
+            .session
+            .peers()
+            .keys()
+            .filter_map(|p| p.parse().ok())
+            .collect();
         let mut targets: Vec<(Option<PeerId>, Vec<Multiaddr>)> = Vec::new();
         let now = home::now_ms();
         // A fresh mDNS address first, then what the cache remembers.
         let mut member_addrs: BTreeMap<PeerId, Vec<Multiaddr>> = BTreeMap::new();
         for (peer, addrs) in &self.wide.mdns_hints {
             // A device revoked since its announcement is not dialed again.
-            let active = public_from_peer_id(peer)
-                .is_some_and(|public| self.membership.authorise_public(&public, now).is_ok());
+            let active = public_from_peer_id(peer).is_some_and(|public| {
+                self.session
+                    .membership()
+                    .authorise_public(&public, now)
+                    .is_ok()
+            });
             if active {
                 member_addrs.insert(*peer, addrs.clone());
             }
@@ -241,11 +249,12 @@ impl Daemon {
         }
         let mut addrs = self.wide.identified.get(&peer).cloned().unwrap_or_default();
         if let Some(PeerState::Pending { remote, .. } | PeerState::Verified { remote, .. }) =
-            self.peers.get(&peer)
-            && peer_of(remote).is_some()
+            self.session.peers().get(&peer.to_string())
+            && let Ok(remote) = remote.parse::<Multiaddr>()
+            && peer_of(&remote).is_some()
         {
             // We dialed it: the remote address is a listen address.
-            addrs.push(remote.clone());
+            addrs.push(remote);
         }
         addrs.sort();
         addrs.dedup();
@@ -326,19 +335,17 @@ impl Daemon {
     }
 
     fn verified_count(&self) -> usize {
-        self.peers
-            .values()
-            .filter(|s| matches!(s, PeerState::Verified { .. }))
-            .count()
+        self.session.verified().count()
     }
 
     async fn publish_pointer(&mut self) {
         let now = home::now_unix_secs();
+        let m = self.session.membership();
         match AgentPointer::new_signed(
-            self.membership.log(),
-            self.membership.context_id(),
+            m.log(),
+            m.context_id(),
             &self.net.local_peer_id().to_string(),
-            self.membership.device(),
+            m.device(),
             now,
         )
         .and_then(|p| p.encode())
@@ -357,18 +364,16 @@ impl Daemon {
     /// Dials a peer that a wide-area source proposed, if it is an active
     /// device of our agent; otherwise records the rejection.
     async fn consider(&mut self, source: &str, peer: PeerId, addrs: Vec<Multiaddr>) {
-        if peer == self.net.local_peer_id()
-            || matches!(self.peers.get(&peer), Some(PeerState::Verified { .. }))
-        {
+        if peer == self.net.local_peer_id() || self.is_verified(&peer) {
             return;
         }
         let now = home::now_ms();
         let verdict = match public_from_peer_id(&peer) {
-            Some(public) => self.membership.authorise_public(&public, now),
+            Some(public) => self.session.membership().authorise_public(&public, now),
             None => Err(Rejection::UnknownKey),
         };
         match verdict {
-            Ok(_) if self.peers.contains_key(&peer) => {}
+            Ok(_) if self.is_connected(&peer) => {}
             Ok(ctx) => {
                 self.count(&format!("{source}_peers_found"));
                 debug!(%peer, context_id = %ctx, source, "dialing a device found remotely");
@@ -409,10 +414,9 @@ impl Daemon {
             }
             NetEvent::KadRecord { key, value } => {
                 let now = home::now_unix_secs();
-                match AgentPointer::decode(&value).and_then(|p| {
-                    p.verify_for_agent(&key, self.membership.log(), now)
-                        .map(|_| p)
-                }) {
+                match AgentPointer::decode(&value)
+                    .and_then(|p| p.verify_for_agent(&key, self.session.log(), now).map(|_| p))
+                {
                     Ok(p) => {
                         self.count("dht_pointers_verified");
                         if p.topic != self.wide.topic {
@@ -492,7 +496,7 @@ impl Daemon {
 
     /// Validates a gossip message before it is forwarded: the author must be
     /// an active device, the envelope must open as that device's, and it
-    /// must carry a delta.
+    /// must carry a delta (the session decides; this checks the wire).
     async fn on_gossip(&mut self, author: Option<PeerId>, topic: &str, data: &[u8]) -> bool {
         let who = author
             .map(|p| p.to_string())
@@ -501,7 +505,6 @@ impl Daemon {
             self.reject("gossip", who, &Rejection::Malformed("unknown topic".into()));
             return false;
         }
-        let now = home::now_ms();
         let Some(author) = author else {
             self.reject("gossip", who, &Rejection::BadSignature);
             return false;
@@ -509,17 +512,6 @@ impl Daemon {
         if author == self.net.local_peer_id() {
             return false;
         }
-        let Some(public) = public_from_peer_id(&author) else {
-            self.reject("gossip", who, &Rejection::UnknownKey);
-            return false;
-        };
-        let ctx = match self.membership.authorise_public(&public, now) {
-            Ok(ctx) => ctx,
-            Err(r) => {
-                self.reject("gossip", who, &r);
-                return false;
-            }
-        };
         let env = match Frame::decode(data) {
             Ok(Frame::Envelope(env)) => env,
             Ok(_) | Err(_) => {
@@ -531,73 +523,11 @@ impl Daemon {
                 return false;
             }
         };
-        let payload = match self.secure.open(&env, &ctx, &public, now) {
-            Ok(p) => p,
-            Err(e) => {
-                self.count(&format!("envelope_rejected_{}", e.label()));
-                self.reject("gossip", who, &Rejection::Malformed(e.to_string()));
-                return false;
-            }
-        };
-        match self.engine.handle_gossip(payload) {
-            Ok(actions) => {
-                self.count("gossip_deltas_applied");
-                self.perform(actions).await;
-                true
-            }
-            Err(e) => {
-                self.count("payload_rejected");
-                debug!(error = %e, "gossip payload rejected");
-                self.reload_if_poisoned(&e).await;
-                false
-            }
-        }
-    }
-
-    /// Sends live deltas through gossip when they fit (one publish reaches
-    /// every device), and over the direct stream otherwise.
-    pub(super) async fn gossip_deltas(&mut self, actions: Vec<Action>) -> Vec<Action> {
-        let mut rest = Vec::new();
-        let mut published: BTreeSet<String> = BTreeSet::new();
-        let now = home::now_ms();
-        for a in actions {
-            let Action::Send {
-                payload: SyncPayload::Delta { container, changes },
-                peer,
-            } = a
-            else {
-                rest.push(a);
-                continue;
-            };
-            if published.contains(&container) {
-                continue;
-            }
-            let payload = SyncPayload::Delta {
-                container: container.clone(),
-                changes,
-            };
-            let bytes = match self.secure.seal(self.membership.device(), &payload, now) {
-                Ok(env) => Frame::Envelope(env).encode(),
-                Err(e) => {
-                    warn!(error = %e, "cannot seal a delta");
-                    continue;
-                }
-            };
-            if bytes.len() <= nuwa_net::MAX_GOSSIP_BYTES {
-                self.count("gossip_deltas_published");
-                // Sealed bytes handed to gossip (each mesh peer gets a copy).
-                self.add("bytes_sent", bytes.len() as u64);
-                let _ = self
-                    .net
-                    .gossip_publish(self.wide.topic.clone(), bytes)
-                    .await;
-                published.insert(container);
-            } else {
-                self.count("deltas_over_stream");
-                rest.push(Action::Send { peer, payload });
-            }
-        }
-        rest
+        let (accept, effects) =
+            self.session
+                .on_gossip(&who, public_from_peer_id(&author), env, home::now_ms());
+        self.execute(effects, Vec::new()).await;
+        accept
     }
 
     /// `sync --once`: `Some(Ok)` once converged with every verified peer,
@@ -608,17 +538,12 @@ impl Daemon {
         deadline: u64,
         last_line: &mut String,
     ) -> Option<Result<(), String>> {
-        let verified: Vec<String> = self
-            .peers
-            .iter()
-            .filter(|(_, s)| matches!(s, PeerState::Verified { .. }))
-            .map(|(p, _)| p.to_string())
-            .collect();
+        let verified: Vec<String> = self.session.verified().map(|(p, _)| p.clone()).collect();
         let in_sync = verified
             .iter()
-            .filter(|p| self.engine.in_sync_with(p))
+            .filter(|p| self.session.in_sync_with(p))
             .count();
-        let containers = self.engine.containers().count();
+        let containers = self.session.engine().containers().count();
         let line = format!(
             "peers verified: {}  in sync: {}  containers: {}",
             verified.len(),

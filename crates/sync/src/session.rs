@@ -1,0 +1,846 @@
+//! The node session: everything a device decides about its peers, free of
+//! IO. It owns the sync [`Engine`], the [`Membership`] checks and the
+//! [`SecureChannel`], and adds what lies between them:
+//!
+//! - peer states: connected → `Hello` verified → syncing, with a deadline
+//!   for the `Hello`;
+//! - `Hello` gating: nothing but a `Hello` is taken from an unverified peer;
+//! - opening envelopes from verified peers and from gossip authors;
+//! - key epochs: grants forwarded in `Hello`s are checked and adopted, and
+//!   envelopes of an epoch whose grant is still on its way are held;
+//! - re-checks when the DID log grows: peers that lost authorisation are
+//!   dropped, the others get a fresh `Hello` carrying the longer log;
+//! - clock skew: a genuine `Hello` from a clock beyond the replay window is
+//!   reported with the measured offset.
+//!
+//! Inputs are method calls carrying `now_ms`; outputs are [`Effect`]s. The
+//! runtime performs them in one order, whatever order they come in:
+//! persist (changes, DID log, keys) → acknowledge → seal → send, so nothing
+//! reaches a peer before it is durable here. The session never reads a
+//! clock, never does IO and draws randomness only for `Hello` nonces, so
+//! the seeded simulator drives many sessions with loss, duplication,
+//! reordering, revocations and late grants.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use nuwa_crypto::Envelope;
+use nuwa_proto::{Hello, SyncPayload};
+
+use crate::engine::{Action, Engine, EngineError, PeerKey};
+use crate::grant::{GrantOutcome, open_grant};
+use crate::membership::{Membership, Rejection};
+use crate::secure::{OpenError, SecureChannel};
+
+/// Tunables of the session.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// A connected peer that sends no `Hello` for this long is dropped.
+    pub hello_deadline_ms: u64,
+    /// How long an envelope of an unknown (newer) epoch waits for its grant.
+    pub held_for_ms: u64,
+    /// Envelopes held at once; the oldest goes first.
+    pub max_held: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            hello_deadline_ms: 10_000,
+            held_for_ms: 30_000,
+            max_held: 256,
+        }
+    }
+}
+
+/// Where a write came from. Every persisted change carries it, and the
+/// runtime reports it with the change event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Origin {
+    /// This device's local API.
+    Local,
+    /// A peer (direct stream or gossip).
+    Peer,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Local => "local",
+            Origin::Peer => "peer",
+        }
+    }
+}
+
+/// Which door a rejected input came through (for counters and `status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Door {
+    Connection,
+    Gossip,
+}
+
+impl Door {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Door::Connection => "connection",
+            Door::Gossip => "gossip",
+        }
+    }
+}
+
+/// Plain events the runtime counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Count {
+    PeersVerified,
+    HelloRefreshed,
+    HelloRefreshSent,
+    FrameFromUnverifiedPeer,
+    PayloadRejected,
+    EnvelopesHeldForEpoch,
+    HeldEnvelopesDropped,
+    HeldEnvelopesExpired,
+    EpochGrantsAdopted,
+    EpochGrantRejected,
+    GossipDeltasApplied,
+}
+
+impl Count {
+    /// The counter's stable name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Count::PeersVerified => "peers_verified",
+            Count::HelloRefreshed => "hello_refreshed",
+            Count::HelloRefreshSent => "hello_refresh_sent",
+            Count::FrameFromUnverifiedPeer => "frame_from_unverified_peer",
+            Count::PayloadRejected => "payload_rejected",
+            Count::EnvelopesHeldForEpoch => "envelopes_held_for_epoch",
+            Count::HeldEnvelopesDropped => "held_envelopes_dropped",
+            Count::HeldEnvelopesExpired => "held_envelopes_expired",
+            Count::EpochGrantsAdopted => "epoch_grants_adopted",
+            Count::EpochGrantRejected => "epoch_grant_rejected",
+            Count::GossipDeltasApplied => "gossip_deltas_applied",
+        }
+    }
+}
+
+/// What the runtime must do. [`Session`] returns them in the order they
+/// arose; the runtime performs them by kind (see the module docs).
+#[derive(Debug)]
+pub enum Effect {
+    /// Persist these changes of `container` durably (group commit).
+    Persist {
+        container: String,
+        changes: Vec<Vec<u8>>,
+        origin: Origin,
+    },
+    /// The DID log grew: persist [`Session::log`] before any `Hello` that
+    /// carries it goes out.
+    PersistLog,
+    /// A new key epoch was adopted: persist the key ring, and `grant` when
+    /// the epoch is the newest (it is forwarded in every `Hello`).
+    PersistKeys {
+        grant: Option<Vec<u8>>,
+    },
+    /// Send this `Hello` (unsealed: it is what lets the peer trust us).
+    SendHello {
+        peer: PeerKey,
+        hello: Box<Hello>,
+    },
+    /// Seal this payload under the current epoch and send it.
+    Send {
+        peer: PeerKey,
+        payload: SyncPayload,
+    },
+    /// Close every connection to the peer.
+    Disconnect {
+        peer: PeerKey,
+    },
+    /// The peer is a verified device of this agent from now on.
+    PeerVerified {
+        peer: PeerKey,
+        context_id: String,
+        name: String,
+    },
+    /// A verified peer went away.
+    PeerGone {
+        peer: PeerKey,
+        context_id: String,
+    },
+    /// An input was refused.
+    Rejected {
+        peer: PeerKey,
+        door: Door,
+        rejection: Rejection,
+    },
+    /// An envelope did not open (counted per reason).
+    EnvelopeRejected {
+        peer: PeerKey,
+        label: &'static str,
+        reason: String,
+    },
+    /// The DID log grew (this device may have lost its own authorisation:
+    /// [`Session::self_authorised`]).
+    LogExtended,
+    /// A new key epoch was adopted.
+    EpochAdopted {
+        peer: PeerKey,
+        epoch: u64,
+    },
+    /// A forwarded grant was refused.
+    GrantRejected {
+        peer: PeerKey,
+        reason: String,
+    },
+    /// A container now has the same heads as the peer.
+    Converged {
+        peer: PeerKey,
+        container: String,
+    },
+    /// Automerge panicked on peer input in `container`; the engine dropped
+    /// it. Rebuild it from storage and give it back with
+    /// [`Session::insert_container`].
+    Poisoned {
+        container: String,
+        error: String,
+    },
+    /// The peer's clock is beyond the replay window (its `Hello` was
+    /// refused; this carries the measured offset).
+    ClockSkew {
+        peer: PeerKey,
+        offset_ms: i64,
+    },
+    Count(Count),
+}
+
+/// A connected peer as the session sees it.
+#[derive(Debug, Clone)]
+pub enum PeerState {
+    /// Connected; `Hello` not yet verified. Nothing but a `Hello` is taken.
+    Pending {
+        public: [u8; 32],
+        remote: String,
+        since_ms: u64,
+    },
+    Verified {
+        context_id: String,
+        name: String,
+        public: [u8; 32],
+        remote: String,
+        since_ms: u64,
+        clock_offset_ms: i64,
+    },
+}
+
+struct Held {
+    at_ms: u64,
+    peer: PeerKey,
+    env: Envelope,
+}
+
+/// One device's session with its peers.
+pub struct Session {
+    membership: Membership,
+    secure: SecureChannel,
+    engine: Engine,
+    config: SessionConfig,
+    peers: BTreeMap<PeerKey, PeerState>,
+    held: VecDeque<Held>,
+    /// Last clock offset measured per peer that was refused for skew.
+    skewed: BTreeMap<PeerKey, i64>,
+}
+
+impl Session {
+    pub fn new(
+        membership: Membership,
+        secure: SecureChannel,
+        engine: Engine,
+        config: SessionConfig,
+    ) -> Self {
+        Session {
+            membership,
+            secure,
+            engine,
+            config,
+            peers: BTreeMap::new(),
+            held: VecDeque::new(),
+            skewed: BTreeMap::new(),
+        }
+    }
+
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+
+    pub fn secure(&self) -> &SecureChannel {
+        &self.secure
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn log(&self) -> &nuwa_identity::log::DidLog {
+        self.membership.log()
+    }
+
+    pub fn peers(&self) -> &BTreeMap<PeerKey, PeerState> {
+        &self.peers
+    }
+
+    /// Verified peers: (peer, context id).
+    pub fn verified(&self) -> impl Iterator<Item = (&PeerKey, &str)> {
+        self.peers.iter().filter_map(|(p, s)| match s {
+            PeerState::Verified { context_id, .. } => Some((p, context_id.as_str())),
+            PeerState::Pending { .. } => None,
+        })
+    }
+
+    /// Peers refused for clock skew, with the offset last measured.
+    pub fn skewed(&self) -> &BTreeMap<PeerKey, i64> {
+        &self.skewed
+    }
+
+    /// Envelopes waiting for their epoch's grant.
+    pub fn held_len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn self_authorised(&self, now_ms: u64) -> Result<(), Rejection> {
+        self.membership.self_authorised(now_ms)
+    }
+
+    /// Gives back a container restored from storage.
+    pub fn insert_container(&mut self, name: String, container: nuwa_state::Container) {
+        self.engine.insert_container(name, container);
+    }
+
+    /// Seals a payload under the current epoch, signed by this device.
+    pub fn seal(
+        &self,
+        payload: &SyncPayload,
+        now_ms: u64,
+    ) -> Result<Envelope, nuwa_crypto::CryptoError> {
+        self.secure.seal(self.membership.device(), payload, now_ms)
+    }
+
+    // ---- local writes -----------------------------------------------------
+
+    /// A local put. The change (if any) must be persisted with
+    /// [`Origin::Local`] before it is acknowledged; it reaches peers at the
+    /// next [`Session::flush`].
+    pub fn local_put(
+        &mut self,
+        container: &str,
+        key: &str,
+        value: &serde_json::Value,
+    ) -> Result<Option<Vec<u8>>, EngineError> {
+        self.engine.local_put(container, key, value)
+    }
+
+    /// A typed local edit as one transaction (see [`Engine::local_transact`]).
+    pub fn local_transact<E>(
+        &mut self,
+        container: &str,
+        f: impl FnOnce(&mut nuwa_state::automerge::transaction::Transaction<'_>) -> Result<(), E>,
+    ) -> Result<Option<Vec<u8>>, crate::LocalEditError<E>> {
+        self.engine.local_transact(container, f)
+    }
+
+    /// Local changes made outside the engine (see [`Engine::local_apply`]).
+    pub fn local_apply(
+        &mut self,
+        container: &str,
+        changes: Vec<Vec<u8>>,
+    ) -> Result<Vec<Vec<u8>>, EngineError> {
+        self.engine.local_apply(container, changes)
+    }
+
+    /// Pushes queued local changes to every verified peer. Call it only once
+    /// those changes are durable.
+    pub fn flush(&mut self) -> Vec<Effect> {
+        let mut out = Vec::new();
+        let actions = self.engine.flush();
+        self.engine_actions(actions, &mut out);
+        out
+    }
+
+    // ---- connections -----------------------------------------------------
+
+    /// A connection came up. `public` is the Ed25519 key behind the peer's
+    /// PeerId (`None`: not an Ed25519 identity, never one of our devices).
+    pub fn connected(
+        &mut self,
+        peer: &str,
+        public: Option<[u8; 32]>,
+        remote: String,
+        now_ms: u64,
+    ) -> Vec<Effect> {
+        let mut out = Vec::new();
+        let Some(public) = public else {
+            out.push(Effect::Rejected {
+                peer: peer.to_owned(),
+                door: Door::Connection,
+                rejection: Rejection::UnknownKey,
+            });
+            out.push(Effect::Disconnect {
+                peer: peer.to_owned(),
+            });
+            return out;
+        };
+        if matches!(self.peers.get(peer), Some(PeerState::Verified { .. })) {
+            // Another connection to a verified peer: nothing changes.
+            return out;
+        }
+        self.peers.insert(
+            peer.to_owned(),
+            PeerState::Pending {
+                public,
+                remote,
+                since_ms: now_ms,
+            },
+        );
+        self.push_hello(peer, now_ms, &mut out);
+        out
+    }
+
+    /// Every connection to the peer closed.
+    pub fn disconnected(&mut self, peer: &str) -> Vec<Effect> {
+        let mut out = Vec::new();
+        if let Some(PeerState::Verified { context_id, .. }) = self.peers.remove(peer) {
+            out.push(Effect::PeerGone {
+                peer: peer.to_owned(),
+                context_id,
+            });
+        }
+        self.engine.peer_down(peer);
+        out
+    }
+
+    /// The runtime is done with a peer (a pairing that ended): forget it and
+    /// close its connections.
+    pub fn hang_up(&mut self, peer: &str) -> Vec<Effect> {
+        let mut out = Vec::new();
+        self.drop_peer(peer, &mut out);
+        out
+    }
+
+    /// Forgets a peer and asks the runtime to close its connections.
+    fn drop_peer(&mut self, peer: &str, out: &mut Vec<Effect>) {
+        self.peers.remove(peer);
+        self.engine.peer_down(peer);
+        out.push(Effect::Disconnect {
+            peer: peer.to_owned(),
+        });
+    }
+
+    /// Keeps a pending peer's `Hello` deadline from running out while the
+    /// runtime talks to it on another protocol (pairing).
+    pub fn touch_pending(&mut self, peer: &str, now_ms: u64) {
+        if let Some(PeerState::Pending { since_ms, .. }) = self.peers.get_mut(peer) {
+            *since_ms = now_ms;
+        }
+    }
+
+    fn push_hello(&self, peer: &str, now_ms: u64, out: &mut Vec<Effect>) {
+        // `hello` fails only if the OS has no randomness or the log cannot
+        // be serialised; the peer then times out and is redialed.
+        if let Ok(hello) = self.membership.hello(now_ms) {
+            out.push(Effect::SendHello {
+                peer: peer.to_owned(),
+                hello: Box::new(hello),
+            });
+        }
+    }
+
+    // ---- frames ------------------------------------------------------------
+
+    /// A `Hello` arrived from `peer`.
+    pub fn on_hello(&mut self, peer: &str, hello: &Hello, now_ms: u64) -> Vec<Effect> {
+        let mut out = Vec::new();
+        match self.peers.get(peer).cloned() {
+            Some(PeerState::Pending { public, remote, .. }) => {
+                match self.membership.verify_hello(&public, hello, now_ms) {
+                    Ok(v) => {
+                        self.skewed.remove(peer);
+                        if v.log_extended {
+                            self.after_log_extended(now_ms, true, &mut out);
+                        }
+                        out.push(Effect::Count(Count::PeersVerified));
+                        out.push(Effect::PeerVerified {
+                            peer: peer.to_owned(),
+                            context_id: v.context_id.clone(),
+                            name: v.name.clone(),
+                        });
+                        self.peers.insert(
+                            peer.to_owned(),
+                            PeerState::Verified {
+                                context_id: v.context_id,
+                                name: v.name,
+                                public,
+                                remote,
+                                since_ms: now_ms,
+                                clock_offset_ms: v.clock_offset_ms,
+                            },
+                        );
+                        self.on_grant(peer, &v.epoch_grant, now_ms, &mut out);
+                        let actions = self.engine.peer_up(peer, now_ms);
+                        self.engine_actions(actions, &mut out);
+                    }
+                    Err(r) => {
+                        self.note_skew(peer, &r, &mut out);
+                        out.push(Effect::Rejected {
+                            peer: peer.to_owned(),
+                            door: Door::Connection,
+                            rejection: r,
+                        });
+                        self.drop_peer(peer, &mut out);
+                    }
+                }
+            }
+            Some(PeerState::Verified { public, .. }) => {
+                // A verified peer re-sends its Hello when its DID log grew:
+                // adopt the newer log, or drop the peer if it no longer
+                // passes.
+                match self.membership.verify_hello(&public, hello, now_ms) {
+                    Ok(v) => {
+                        out.push(Effect::Count(Count::HelloRefreshed));
+                        if let Some(PeerState::Verified {
+                            clock_offset_ms, ..
+                        }) = self.peers.get_mut(peer)
+                        {
+                            *clock_offset_ms = v.clock_offset_ms;
+                        }
+                        if v.log_extended {
+                            self.after_log_extended(now_ms, true, &mut out);
+                        }
+                        self.on_grant(peer, &v.epoch_grant, now_ms, &mut out);
+                    }
+                    Err(r) => {
+                        self.note_skew(peer, &r, &mut out);
+                        out.push(Effect::Rejected {
+                            peer: peer.to_owned(),
+                            door: Door::Connection,
+                            rejection: r,
+                        });
+                        self.drop_peer(peer, &mut out);
+                    }
+                }
+            }
+            None => out.push(Effect::Count(Count::FrameFromUnverifiedPeer)),
+        }
+        out
+    }
+
+    fn note_skew(&mut self, peer: &str, r: &Rejection, out: &mut Vec<Effect>) {
+        if let Rejection::ClockSkew { offset_ms, .. } = r {
+            self.skewed.insert(peer.to_owned(), *offset_ms);
+            // Bounded by the peers that ever connected with a genuine
+            // Hello; keep the most recent ones only.
+            while self.skewed.len() > 256 {
+                self.skewed.pop_first();
+            }
+            out.push(Effect::ClockSkew {
+                peer: peer.to_owned(),
+                offset_ms: *offset_ms,
+            });
+        }
+    }
+
+    /// A sealed envelope arrived from `peer` over the direct stream.
+    pub fn on_envelope(&mut self, peer: &str, env: Envelope, now_ms: u64) -> Vec<Effect> {
+        let mut out = Vec::new();
+        self.open_and_handle(peer, env, now_ms, true, &mut out);
+        out
+    }
+
+    fn open_and_handle(
+        &mut self,
+        peer: &str,
+        env: Envelope,
+        now_ms: u64,
+        may_hold: bool,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(PeerState::Verified {
+            context_id, public, ..
+        }) = self.peers.get(peer)
+        else {
+            // State from a peer that has not passed the Hello checks is
+            // never opened.
+            out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
+            return;
+        };
+        match self.secure.open(&env, context_id, public, now_ms) {
+            Ok(payload) => match self.engine.handle(peer, payload, now_ms) {
+                Ok(actions) => self.engine_actions(actions, out),
+                Err(e) => self.engine_error(e, out),
+            },
+            Err(OpenError::UnknownEpoch { epoch, newest }) if may_hold && epoch > newest => {
+                if self.held.len() >= self.config.max_held {
+                    self.held.pop_front();
+                    out.push(Effect::Count(Count::HeldEnvelopesDropped));
+                }
+                self.held.push_back(Held {
+                    at_ms: now_ms,
+                    peer: peer.to_owned(),
+                    env,
+                });
+                out.push(Effect::Count(Count::EnvelopesHeldForEpoch));
+            }
+            Err(e) => out.push(Effect::EnvelopeRejected {
+                peer: peer.to_owned(),
+                label: e.label(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// A gossip message whose (signed) author is `author`, with the
+    /// Ed25519 key behind its PeerId. Returns whether to accept (forward)
+    /// it, plus what to do.
+    pub fn on_gossip(
+        &mut self,
+        author: &str,
+        author_public: Option<[u8; 32]>,
+        env: Envelope,
+        now_ms: u64,
+    ) -> (bool, Vec<Effect>) {
+        let mut out = Vec::new();
+        let reject = |rejection: Rejection, out: &mut Vec<Effect>| {
+            out.push(Effect::Rejected {
+                peer: author.to_owned(),
+                door: Door::Gossip,
+                rejection,
+            })
+        };
+        let Some(public) = author_public else {
+            reject(Rejection::UnknownKey, &mut out);
+            return (false, out);
+        };
+        let ctx = match self.membership.authorise_public(&public, now_ms) {
+            Ok(ctx) => ctx,
+            Err(r) => {
+                reject(r, &mut out);
+                return (false, out);
+            }
+        };
+        let payload = match self.secure.open(&env, &ctx, &public, now_ms) {
+            Ok(p) => p,
+            Err(e) => {
+                out.push(Effect::EnvelopeRejected {
+                    peer: author.to_owned(),
+                    label: e.label(),
+                    reason: e.to_string(),
+                });
+                reject(Rejection::Malformed(e.to_string()), &mut out);
+                return (false, out);
+            }
+        };
+        match self.engine.handle_gossip(payload) {
+            Ok(actions) => {
+                out.push(Effect::Count(Count::GossipDeltasApplied));
+                self.engine_actions(actions, &mut out);
+                (true, out)
+            }
+            Err(e) => {
+                self.engine_error(e, &mut out);
+                (false, out)
+            }
+        }
+    }
+
+    // ---- the DID log and key epochs -----------------------------------------
+
+    /// Adopts a DID log this device extended itself (a revocation or an
+    /// approval it signed) and, with it, the key of a new epoch and its
+    /// grant. The caller has already made both durable (it must not adopt
+    /// what it could not persist). Returns the effects: re-check peers,
+    /// push Hellos.
+    pub fn adopt_own_update(
+        &mut self,
+        log: nuwa_identity::log::DidLog,
+        epoch: Option<(nuwa_crypto::SyncKey, Vec<u8>)>,
+        now_ms: u64,
+    ) -> Result<Vec<Effect>, Rejection> {
+        let mut out = Vec::new();
+        if let Some((key, grant)) = epoch {
+            self.secure
+                .install(key)
+                .map_err(|e| Rejection::Malformed(format!("cannot install the epoch key: {e}")))?;
+            self.membership.set_epoch_grant(grant);
+        }
+        self.membership.adopt_log(log, now_ms)?;
+        self.after_log_extended(now_ms, false, &mut out);
+        Ok(out)
+    }
+
+    /// Our DID log grew: persist it, re-check every verified peer against
+    /// the new document (dropping those that lost authorisation), and send
+    /// the others a fresh Hello carrying the log.
+    fn after_log_extended(&mut self, now_ms: u64, persist: bool, out: &mut Vec<Effect>) {
+        if persist {
+            out.push(Effect::PersistLog);
+        }
+        out.push(Effect::LogExtended);
+        let verified: Vec<(PeerKey, [u8; 32])> = self
+            .peers
+            .iter()
+            .filter_map(|(p, s)| match s {
+                PeerState::Verified { public, .. } => Some((p.clone(), *public)),
+                PeerState::Pending { .. } => None,
+            })
+            .collect();
+        for (peer, public) in verified {
+            if let Err(r) = self.membership.authorise_public(&public, now_ms) {
+                out.push(Effect::Rejected {
+                    peer: peer.clone(),
+                    door: Door::Connection,
+                    rejection: r,
+                });
+                self.drop_peer(&peer, out);
+                continue;
+            }
+            out.push(Effect::Count(Count::HelloRefreshSent));
+            self.push_hello(&peer, now_ms, out);
+        }
+    }
+
+    /// A verified peer forwarded the grant of its current epoch: adopt the
+    /// key if it is new and meant for us, then open what was held for it.
+    fn on_grant(&mut self, peer: &str, bytes: &[u8], now_ms: u64, out: &mut Vec<Effect>) {
+        if bytes.is_empty() {
+            return;
+        }
+        let outcome = open_grant(
+            bytes,
+            self.secure.keys(),
+            self.membership.document(),
+            self.membership.device(),
+            self.membership.context_id(),
+            (now_ms / 1000) as i64,
+        );
+        let key = match outcome {
+            Ok(GrantOutcome::Known) => return,
+            Ok(GrantOutcome::NewKey(k)) => k,
+            Err(reason) => {
+                out.push(Effect::Count(Count::EpochGrantRejected));
+                out.push(Effect::GrantRejected {
+                    peer: peer.to_owned(),
+                    reason,
+                });
+                return;
+            }
+        };
+        let epoch = key.epoch();
+        let newest = epoch > self.secure.epoch();
+        if let Err(e) = self.secure.install(key) {
+            out.push(Effect::Count(Count::EpochGrantRejected));
+            out.push(Effect::GrantRejected {
+                peer: peer.to_owned(),
+                reason: format!("cannot install the epoch key: {e}"),
+            });
+            return;
+        }
+        if newest {
+            self.membership.set_epoch_grant(bytes.to_vec());
+        }
+        out.push(Effect::PersistKeys {
+            grant: newest.then(|| bytes.to_vec()),
+        });
+        out.push(Effect::Count(Count::EpochGrantsAdopted));
+        out.push(Effect::EpochAdopted {
+            peer: peer.to_owned(),
+            epoch,
+        });
+        self.replay_held(now_ms, out);
+    }
+
+    fn replay_held(&mut self, now_ms: u64, out: &mut Vec<Effect>) {
+        let held = std::mem::take(&mut self.held);
+        for h in held {
+            if now_ms.saturating_sub(h.at_ms) > self.config.held_for_ms {
+                out.push(Effect::Count(Count::HeldEnvelopesExpired));
+                continue;
+            }
+            self.open_and_handle(&h.peer, h.env, now_ms, false, out);
+        }
+    }
+
+    // ---- time ----------------------------------------------------------------
+
+    /// Periodic work: replay-window pruning, held envelopes that waited too
+    /// long, peers that never sent a `Hello`, and the engine's anti-entropy.
+    pub fn tick(&mut self, now_ms: u64) -> Vec<Effect> {
+        let mut out = Vec::new();
+        self.secure.prune(now_ms);
+        while let Some(h) = self.held.front() {
+            if now_ms.saturating_sub(h.at_ms) <= self.config.held_for_ms {
+                break;
+            }
+            self.held.pop_front();
+            out.push(Effect::Count(Count::HeldEnvelopesExpired));
+        }
+        let deadline = self.config.hello_deadline_ms;
+        let late: Vec<PeerKey> = self
+            .peers
+            .iter()
+            .filter_map(|(p, s)| match s {
+                PeerState::Pending { since_ms, .. }
+                    if now_ms.saturating_sub(*since_ms) > deadline =>
+                {
+                    Some(p.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        for peer in late {
+            out.push(Effect::Rejected {
+                peer: peer.clone(),
+                door: Door::Connection,
+                rejection: Rejection::HelloTimeout(deadline),
+            });
+            self.drop_peer(&peer, &mut out);
+        }
+        let actions = self.engine.tick(now_ms);
+        self.engine_actions(actions, &mut out);
+        out
+    }
+
+    // ---- engine glue -----------------------------------------------------------
+
+    fn engine_actions(&mut self, actions: Vec<Action>, out: &mut Vec<Effect>) {
+        for a in actions {
+            out.push(match a {
+                Action::Send { peer, payload } => Effect::Send { peer, payload },
+                Action::Persist { container, changes } => Effect::Persist {
+                    container,
+                    changes,
+                    origin: Origin::Peer,
+                },
+                Action::Converged { peer, container } => Effect::Converged { peer, container },
+            });
+        }
+    }
+
+    fn engine_error(&mut self, e: EngineError, out: &mut Vec<Effect>) {
+        out.push(Effect::Count(Count::PayloadRejected));
+        if let Some(container) = e.poisoned_container() {
+            out.push(Effect::Poisoned {
+                container: container.to_owned(),
+                error: e.to_string(),
+            });
+        }
+    }
+
+    /// The context id of a verified peer.
+    pub fn context_of(&self, peer: &str) -> Option<&str> {
+        match self.peers.get(peer) {
+            Some(PeerState::Verified { context_id, .. }) => Some(context_id),
+            _ => None,
+        }
+    }
+
+    /// Whether we hold exactly what a verified peer holds.
+    pub fn in_sync_with(&self, peer: &str) -> bool {
+        self.engine.in_sync_with(peer)
+    }
+}
