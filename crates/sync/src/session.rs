@@ -595,13 +595,14 @@ impl Session {
     }
 
     /// A gossip message whose (signed) author is `author`, with the
-    /// Ed25519 key behind its PeerId. Returns whether to accept (forward)
-    /// it, plus what to do.
+    /// Ed25519 key behind its PeerId. Membership is checked before the
+    /// bytes are even decoded. Returns whether to accept (forward) it, plus
+    /// what to do.
     pub fn on_gossip(
         &mut self,
         author: &str,
         author_public: Option<[u8; 32]>,
-        env: Envelope,
+        data: &[u8],
         now_ms: u64,
     ) -> (bool, Vec<Effect>) {
         let mut out = Vec::new();
@@ -620,6 +621,13 @@ impl Session {
             Ok(ctx) => ctx,
             Err(r) => {
                 reject(r, &mut out);
+                return (false, out);
+            }
+        };
+        let env = match nuwa_proto::Frame::decode(data) {
+            Ok(nuwa_proto::Frame::Envelope(env)) => env,
+            Ok(_) | Err(_) => {
+                reject(Rejection::Malformed("not an envelope".into()), &mut out);
                 return (false, out);
             }
         };

@@ -14,7 +14,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::IsTerminal;
 
 use nuwa_net::{Multiaddr, NetEvent, PeerId, peer_of, public_from_peer_id};
-use nuwa_proto::Frame;
 use nuwa_sync::Rejection;
 use nuwa_sync::pointer::{AgentPointer, dht_key, gossip_topic, rendezvous_namespace};
 use serde::{Deserialize, Serialize};
@@ -512,20 +511,9 @@ impl Daemon {
         if author == self.net.local_peer_id() {
             return false;
         }
-        let env = match Frame::decode(data) {
-            Ok(Frame::Envelope(env)) => env,
-            Ok(_) | Err(_) => {
-                self.reject(
-                    "gossip",
-                    who,
-                    &Rejection::Malformed("not an envelope".into()),
-                );
-                return false;
-            }
-        };
         let (accept, effects) =
             self.session
-                .on_gossip(&who, public_from_peer_id(&author), env, home::now_ms());
+                .on_gossip(&who, public_from_peer_id(&author), data, home::now_ms());
         self.execute(effects, Vec::new()).await;
         accept
     }
