@@ -13,6 +13,7 @@
 //! the peer, and only verified peers' envelopes are opened. Anything else is
 //! counted, recorded for `status`, and the peer is disconnected.
 
+use crate::metrics::Event;
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -92,7 +93,8 @@ struct Daemon {
     net: NetHandle,
     rejections: BTreeMap<(String, String), RejectionRecord>,
     rejection_order: VecDeque<(String, String)>,
-    counters: BTreeMap<String, u64>,
+    /// Typed counters, gauges and histograms (`GET /metrics`, `status`).
+    metrics: Arc<crate::metrics::Metrics>,
     /// Changes logged per container since its last snapshot.
     logged: BTreeMap<String, u64>,
     /// Highest change-log sequence number per container.
@@ -174,6 +176,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         info!(address = %format!("{a}/p2p/{local_peer}"), "listening");
     }
 
+    let metrics = Arc::new(crate::metrics::Metrics::new());
     let (api_tx, mut api_rx) = mpsc::channel::<ApiRequest>(1024);
     let token = {
         let mut t = [0u8; 32];
@@ -233,6 +236,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         &opts,
         mdns.is_some(),
         events_tx,
+        metrics.clone(),
     );
     d.seen = crate::devices::Seen::load(d.store.as_ref());
     d.asm_start().await;
@@ -281,6 +285,9 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                 d.asm_lifecycle(now).await;
                 let effects = d.session.tick(now);
                 d.execute(effects, Vec::new()).await;
+                d.metrics.peers_verified.set(d.session.verified().count() as i64);
+                d.metrics.containers.set(d.session.engine().containers().count() as i64);
+                d.metrics.envelopes_held.set(d.session.held_len() as i64);
                 d.wide_tick(now).await;
                 if let Some(deadline) = once_deadline {
                     match d.once_progress(now, deadline, &mut once_last_line) {
@@ -383,6 +390,7 @@ impl Daemon {
         opts: &RunOptions,
         mdns_on: bool,
         events: tokio::sync::broadcast::Sender<api::ChangeEvent>,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Self {
         Daemon {
             home_dir: home.dir.clone(),
@@ -392,7 +400,7 @@ impl Daemon {
             net,
             rejections: BTreeMap::new(),
             rejection_order: VecDeque::new(),
-            counters: BTreeMap::new(),
+            metrics,
             logged: opened.logged,
             last_seq: opened.last_seq,
             staged: Vec::new(),
@@ -515,16 +523,16 @@ fn load_container(
 }
 
 impl Daemon {
-    fn count(&mut self, what: &str) {
-        self.add(what, 1);
+    fn count(&self, e: Event) {
+        self.metrics.inc(e);
     }
 
-    fn add(&mut self, what: &str, n: u64) {
-        *self.counters.entry(what.to_owned()).or_default() += n;
+    fn add(&self, e: Event, n: u64) {
+        self.metrics.add(e, n);
     }
 
     fn reject(&mut self, source: &str, who: String, rejection: &Rejection) {
-        self.count(&format!("rejected_{source}_{}", rejection.label()));
+        self.metrics.rejected(source, rejection.label());
         let key = (source.to_owned(), who);
         let now = home::now_ms();
         match self.rejections.get_mut(&key) {
@@ -600,15 +608,15 @@ impl Daemon {
             }
             NetEvent::Frame { peer, frame } => self.on_frame(peer, frame).await,
             NetEvent::SendFailed { peer, reason } => {
-                self.count("send_failed");
+                self.count(Event::SendFailed);
                 debug!(%peer, %reason, "frame not delivered");
             }
             NetEvent::InboundError { peer, reason } => {
-                self.count("inbound_frame_error");
+                self.count(Event::InboundFrameError);
                 debug!(%peer, %reason, "unreadable frame from peer");
             }
             NetEvent::DialFailed { peer, reason } => {
-                self.count("dial_failed");
+                self.count(Event::DialFailed);
                 debug!(?peer, %reason, "dial failed");
             }
             other => self.on_wide_event(other).await,
@@ -619,7 +627,7 @@ impl Daemon {
         let frame = match Frame::decode(&bytes) {
             Ok(f) => f,
             Err(e) => {
-                self.count("malformed_frame");
+                self.count(Event::MalformedFrame);
                 debug!(%peer, error = %e, "malformed frame");
                 return;
             }
@@ -641,6 +649,7 @@ impl Daemon {
     }
 
     async fn on_api_batch(&mut self, batch: Vec<ApiRequest>) {
+        let started = std::time::Instant::now();
         // Apply every write of the batch; the executor then persists them
         // in one group commit per container, and only then acknowledges
         // and pushes to peers.
@@ -737,7 +746,12 @@ impl Daemon {
                 }
             }
         }
+        let writes = acks.len();
         self.execute(effects, acks).await;
+        let took = started.elapsed();
+        for _ in 0..writes {
+            self.metrics.observe_write_ack(took);
+        }
     }
 
     async fn on_discovery(&mut self, ev: DiscoveryEvent) {
@@ -828,7 +842,7 @@ impl Daemon {
             );
             return;
         }
-        self.count("mdns_announcements_verified");
+        self.count(Event::MdnsAnnouncementsVerified);
         if self.is_connected(&peer) || addrs.is_empty() {
             return;
         }
@@ -911,7 +925,7 @@ impl Daemon {
                 })
                 .collect(),
             counters: {
-                let mut c = self.counters.clone();
+                let mut c = self.metrics.counters();
                 let stats = self.net.stats();
                 for (k, v) in [
                     ("oversized_frames_refused", stats.oversized_frames_refused),

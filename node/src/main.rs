@@ -12,6 +12,7 @@ mod devices;
 mod home;
 mod infra;
 mod lifecycle;
+mod metrics;
 mod pair;
 mod pairing;
 mod snapshot;

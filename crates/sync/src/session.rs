@@ -131,6 +131,10 @@ pub enum Effect {
         container: String,
         changes: Vec<Vec<u8>>,
         origin: Origin,
+        /// When the envelope that brought them was sealed (the sender's
+        /// clock), for propagation latency; `None` for local changes and
+        /// for changes released by other means.
+        sealed_at_ms: Option<u64>,
     },
     /// The DID log grew: persist [`Session::log`] before any `Hello` that
     /// carries it goes out.
@@ -569,9 +573,10 @@ impl Session {
             out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
             return;
         };
+        let sealed_at = env.timestamp_ms;
         match self.secure.open(&env, context_id, public, now_ms) {
             Ok(payload) => match self.engine.handle(peer, payload, now_ms) {
-                Ok(actions) => self.engine_actions(actions, out),
+                Ok(actions) => self.engine_actions_sealed(actions, Some(sealed_at), out),
                 Err(e) => self.engine_error(e, out),
             },
             Err(OpenError::UnknownEpoch { epoch, newest }) if may_hold && epoch > newest => {
@@ -646,7 +651,7 @@ impl Session {
         match self.engine.handle_gossip(payload) {
             Ok(actions) => {
                 out.push(Effect::Count(Count::GossipDeltasApplied));
-                self.engine_actions(actions, &mut out);
+                self.engine_actions_sealed(actions, Some(env.timestamp_ms), &mut out);
                 (true, out)
             }
             Err(e) => {
@@ -816,6 +821,15 @@ impl Session {
     // ---- engine glue -----------------------------------------------------------
 
     fn engine_actions(&mut self, actions: Vec<Action>, out: &mut Vec<Effect>) {
+        self.engine_actions_sealed(actions, None, out);
+    }
+
+    fn engine_actions_sealed(
+        &mut self,
+        actions: Vec<Action>,
+        sealed_at_ms: Option<u64>,
+        out: &mut Vec<Effect>,
+    ) {
         for a in actions {
             out.push(match a {
                 Action::Send { peer, payload } => Effect::Send { peer, payload },
@@ -823,6 +837,7 @@ impl Session {
                     container,
                     changes,
                     origin: Origin::Peer,
+                    sealed_at_ms,
                 },
                 Action::Converged { peer, container } => Effect::Converged { peer, container },
             });

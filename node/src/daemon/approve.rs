@@ -6,6 +6,7 @@
 //! the PAKE session key. One approval at a time; failures are counted
 //! against the code by an attempt limiter.
 
+use crate::metrics::Event;
 use std::collections::{BTreeMap, BTreeSet};
 
 use nuwa_crypto::pairing::{
@@ -138,7 +139,7 @@ impl Daemon {
             return;
         }
         info!(nameplate = %code.nameplate(), "approving a new device");
-        self.count("pairing_approvals_started");
+        self.count(Event::PairingApprovalsStarted);
         let timeout_ms = body
             .timeout_secs
             .map(|s| s.saturating_mul(1000).clamp(1000, MAX_APPROVE_TIMEOUT_MS))
@@ -166,11 +167,11 @@ impl Daemon {
         match &result {
             Ok(r) => {
                 self.pairing.limiter.record_success(&a.code);
-                self.count("pairing_approvals_succeeded");
+                self.count(Event::PairingApprovalsSucceeded);
                 info!(context_id = %r.context_id, name = %r.name, "new device paired");
             }
             Err(e) => {
-                self.count("pairing_approvals_failed");
+                self.count(Event::PairingApprovalsFailed);
                 warn!(code = e.code, reason = %e.message, "approval failed");
                 if let Some((peer, _)) = a.target {
                     if a.granted.is_none() {
@@ -303,11 +304,11 @@ impl Daemon {
             return;
         };
         let Ok(peer) = ann.peer_id.parse::<PeerId>() else {
-            self.count("pairing_announcements_rejected");
+            self.count(Event::PairingAnnouncementsRejected);
             return;
         };
         let Some(public) = public_from_peer_id(&peer) else {
-            self.count("pairing_announcements_rejected");
+            self.count(Event::PairingAnnouncementsRejected);
             return;
         };
         let now = home::now_ms();
@@ -316,7 +317,7 @@ impl Daemon {
             .is_err()
             || addrs.is_empty()
         {
-            self.count("pairing_announcements_rejected");
+            self.count(Event::PairingAnnouncementsRejected);
             return;
         }
         self.add_candidate(peer, nameplate, addrs, now);
@@ -374,7 +375,7 @@ impl Daemon {
     ) {
         let ours = matches!(&self.pairing.approval, Some(a) if a.target.map(|t| t.0) == Some(peer));
         if !ours {
-            self.count("pairing_frames_unexpected");
+            self.count(Event::PairingFramesUnexpected);
             debug!(%peer, ?step, "pairing step from a peer we are not pairing with");
             return;
         }

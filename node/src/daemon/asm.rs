@@ -8,6 +8,7 @@
 //! in the replicated map container [`REGISTRY_CONTAINER`] (`$id` → schema
 //! JSON), so every device validates and queries with the same schemas.
 
+use crate::metrics::Event;
 use std::time::{Duration, Instant};
 
 use nuwa_asm::model::RetentionStrategy;
@@ -259,7 +260,7 @@ impl Daemon {
             });
             for raw in raws {
                 if let Err(e) = reg.register(raw) {
-                    self.count("schemas_refused_from_peers");
+                    self.count(Event::SchemasRefusedFromPeers);
                     warn!(error = %e, "a replicated schema does not register");
                 }
             }
@@ -552,7 +553,7 @@ impl Daemon {
             {
                 Ok(change) => {
                     self.stage(&name, change);
-                    self.count("lifecycle_items_removed");
+                    self.count(Event::LifecycleItemsRemoved);
                     info!(container = %name, removed = ids.len(), "lifecycle removed expired items");
                 }
                 Err(e) => warn!(container = %name, error = %e, "lifecycle edit failed"),

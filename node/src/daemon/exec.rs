@@ -15,6 +15,7 @@
 //! durable here. A storage error fails every waiting reply and stops the
 //! daemon (`fatal`), so nothing unacknowledged is ever reported durable.
 
+use crate::metrics::Event;
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, Result};
@@ -75,6 +76,7 @@ impl Daemon {
         }
         let mut rest = Vec::with_capacity(effects.len());
         let mut persist_log = false;
+        let mut sealed_at: Vec<u64> = Vec::new();
         let mut persist_keys: Option<Option<Vec<u8>>> = None;
         for e in effects {
             match e {
@@ -82,10 +84,16 @@ impl Daemon {
                     container,
                     changes,
                     origin,
-                } => persist
-                    .entry((container, origin))
-                    .or_default()
-                    .extend(changes),
+                    sealed_at_ms,
+                } => {
+                    if let Some(t) = sealed_at_ms {
+                        sealed_at.push(t);
+                    }
+                    persist
+                        .entry((container, origin))
+                        .or_default()
+                        .extend(changes)
+                }
                 Effect::PersistLog => persist_log = true,
                 Effect::PersistKeys { grant } => {
                     // A later grant replaces an earlier one of this turn.
@@ -104,6 +112,13 @@ impl Daemon {
                 self.fatal = Some(e);
                 return;
             }
+        }
+        let durable_at = home::now_ms();
+        for t in sealed_at {
+            self.metrics
+                .observe_propagation_apply(std::time::Duration::from_millis(
+                    durable_at.saturating_sub(t),
+                ));
         }
         if let Some(grant) = persist_keys {
             // Keys before the grant: a grant whose key is lost would be
@@ -201,9 +216,9 @@ impl Daemon {
         };
         if let Some(c) = delta {
             if bytes.len() <= nuwa_net::MAX_GOSSIP_BYTES {
-                self.count("gossip_deltas_published");
+                self.count(Event::GossipDeltasPublished);
                 // Sealed bytes handed to gossip (each mesh peer gets a copy).
-                self.add("bytes_sent", bytes.len() as u64);
+                self.add(Event::BytesSent, bytes.len() as u64);
                 let _ = self
                     .net
                     .gossip_publish(self.wide.topic.clone(), bytes)
@@ -211,15 +226,15 @@ impl Daemon {
                 published.insert(c);
                 return;
             }
-            self.count("deltas_over_stream");
+            self.count(Event::DeltasOverStream);
         }
         if bytes.len() > nuwa_proto::MAX_FRAME_BYTES {
-            self.count("frame_too_large");
+            self.count(Event::FrameTooLarge);
             warn!(%peer_id, len = bytes.len(), "payload exceeds the frame cap; relying on the sync protocol");
             return;
         }
-        self.count("frames_sent");
-        self.add("bytes_sent", bytes.len() as u64);
+        self.count(Event::FramesSent);
+        self.add(Event::BytesSent, bytes.len() as u64);
         let _ = self.net.send(peer_id, bytes).await;
     }
 
@@ -264,7 +279,7 @@ impl Daemon {
                 label,
                 reason,
             } => {
-                self.count(&format!("envelope_rejected_{label}"));
+                self.metrics.envelope_rejected(label);
                 debug!(%peer, %reason, "envelope rejected");
             }
             Effect::LogExtended => {
@@ -292,7 +307,7 @@ impl Daemon {
                 self.reload_poisoned(container, error).await;
             }
             Effect::ClockSkew { peer, offset_ms } => {
-                self.count("clock_skew_detected");
+                self.count(Event::ClockSkewDetected);
                 // Redials repeat this every few seconds: warn when the
                 // offset first appears or moves, not on every Hello.
                 let last = self.skew_warned.insert(peer.clone(), offset_ms);
@@ -306,7 +321,7 @@ impl Daemon {
                     );
                 }
             }
-            Effect::Count(c) => self.count(c.name()),
+            Effect::Count(c) => self.count(c.into()),
             Effect::Persist { .. }
             | Effect::PersistLog
             | Effect::PersistKeys { .. }
@@ -407,7 +422,7 @@ impl Daemon {
     /// everything the container held before (every change is persisted
     /// before the next input is handled). The daemon keeps running.
     async fn reload_poisoned(&mut self, name: String, error: String) {
-        self.count("containers_poisoned");
+        self.count(Event::ContainersPoisoned);
         warn!(container = %name, %error, "peer input left the container untrustworthy; reloading it from the store");
         let store = self.store.clone();
         let actor = self.session.membership().device().public().to_vec();
@@ -541,6 +556,7 @@ mod tests {
             &options(),
             false,
             events,
+            Arc::new(crate::metrics::Metrics::new()),
         );
         d.asm_start().await;
         d.execute(Vec::new(), Vec::new()).await;

@@ -3,6 +3,7 @@
 //! session. (Adopting grants that peers forward, and holding envelopes of
 //! an epoch still on its way, are the session's: `nuwa_sync::session`.)
 
+use crate::metrics::Event;
 use nuwa_sync::Effect;
 use tracing::info;
 
@@ -50,7 +51,7 @@ impl Daemon {
             .session
             .adopt_own_update(r.log.clone(), Some((key, r.grant.clone())), home::now_ms())
             .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
-        self.count("devices_revoked");
+        self.count(Event::DevicesRevoked);
         info!(revoked = %body.context_id, epoch = r.epoch, "device revoked; new key epoch opened");
         let reply = RevokeReply {
             revoked: body.context_id.trim().to_owned(),

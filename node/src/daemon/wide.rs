@@ -10,6 +10,7 @@
 //! their author is a member and their envelope opens. A dead source never
 //! blocks the others: each has its own timers and failures are only counted.
 
+use crate::metrics::Event;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::IsTerminal;
 
@@ -263,6 +264,9 @@ impl Daemon {
         if self.wide.known.len() >= MAX_KNOWN_PEERS && !self.wide.known.contains_key(&peer) {
             return;
         }
+        if self.wide.known.get(&peer) == Some(&addrs) {
+            return;
+        }
         self.wide.known.insert(peer, addrs);
         self.save_known();
     }
@@ -374,7 +378,10 @@ impl Daemon {
         match verdict {
             Ok(_) if self.is_connected(&peer) => {}
             Ok(ctx) => {
-                self.count(&format!("{source}_peers_found"));
+                self.count(match source {
+                    "dht" => Event::DhtPeersFound,
+                    _ => Event::RendezvousPeersFound,
+                });
                 debug!(%peer, context_id = %ctx, source, "dialing a device found remotely");
                 for a in &addrs {
                     let _ = self.net.add_address(peer, a.clone()).await;
@@ -391,6 +398,11 @@ impl Daemon {
                 if self.wide.identified.len() < 1024 || self.wide.identified.contains_key(&peer) {
                     self.wide.identified.insert(peer, listen_addrs);
                 }
+                // Identify often reports a peer's listen addresses just after
+                // its Hello verified: remember them too.
+                if self.is_verified(&peer) {
+                    self.on_verified(peer).await;
+                }
             }
             NetEvent::KadInboundRecord { from, key, value } => {
                 // Any DHT node must be able to verify a record alone: the
@@ -398,7 +410,7 @@ impl Daemon {
                 let now = home::now_unix_secs();
                 match AgentPointer::decode(&value).and_then(|p| p.verify(&key, now).map(|_| p)) {
                     Ok(_) => {
-                        self.count("dht_records_stored");
+                        self.count(Event::DhtRecordsStored);
                         let _ = self.net.kad_store(key, value).await;
                     }
                     Err(e) => {
@@ -417,9 +429,9 @@ impl Daemon {
                     .and_then(|p| p.verify_for_agent(&key, self.session.log(), now).map(|_| p))
                 {
                     Ok(p) => {
-                        self.count("dht_pointers_verified");
+                        self.count(Event::DhtPointersVerified);
                         if p.topic != self.wide.topic {
-                            self.count("dht_pointer_topic_mismatch");
+                            self.count(Event::DhtPointerTopicMismatch);
                         }
                     }
                     Err(e) => {
@@ -448,7 +460,7 @@ impl Daemon {
                 if ok {
                     debug!("DHT bootstrap done");
                 } else {
-                    self.count("dht_bootstrap_failed");
+                    self.count(Event::DhtBootstrapFailed);
                     debug!(%reason, "DHT bootstrap failed");
                 }
             }
@@ -477,7 +489,7 @@ impl Daemon {
                     .insert(server, home::now_ms() + ttl_secs * 500);
             }
             NetEvent::RendezvousFailed { server, reason } => {
-                self.count("rendezvous_failed");
+                self.count(Event::RendezvousFailed);
                 debug!(%server, %reason, "rendezvous request failed");
             }
             NetEvent::GossipMessage {

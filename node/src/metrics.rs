@@ -1,0 +1,365 @@
+//! The daemon's metrics: one `prometheus-client` registry of typed
+//! counters, gauges and histograms, exported as OpenMetrics text at
+//! `GET /metrics` (token-protected like the rest of the API). `status`
+//! reads the same registry, so the two never disagree.
+//!
+//! Every counted event is a variant of [`Event`]: adding one is one line in
+//! the table below (name, help). Rejections are counted by (source, reason)
+//! and refused envelopes by reason, both as labelled families.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+macro_rules! events {
+    ($($variant:ident => $name:literal, $help:literal;)*) => {
+        /// A counted event.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+        pub enum Event { $($variant),* }
+
+        impl Event {
+            pub const ALL: &'static [Event] = &[$(Event::$variant),*];
+
+            /// The counter's name (also its key in `status`).
+            pub fn name(self) -> &'static str {
+                match self { $(Event::$variant => $name),* }
+            }
+
+            fn help(self) -> &'static str {
+                match self { $(Event::$variant => $help),* }
+            }
+        }
+    };
+}
+
+events! {
+    BytesSent => "bytes_sent", "Sealed bytes handed to the network (frames and gossip publishes)";
+    FramesSent => "frames_sent", "Sealed frames sent over direct streams";
+    FrameTooLarge => "frame_too_large", "Payloads over the frame cap, left to the sync protocol";
+    GossipDeltasPublished => "gossip_deltas_published", "Live deltas published on the agent's gossip topic";
+    DeltasOverStream => "deltas_over_stream", "Live deltas too large for gossip, sent over direct streams";
+    SendFailed => "send_failed", "Frames the network could not deliver";
+    InboundFrameError => "inbound_frame_error", "Unreadable inbound frames";
+    MalformedFrame => "malformed_frame", "Frames that did not decode";
+    DialFailed => "dial_failed", "Failed dials";
+    ClockSkewDetected => "clock_skew_detected", "Genuine Hellos refused because the peer's clock is beyond the replay window";
+    ContainersPoisoned => "containers_poisoned", "Containers reloaded from the store after Automerge panicked on peer input";
+    DevicesRevoked => "devices_revoked", "Devices revoked from this device";
+    DhtBootstrapFailed => "dht_bootstrap_failed", "Failed DHT bootstraps";
+    DhtPointerTopicMismatch => "dht_pointer_topic_mismatch", "Verified DHT pointers naming another topic";
+    DhtPointersVerified => "dht_pointers_verified", "DHT pointers of this agent that verified";
+    DhtRecordsStored => "dht_records_stored", "Inbound DHT records stored after verification";
+    DhtPeersFound => "dht_peers_found", "Devices of this agent found through the DHT";
+    RendezvousPeersFound => "rendezvous_peers_found", "Devices of this agent found through rendezvous";
+    RendezvousFailed => "rendezvous_failed", "Failed rendezvous requests";
+    MdnsAnnouncementsVerified => "mdns_announcements_verified", "mDNS announcements of this agent that verified";
+    LifecycleItemsRemoved => "lifecycle_items_removed", "Lifecycle passes that removed expired items";
+    SchemasRefusedFromPeers => "schemas_refused_from_peers", "Replicated schemas that did not register";
+    PairingAnnouncementsRejected => "pairing_announcements_rejected", "Pairing announcements refused";
+    PairingApprovalsStarted => "pairing_approvals_started", "Approvals started";
+    PairingApprovalsSucceeded => "pairing_approvals_succeeded", "Approvals that paired a device";
+    PairingApprovalsFailed => "pairing_approvals_failed", "Approvals that failed";
+    PairingFramesUnexpected => "pairing_frames_unexpected", "Pairing frames outside an approval";
+    PeersVerified => "peers_verified", "Peers whose Hello verified";
+    HelloRefreshed => "hello_refreshed", "Repeated Hellos of verified peers that verified";
+    HelloRefreshSent => "hello_refresh_sent", "Hellos pushed after the DID log grew";
+    FrameFromUnverifiedPeer => "frame_from_unverified_peer", "State frames from peers whose Hello has not verified (dropped)";
+    PayloadRejected => "payload_rejected", "Opened payloads the sync engine refused";
+    EnvelopesHeldForEpoch => "envelopes_held_for_epoch", "Envelopes held until their key epoch's grant arrives";
+    HeldEnvelopesDropped => "held_envelopes_dropped", "Held envelopes dropped because the hold was full";
+    HeldEnvelopesExpired => "held_envelopes_expired", "Held envelopes whose grant never came";
+    EpochGrantsAdopted => "epoch_grants_adopted", "Key epochs adopted from forwarded grants";
+    EpochGrantRejected => "epoch_grant_rejected", "Forwarded epoch grants refused";
+    GossipDeltasApplied => "gossip_deltas_applied", "Gossip deltas opened and applied";
+}
+
+impl From<nuwa_sync::Count> for Event {
+    fn from(c: nuwa_sync::Count) -> Self {
+        use nuwa_sync::Count as C;
+        match c {
+            C::PeersVerified => Event::PeersVerified,
+            C::HelloRefreshed => Event::HelloRefreshed,
+            C::HelloRefreshSent => Event::HelloRefreshSent,
+            C::FrameFromUnverifiedPeer => Event::FrameFromUnverifiedPeer,
+            C::PayloadRejected => Event::PayloadRejected,
+            C::EnvelopesHeldForEpoch => Event::EnvelopesHeldForEpoch,
+            C::HeldEnvelopesDropped => Event::HeldEnvelopesDropped,
+            C::HeldEnvelopesExpired => Event::HeldEnvelopesExpired,
+            C::EpochGrantsAdopted => Event::EpochGrantsAdopted,
+            C::EpochGrantRejected => Event::EpochGrantRejected,
+            C::GossipDeltasApplied => Event::GossipDeltasApplied,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct RejectionLabels {
+    source: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs to ~13 s in factors of 2.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+/// The registry and every metric in it.
+pub struct Metrics {
+    registry: Registry,
+    counters: Vec<Counter>,
+    rejections: Family<RejectionLabels, Counter>,
+    envelopes_rejected: Family<ReasonLabels, Counter>,
+    /// Label sets seen so far (families cannot be iterated), for `status`.
+    seen: Mutex<(
+        std::collections::BTreeSet<RejectionLabels>,
+        std::collections::BTreeSet<String>,
+    )>,
+    write_ack: Histogram,
+    propagation_apply: Histogram,
+    api_requests: Family<RouteLabels, Histogram>,
+    pub peers_verified: Gauge,
+    pub containers: Gauge,
+    pub envelopes_held: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("nuwa");
+        let counters: Vec<Counter> = Event::ALL
+            .iter()
+            .map(|e| {
+                let c = Counter::default();
+                registry.register(e.name(), e.help(), c.clone());
+                c
+            })
+            .collect();
+        let rejections = Family::<RejectionLabels, Counter>::default();
+        registry.register(
+            "rejections",
+            "Refused claims by where they came from (connection, gossip, mdns, dht, rendezvous) and why",
+            rejections.clone(),
+        );
+        let envelopes_rejected = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "envelopes_rejected",
+            "Envelopes that did not open, by reason",
+            envelopes_rejected.clone(),
+        );
+        let write_ack = latency_histogram();
+        registry.register(
+            "write_ack_seconds",
+            "From the daemon taking a write to acknowledging it durable",
+            write_ack.clone(),
+        );
+        let propagation_apply = latency_histogram();
+        registry.register(
+            "propagation_apply_seconds",
+            "From a peer sealing changes (its clock) to their being durable here",
+            propagation_apply.clone(),
+        );
+        let api_requests =
+            Family::<RouteLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
+        registry.register(
+            "api_request_seconds",
+            "Local API request latency by route",
+            api_requests.clone(),
+        );
+        let peers_verified = Gauge::default();
+        registry.register(
+            "peers_verified",
+            "Verified peers now",
+            peers_verified.clone(),
+        );
+        let containers = Gauge::default();
+        registry.register("containers", "Containers held", containers.clone());
+        let envelopes_held = Gauge::default();
+        registry.register(
+            "envelopes_held",
+            "Envelopes waiting for their epoch's grant",
+            envelopes_held.clone(),
+        );
+        Metrics {
+            registry,
+            counters,
+            rejections,
+            envelopes_rejected,
+            seen: Mutex::new(Default::default()),
+            write_ack,
+            propagation_apply,
+            api_requests,
+            peers_verified,
+            containers,
+            envelopes_held,
+        }
+    }
+
+    fn index(e: Event) -> usize {
+        Event::ALL.iter().position(|x| *x == e).unwrap_or(0)
+    }
+
+    pub fn inc(&self, e: Event) {
+        self.add(e, 1);
+    }
+
+    pub fn add(&self, e: Event, n: u64) {
+        if let Some(c) = self.counters.get(Self::index(e)) {
+            c.inc_by(n);
+        }
+    }
+
+    pub fn get(&self, e: Event) -> u64 {
+        self.counters
+            .get(Self::index(e))
+            .map(Counter::get)
+            .unwrap_or(0)
+    }
+
+    pub fn rejected(&self, source: &str, reason: &str) {
+        let labels = RejectionLabels {
+            source: source.to_owned(),
+            reason: reason.to_owned(),
+        };
+        self.rejections.get_or_create(&labels).inc();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.0.insert(labels);
+    }
+
+    pub fn envelope_rejected(&self, reason: &str) {
+        let labels = ReasonLabels {
+            reason: reason.to_owned(),
+        };
+        self.envelopes_rejected.get_or_create(&labels).inc();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.1.insert(reason.to_owned());
+    }
+
+    pub fn observe_write_ack(&self, d: Duration) {
+        self.write_ack.observe(d.as_secs_f64());
+    }
+
+    pub fn observe_propagation_apply(&self, d: Duration) {
+        self.propagation_apply.observe(d.as_secs_f64());
+    }
+
+    pub fn observe_api_request(&self, route: &str, d: Duration) {
+        self.api_requests
+            .get_or_create(&RouteLabels {
+                route: route.to_owned(),
+            })
+            .observe(d.as_secs_f64());
+    }
+
+    /// Every non-zero counter by its `status` name: events by name,
+    /// rejections as `rejected_<source>_<reason>`, refused envelopes as
+    /// `envelope_rejected_<reason>`.
+    pub fn counters(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for e in Event::ALL {
+            let v = self.get(*e);
+            if v > 0 {
+                out.insert(e.name().to_owned(), v);
+            }
+        }
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        for l in &seen.0 {
+            let v = self.rejections.get_or_create(l).get();
+            out.insert(format!("rejected_{}_{}", l.source, l.reason), v);
+        }
+        for r in &seen.1 {
+            let v = self
+                .envelopes_rejected
+                .get_or_create(&ReasonLabels { reason: r.clone() })
+                .get();
+            out.insert(format!("envelope_rejected_{r}"), v);
+        }
+        out
+    }
+
+    /// The registry as OpenMetrics text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: the export is OpenMetrics a Prometheus parser reads, and it
+    /// agrees with what `status` shows. Method: count a few events, parse
+    /// the text with `prometheus-parse`, compare.
+    #[test]
+    fn export_parses_and_agrees_with_status() {
+        let m = Metrics::new();
+        m.inc(Event::PeersVerified);
+        m.add(Event::BytesSent, 1234);
+        m.rejected("connection", "unknown_key");
+        m.rejected("connection", "unknown_key");
+        m.envelope_rejected("replay");
+        m.observe_write_ack(Duration::from_millis(3));
+        m.observe_api_request("/v1/state/put", Duration::from_millis(5));
+        let text = m.encode();
+        assert!(
+            text.ends_with("# EOF\n"),
+            "OpenMetrics ends with EOF: {text}"
+        );
+        let lines = text.lines().map(|l| Ok(l.to_owned()));
+        let scrape = prometheus_parse::Scrape::parse(lines).expect("parses");
+        let value = |name: &str, label: Option<(&str, &str)>| {
+            scrape
+                .samples
+                .iter()
+                .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+                .map(|s| match s.value {
+                    prometheus_parse::Value::Counter(v)
+                    | prometheus_parse::Value::Gauge(v)
+                    | prometheus_parse::Value::Untyped(v) => v,
+                    _ => f64::NAN,
+                })
+        };
+        assert_eq!(value("nuwa_peers_verified_total", None), Some(1.0));
+        assert_eq!(value("nuwa_bytes_sent_total", None), Some(1234.0));
+        assert_eq!(
+            value("nuwa_rejections_total", Some(("reason", "unknown_key"))),
+            Some(2.0)
+        );
+        assert!(
+            scrape
+                .samples
+                .iter()
+                .any(|s| s.metric.starts_with("nuwa_write_ack_seconds")),
+            "histogram exported"
+        );
+        let status = m.counters();
+        assert_eq!(status["peers_verified"], 1);
+        assert_eq!(status["bytes_sent"], 1234);
+        assert_eq!(status["rejected_connection_unknown_key"], 2);
+        assert_eq!(status["envelope_rejected_replay"], 1);
+    }
+}
