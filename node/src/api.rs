@@ -204,6 +204,7 @@ struct AppState {
     token: Arc<String>,
     tx: mpsc::Sender<ApiRequest>,
     events: tokio::sync::broadcast::Sender<ChangeEvent>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// One durable change batch of a container, for `/v1/state.events`.
@@ -261,6 +262,37 @@ async fn events(
     Ok(Sse::new(ready.chain(stream))
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+/// `GET /metrics`: the registry as OpenMetrics text.
+async fn metrics_text(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    authorised(&headers, &s.token)?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.encode(),
+    )
+        .into_response())
+}
+
+/// Records every request's latency under its route (the matched pattern,
+/// so ids in paths do not make new series).
+async fn request_latency(
+    State(s): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let started = std::time::Instant::now();
+    let response = next.run(req).await;
+    s.metrics.observe_api_request(&route, started.elapsed());
+    response
 }
 
 fn authorised(headers: &HeaderMap, token: &str) -> Result<(), ApiError> {
@@ -497,12 +529,14 @@ pub async fn serve(
     token: String,
     tx: mpsc::Sender<ApiRequest>,
     events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
+    metrics: Arc<crate::metrics::Metrics>,
     cancel: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
     let state = AppState {
         token: Arc::new(token),
         tx,
         events: events_tx,
+        metrics,
     };
     let app = Router::new()
         .route("/v1/status", get(status))
@@ -519,8 +553,13 @@ pub async fn serve(
         .route("/v1/state.delete", post(state_delete))
         .route("/v1/state.events", get(events))
         .route("/v1/{op}", post(state_control))
+        .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            request_latency,
+        ))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;

@@ -189,6 +189,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         token.clone(),
         api_tx,
         events_tx.clone(),
+        metrics.clone(),
         cancel.clone(),
     )
     .await
