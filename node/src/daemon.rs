@@ -39,6 +39,7 @@ mod approve;
 mod asm;
 mod exec;
 mod lifecycle;
+mod meta;
 mod wide;
 
 use exec::Ack;
@@ -93,6 +94,8 @@ struct Daemon {
     net: NetHandle,
     rejections: BTreeMap<(String, String), RejectionRecord>,
     rejection_order: VecDeque<(String, String)>,
+    /// Writes metadata caches off the loop.
+    meta: meta::MetaWriter,
     /// Typed counters, gauges and histograms (`GET /metrics`, `status`).
     metrics: Arc<crate::metrics::Metrics>,
     /// Changes logged per container since its last snapshot.
@@ -321,6 +324,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
             debug!(error = %e, "mDNS shutdown");
         }
     }
+    d.meta.flush().await;
     d.store.flush().context("final store flush")?;
     let _ = std::fs::remove_file(home.dir.join(home::API_FILE));
     drop(lock);
@@ -393,6 +397,7 @@ impl Daemon {
         events: tokio::sync::broadcast::Sender<api::ChangeEvent>,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Self {
+        let meta = meta::MetaWriter::spawn(store.clone());
         Daemon {
             home_dir: home.dir.clone(),
             name: home.info.name.clone(),
@@ -401,6 +406,7 @@ impl Daemon {
             net,
             rejections: BTreeMap::new(),
             rejection_order: VecDeque::new(),
+            meta,
             metrics,
             logged: opened.logged,
             last_seq: opened.last_seq,
@@ -524,6 +530,12 @@ fn load_container(
 }
 
 impl Daemon {
+    /// Saves devices' names and last-seen times (off the loop).
+    fn save_seen(&self) {
+        self.meta
+            .put(crate::devices::SEEN_META, self.seen.to_bytes());
+    }
+
     fn count(&self, e: Event) {
         self.metrics.inc(e);
     }

@@ -15,7 +15,7 @@ use nuwa_identity::log::DidLog;
 use nuwa_store::Storage;
 use serde::{Deserialize, Serialize};
 
-const SEEN_META: &str = "devices_seen";
+pub(crate) const SEEN_META: &str = "devices_seen";
 /// Devices remembered (far above any real agent's device count).
 const MAX_SEEN: usize = 1024;
 
@@ -64,12 +64,9 @@ impl Seen {
         }
     }
 
-    pub fn save(&self, store: &dyn Storage) {
-        if let Ok(bytes) = serde_json::to_vec(&self.0)
-            && let Err(e) = store.put_meta(SEEN_META, &bytes)
-        {
-            tracing::warn!(error = %e, "cannot persist device names and last-seen times");
-        }
+    /// The record to store under [`SEEN_META`].
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.0).unwrap_or_default()
     }
 }
 

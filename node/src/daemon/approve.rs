@@ -542,7 +542,7 @@ impl Daemon {
             .adopt_own_update(log.clone(), None, home::now_ms())
             .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
         self.seen.saw(&context_id, &name, 0);
-        self.seen.save(self.store.as_ref());
+        self.save_seen();
         if let Some(a) = &mut self.pairing.approval {
             a.granted = Some(ApproveReply {
                 context_id: context_id.clone(),

@@ -253,7 +253,7 @@ impl Daemon {
             } => {
                 info!(%peer, context_id = %context_id, "peer verified");
                 self.seen.saw(&context_id, &name, now);
-                self.seen.save(self.store.as_ref());
+                self.save_seen();
                 if let Ok(p) = peer.parse::<PeerId>() {
                     self.on_verified(p).await;
                 }
@@ -261,7 +261,7 @@ impl Daemon {
             Effect::PeerGone { peer, context_id } => {
                 info!(%peer, context_id = %context_id, "peer disconnected");
                 self.seen.saw(&context_id, "", now);
-                self.seen.save(self.store.as_ref());
+                self.save_seen();
             }
             Effect::Rejected {
                 peer,

@@ -281,10 +281,8 @@ impl Daemon {
                 addrs: a.iter().map(|x| x.to_string()).collect(),
             })
             .collect();
-        if let Ok(bytes) = serde_json::to_vec(&list)
-            && let Err(e) = self.store.put_meta(KNOWN_PEERS_META, &bytes)
-        {
-            warn!(error = %e, "cannot persist the known-peers cache");
+        if let Ok(bytes) = serde_json::to_vec(&list) {
+            self.meta.put(KNOWN_PEERS_META, bytes);
         }
     }
 
