@@ -205,6 +205,8 @@ struct AppState {
     tx: mpsc::Sender<ApiRequest>,
     events: tokio::sync::broadcast::Sender<ChangeEvent>,
     metrics: Arc<crate::metrics::Metrics>,
+    /// Reads and queries go to the reader, never through the daemon loop.
+    reads: crate::daemon::reader::ReaderHandle,
 }
 
 /// One durable change batch of a container, for `/v1/state.events`.
@@ -319,6 +321,17 @@ fn authorised(headers: &HeaderMap, token: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Sends a read to the reader and waits for its answer.
+async fn read<T>(
+    state: &AppState,
+    make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
+) -> Result<T, ApiError> {
+    let (tx, rx) = oneshot::channel();
+    state.reads.read(make(tx)).await?;
+    rx.await
+        .map_err(|_| ApiError::new(503, "shutting_down", "the daemon is shutting down"))
+}
+
 async fn call<T>(
     state: &AppState,
     make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
@@ -391,6 +404,13 @@ async fn tool(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     authorised(headers, &s.token)?;
     let t = make()?;
+    // Reading tools run on the reader; writing ones on the daemon loop.
+    if matches!(
+        t,
+        crate::daemon::Tool::Query(_) | crate::daemon::Tool::Describe(_)
+    ) {
+        return Ok(Json(read(s, |tx| ApiRequest::Tool(t, tx)).await??));
+    }
     Ok(Json(call(s, |tx| ApiRequest::Tool(t, tx)).await??))
 }
 
@@ -500,7 +520,7 @@ async fn get_state(
     Query(q): Query<GetQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     authorised(&headers, &s.token)?;
-    Ok(Json(call(&s, |tx| ApiRequest::Get(q, tx)).await??))
+    Ok(Json(read(&s, |tx| ApiRequest::Get(q, tx)).await??))
 }
 
 #[derive(Deserialize)]
@@ -514,7 +534,7 @@ async fn export(
     Query(q): Query<ExportQuery>,
 ) -> Result<Response, ApiError> {
     authorised(&headers, &s.token)?;
-    let bytes = call(&s, |tx| ApiRequest::Export(q.container, tx)).await??;
+    let bytes = read(&s, |tx| ApiRequest::Export(q.container, tx)).await??;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
@@ -528,6 +548,7 @@ pub async fn serve(
     addr: SocketAddr,
     token: String,
     tx: mpsc::Sender<ApiRequest>,
+    reads: crate::daemon::reader::ReaderHandle,
     events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
     metrics: Arc<crate::metrics::Metrics>,
     cancel: CancellationToken,
@@ -537,6 +558,7 @@ pub async fn serve(
         tx,
         events: events_tx,
         metrics,
+        reads,
     };
     let app = Router::new()
         .route("/v1/status", get(status))

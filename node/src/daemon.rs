@@ -40,6 +40,7 @@ mod asm;
 mod exec;
 mod lifecycle;
 mod meta;
+pub(crate) mod reader;
 mod wide;
 
 use exec::Ack;
@@ -96,6 +97,8 @@ struct Daemon {
     rejection_order: VecDeque<(String, String)>,
     /// Writes metadata caches off the loop.
     meta: meta::MetaWriter,
+    /// Reads and queries, on their own thread.
+    reader: reader::ReaderHandle,
     /// Typed counters, gauges and histograms (`GET /metrics`, `status`).
     metrics: Arc<crate::metrics::Metrics>,
     /// Changes logged per container since its last snapshot.
@@ -180,6 +183,13 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     }
 
     let metrics = Arc::new(crate::metrics::Metrics::new());
+    let (reads, mut reader_events) = reader::spawn(
+        store.clone(),
+        home.device.public().to_vec(),
+        nuwa_asm::registry::Registry::with_core(),
+        nuwa_sync::Config::default().max_containers,
+    )
+    .context("cannot start the reader thread")?;
     let (api_tx, mut api_rx) = mpsc::channel::<ApiRequest>(1024);
     let token = {
         let mut t = [0u8; 32];
@@ -191,6 +201,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         opts.api_listen,
         token.clone(),
         api_tx,
+        reads.clone(),
         events_tx.clone(),
         metrics.clone(),
         cancel.clone(),
@@ -241,6 +252,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         mdns.is_some(),
         events_tx,
         metrics.clone(),
+        reads,
     );
     d.seen = crate::devices::Seen::load(d.store.as_ref());
     d.asm_start().await;
@@ -279,6 +291,11 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                 }
                 d.on_api_batch(batch).await;
             }
+            ev = reader_events.recv() => match ev {
+                Some(ev) => d.on_reader(ev).await,
+                // The reader thread died: reads cannot be served.
+                None => { error!("the reader stopped"); break; }
+            },
             ev = recv_opt(&mut mdns_events) => match ev {
                 Some(ev) => d.on_discovery(ev).await,
                 None => { mdns_events = None; }
@@ -396,6 +413,7 @@ impl Daemon {
         mdns_on: bool,
         events: tokio::sync::broadcast::Sender<api::ChangeEvent>,
         metrics: Arc<crate::metrics::Metrics>,
+        reader: reader::ReaderHandle,
     ) -> Self {
         let meta = meta::MetaWriter::spawn(store.clone());
         Daemon {
@@ -407,6 +425,7 @@ impl Daemon {
             rejections: BTreeMap::new(),
             rejection_order: VecDeque::new(),
             meta,
+            reader,
             metrics,
             logged: opened.logged,
             last_seq: opened.last_seq,

@@ -265,6 +265,7 @@ impl Daemon {
                 }
             }
         }
+        self.reader.registry(&reg);
         self.asm.registry = reg;
         self.asm.registry_heads = heads;
     }
@@ -286,35 +287,28 @@ impl Daemon {
                 id,
                 patch,
             } => self.tool_update(&schema_uri, &id, &patch).await,
-            Tool::Query(q) => self.tool_query(&q),
+            // Reads run on the reader, off this loop; these arms serve a
+            // request that reached the loop anyway.
+            Tool::Query(q) => query(&self.asm.registry, self.session.engine(), &q),
             Tool::Delete {
                 schema_uri,
                 id,
                 hard,
             } => self.tool_delete(&schema_uri, &id, hard).await,
-            Tool::Describe(c) => self.describe(&c),
+            Tool::Describe(c) => describe(&self.asm.registry, self.session.engine(), &c),
             Tool::Compact(c) => {
                 self.schema(&c)?;
                 self.compact(&c)
                     .await
                     .map_err(|e| ApiError::new(500, "storage_failed", format!("{e:#}")))?;
-                self.describe(&c)
+                describe(&self.asm.registry, self.session.engine(), &c)
             }
             Tool::Reset(c) => self.reset(&c).await,
         }
     }
 
     fn schema(&self, uri: &str) -> Result<AsmSchema, ApiError> {
-        self.asm.registry.get(uri).cloned().ok_or_else(|| {
-            ApiError::new(
-                404,
-                "unknown_schema",
-                format!(
-                    "no schema {uri:?} is registered; register it with `nuwa-node state schema add FILE` \
-                     (POST /v1/schemas)"
-                ),
-            )
-        })
+        schema_in(&self.asm.registry, uri)
     }
 
     async fn schema_add(&mut self, raw: Value) -> Result<Value, ApiError> {
@@ -332,6 +326,7 @@ impl Daemon {
                 .local_put(REGISTRY_CONTAINER, &id, &Value::String(text))
                 .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
             self.stage(REGISTRY_CONTAINER, change);
+            self.reader.registry(&trial);
             self.asm.registry = trial;
             if let Some(c) = self.session.engine().container(REGISTRY_CONTAINER) {
                 self.asm.registry_heads = c.heads();
@@ -452,53 +447,6 @@ impl Daemon {
         )
     }
 
-    fn tool_query(&self, q: &Value) -> Result<Value, ApiError> {
-        let parsed = query::parse(q).map_err(|e| bad("invalid_query", e.to_string()))?;
-        let schema = self.schema(&parsed.from)?;
-        let items = match self.session.engine().container(&parsed.from) {
-            Some(c) => doc::items(c.doc(), &schema.layout).map_err(doc_error)?,
-            None => Vec::new(),
-        };
-        let deadline = Instant::now() + QUERY_TIME_BUDGET;
-        let expired = move || Instant::now() > deadline;
-        let budget = query::Budget {
-            max_scanned: QUERY_MAX_SCANNED,
-            expired: &expired,
-        };
-        let r = query::execute(
-            &parsed,
-            items.iter().map(|(id, v)| (id.as_str(), v)),
-            &budget,
-        )
-        .map_err(|e| match e {
-            query::QueryError::TooExpensive { .. } => {
-                ApiError::new(422, "query_too_expensive", e.to_string())
-            }
-            other => bad("invalid_query", other.to_string()),
-        })?;
-        Ok(json!({ "items": r.items, "next_cursor": r.next_cursor, "scanned": r.scanned }))
-    }
-
-    fn describe(&self, name: &str) -> Result<Value, ApiError> {
-        let schema = self.schema(name)?;
-        let mut d = schema.describe();
-        let (count, heads, changes, bytes) = match self.session.engine().container(name) {
-            Some(c) => (
-                doc::item_count(c.doc(), &schema.layout).map_err(doc_error)?,
-                c.heads().iter().map(hex::encode).collect::<Vec<_>>(),
-                c.change_count(),
-                c.save().len(),
-            ),
-            None => (0, Vec::new(), 0, 0),
-        };
-        d["container"] = json!(name);
-        d["items"] = json!(count);
-        d["heads"] = json!(heads);
-        d["changes"] = json!(changes);
-        d["snapshot_bytes"] = json!(bytes);
-        Ok(d)
-    }
-
     /// `reset`: removes every item, on every device (a replicated clear);
     /// the schema and the container stay.
     async fn reset(&mut self, name: &str) -> Result<Value, ApiError> {
@@ -534,32 +482,121 @@ impl Daemon {
             .filter(|s| s.ttl_secs.is_some() || s.retention.is_some())
             .cloned()
             .collect();
-        for schema in schemas {
-            let name = schema.id.full.clone();
-            let Some(c) = self.session.engine().container(&name) else {
-                continue;
-            };
-            let Ok(items) = doc::items(c.doc(), &schema.layout) else {
-                continue;
-            };
-            let ids = expired_ids(&schema, &items, (now_ms / 1000) as i64);
-            if ids.is_empty() {
-                continue;
-            }
-            let layout = schema.layout.clone();
-            match self
-                .session
-                .local_transact(&name, |tx| doc::remove_items(tx, &layout, &ids).map(|_| ()))
-            {
-                Ok(change) => {
-                    self.stage(&name, change);
-                    self.count(Event::LifecycleItemsRemoved);
-                    info!(container = %name, removed = ids.len(), "lifecycle removed expired items");
-                }
-                Err(e) => warn!(container = %name, error = %e, "lifecycle edit failed"),
-            }
+        // The scan renders every item: the reader does it, off this loop,
+        // and answers with the expired ids (`on_reader`).
+        if !schemas.is_empty() {
+            self.reader.scan(schemas, (now_ms / 1000) as i64);
         }
     }
+
+    /// The reader found expired items: remove them (a pure function of the
+    /// items and the time, so every device agrees; removing an item twice
+    /// is a no-op).
+    pub(super) async fn on_reader(&mut self, ev: super::reader::ReaderEvent) {
+        let super::reader::ReaderEvent::Expired { container, ids } = ev;
+        let Ok(schema) = self.schema(&container) else {
+            return;
+        };
+        let layout = schema.layout.clone();
+        match self.session.local_transact(&container, |tx| {
+            doc::remove_items(tx, &layout, &ids).map(|_| ())
+        }) {
+            Ok(change) => {
+                let removed = change.is_some();
+                self.stage(&container, change);
+                self.execute(Vec::new(), Vec::new()).await;
+                if removed {
+                    self.count(Event::LifecycleItemsRemoved);
+                    info!(container = %container, removed = ids.len(), "lifecycle removed expired items");
+                }
+            }
+            Err(e) => warn!(container = %container, error = %e, "lifecycle edit failed"),
+        }
+    }
+}
+
+/// The registered schema `uri`, or an error saying how to register it.
+pub(super) fn schema_in(registry: &Registry, uri: &str) -> Result<AsmSchema, ApiError> {
+    registry.get(uri).cloned().ok_or_else(|| {
+        ApiError::new(
+            404,
+            "unknown_schema",
+            format!(
+                "no schema {uri:?} is registered; register it with `nuwa-node state schema add FILE` \
+                 (POST /v1/schemas)"
+            ),
+        )
+    })
+}
+
+/// Containers by name, wherever they are held (the loop's engine, or the
+/// reader's replicas).
+pub(super) trait Containers {
+    fn get_container(&self, name: &str) -> Option<&nuwa_state::Container>;
+}
+
+impl Containers for nuwa_sync::Engine {
+    fn get_container(&self, name: &str) -> Option<&nuwa_state::Container> {
+        self.container(name)
+    }
+}
+
+/// `state.query`: ASM-QL over the items of one container, within the scan
+/// and time budget.
+pub(super) fn query(
+    registry: &Registry,
+    containers: &dyn Containers,
+    q: &Value,
+) -> Result<Value, ApiError> {
+    let parsed = query::parse(q).map_err(|e| bad("invalid_query", e.to_string()))?;
+    let schema = schema_in(registry, &parsed.from)?;
+    let items = match containers.get_container(&parsed.from) {
+        Some(c) => doc::items(c.doc(), &schema.layout).map_err(doc_error)?,
+        None => Vec::new(),
+    };
+    let deadline = Instant::now() + QUERY_TIME_BUDGET;
+    let expired = move || Instant::now() > deadline;
+    let budget = query::Budget {
+        max_scanned: QUERY_MAX_SCANNED,
+        expired: &expired,
+    };
+    let r = query::execute(
+        &parsed,
+        items.iter().map(|(id, v)| (id.as_str(), v)),
+        &budget,
+    )
+    .map_err(|e| match e {
+        query::QueryError::TooExpensive { .. } => {
+            ApiError::new(422, "query_too_expensive", e.to_string())
+        }
+        other => bad("invalid_query", other.to_string()),
+    })?;
+    Ok(json!({ "items": r.items, "next_cursor": r.next_cursor, "scanned": r.scanned }))
+}
+
+/// `state.describe`: the schema's description plus the container's size.
+pub(super) fn describe(
+    registry: &Registry,
+    containers: &dyn Containers,
+    name: &str,
+) -> Result<Value, ApiError> {
+    let schema = schema_in(registry, name)?;
+    let mut d = schema.describe();
+    let (count, heads, changes, bytes) = match containers.get_container(name) {
+        Some(c) => (
+            doc::item_count(c.doc(), &schema.layout).map_err(doc_error)?,
+            c.heads().iter().map(hex::encode).collect::<Vec<_>>(),
+            c.change_count(),
+            c.save().len(),
+        ),
+        None => (0, Vec::new(), 0, 0),
+    };
+    d["container"] = json!(name);
+    d["items"] = json!(count);
+    d["heads"] = json!(heads);
+    d["changes"] = json!(changes);
+    d["snapshot_bytes"] = json!(bytes);
+    Ok(d)
 }
 
 fn edit_error(e: nuwa_sync::LocalEditError<doc::DocError>) -> ApiError {

@@ -103,7 +103,9 @@ impl Daemon {
                 other => rest.push(other),
             }
         }
+        let mut registry_changed = false;
         for ((container, origin), changes) in persist {
+            registry_changed |= container == super::asm::REGISTRY_CONTAINER;
             if let Err(e) = self.persist(&container, changes, origin).await {
                 let msg = format!("{e:#}");
                 for a in acks {
@@ -112,6 +114,11 @@ impl Daemon {
                 self.fatal = Some(e);
                 return;
             }
+        }
+        if registry_changed {
+            // Schemas replicate through the registry container: rebuild the
+            // registry (and the reader's) as soon as it is durable.
+            self.refresh_registry();
         }
         let durable_at = home::now_ms();
         for t in sealed_at {
@@ -358,15 +365,23 @@ impl Daemon {
             // ~90 MB of log). Nothing is acknowledged before it returns.
             drop(changes);
             self.compact(container).await?;
+            // The reader reloads it from the snapshot when next asked.
+            self.reader.reset(container);
             self.emit_change_event(container, n as usize, origin);
             return Ok(());
         }
         let store = self.store.clone();
         let name = container.to_owned();
-        let seq = tokio::task::spawn_blocking(move || store.append_changes(&name, &changes))
-            .await
-            .context("store task panicked")?
-            .with_context(|| format!("cannot persist changes of container {container:?}"))?;
+        let (seq, changes) = tokio::task::spawn_blocking(move || {
+            store
+                .append_changes(&name, &changes)
+                .map(|seq| (seq, changes))
+        })
+        .await
+        .context("store task panicked")?
+        .with_context(|| format!("cannot persist changes of container {container:?}"))?;
+        // Durable: readers may see it now (before any acknowledgement).
+        self.reader.changes(container, &changes);
         self.last_seq.insert(container.to_owned(), seq);
         self.emit_change_event(container, n as usize, origin);
         let logged = self.logged.entry(container.to_owned()).or_default();
@@ -557,6 +572,14 @@ mod tests {
             false,
             events,
             Arc::new(crate::metrics::Metrics::new()),
+            super::super::reader::spawn(
+                store.clone(),
+                a.device.public().to_vec(),
+                nuwa_asm::registry::Registry::with_core(),
+                16,
+            )
+            .unwrap()
+            .0,
         );
         d.asm_start().await;
         d.execute(Vec::new(), Vec::new()).await;

@@ -1,0 +1,351 @@
+//! The reader: reads and queries away from the loop that applies writes and
+//! sync.
+//!
+//! It runs on its own thread and keeps its own replica of each container it
+//! is asked about, loaded from the store on first use and kept current from
+//! the change batches the executor persists. Point reads, whole-container
+//! reads, exports, `state.query`, `state.describe` and the lifecycle scan
+//! run here, so a long query holds up other reads, never writes or sync.
+//!
+//! Consistency: the executor hands every persisted batch to the reader
+//! *before* it acknowledges, and the API sends reads down the same queue, so
+//! a read that follows an acknowledged write sees it. If the queue is full,
+//! the executor marks the container stale instead of waiting, and the reader
+//! reloads it from the store (which holds every acknowledged change) before
+//! its next read of it. Reads may see newer state than the write they
+//! follow, never older.
+//!
+//! Bounded: the queue (4096 messages), the replicas (at most the engine's
+//! container limit), one thread.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use nuwa_asm::registry::Registry;
+use nuwa_state::Container;
+use nuwa_store::Storage;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::asm::{self, Containers, Tool};
+use super::load_container;
+use crate::api::{ApiError, ApiRequest};
+
+/// Messages waiting for the reader.
+pub(super) const QUEUE: usize = 4096;
+/// Messages taken per turn: their change batches are applied together.
+const TURN: usize = 1024;
+
+pub(crate) enum ReadMsg {
+    /// A persisted batch of `container`.
+    Changes {
+        container: String,
+        changes: Vec<Vec<u8>>,
+    },
+    /// Drop the replica (the loop reloaded or reset the container).
+    Reset { container: String },
+    /// The schema registry changed.
+    Registry(Box<Registry>),
+    /// A read from the local API: `Get`, `Export` or a reading `Tool`.
+    Api(ApiRequest),
+    /// Lifecycle: which items of these containers have expired?
+    Scan {
+        schemas: Vec<nuwa_asm::schema::AsmSchema>,
+        now_secs: i64,
+    },
+}
+
+/// What the reader tells the loop.
+pub(super) enum ReaderEvent {
+    /// Items of `container` past their TTL or retention.
+    Expired { container: String, ids: Vec<String> },
+}
+
+/// The loop's and the API's side of the reader.
+#[derive(Clone)]
+pub(crate) struct ReaderHandle {
+    tx: mpsc::Sender<ReadMsg>,
+    stale: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl ReaderHandle {
+    /// Hands over a persisted batch without waiting; a full queue marks the
+    /// container stale instead.
+    pub(super) fn changes(&self, container: &str, changes: &[Vec<u8>]) {
+        let msg = ReadMsg::Changes {
+            container: container.to_owned(),
+            changes: changes.to_vec(),
+        };
+        if self.tx.try_send(msg).is_err() {
+            self.mark_stale(container);
+        }
+    }
+
+    pub(super) fn reset(&self, container: &str) {
+        if self
+            .tx
+            .try_send(ReadMsg::Reset {
+                container: container.to_owned(),
+            })
+            .is_err()
+        {
+            self.mark_stale(container);
+        }
+    }
+
+    fn mark_stale(&self, container: &str) {
+        let mut stale = self.stale.lock().unwrap_or_else(|p| p.into_inner());
+        stale.insert(container.to_owned());
+    }
+
+    /// Never waits: a registry update lost to a full queue is sent again
+    /// with the next change of the registry, and the loop serves schema
+    /// lookups itself.
+    pub(super) fn registry(&self, registry: &Registry) {
+        let _ = self
+            .tx
+            .try_send(ReadMsg::Registry(Box::new(registry.clone())));
+    }
+
+    pub(super) fn scan(&self, schemas: Vec<nuwa_asm::schema::AsmSchema>, now_secs: i64) {
+        let _ = self.tx.try_send(ReadMsg::Scan { schemas, now_secs });
+    }
+
+    /// Queues a read from the API; waits while the queue is full.
+    ///
+    /// Cancel safety: cancelling drops the request unsent or unanswered.
+    pub(crate) async fn read(&self, req: ApiRequest) -> Result<(), ApiError> {
+        self.tx
+            .send(ReadMsg::Api(req))
+            .await
+            .map_err(|_| ApiError::new(503, "shutting_down", "the daemon is shutting down"))
+    }
+}
+
+struct Reader {
+    store: Arc<dyn Storage>,
+    actor: Vec<u8>,
+    replicas: BTreeMap<String, Container>,
+    registry: Registry,
+    stale: Arc<Mutex<BTreeSet<String>>>,
+    events: mpsc::Sender<ReaderEvent>,
+    max_containers: usize,
+}
+
+impl Containers for Reader {
+    fn get_container(&self, name: &str) -> Option<&Container> {
+        self.replicas.get(name)
+    }
+}
+
+/// Starts the reader thread. It stops when every handle is dropped.
+pub(super) fn spawn(
+    store: Arc<dyn Storage>,
+    actor: Vec<u8>,
+    registry: Registry,
+    max_containers: usize,
+) -> std::io::Result<(ReaderHandle, mpsc::Receiver<ReaderEvent>)> {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    let (events_tx, events_rx) = mpsc::channel(64);
+    let stale = Arc::new(Mutex::new(BTreeSet::new()));
+    let reader = Reader {
+        store,
+        actor,
+        replicas: BTreeMap::new(),
+        registry,
+        stale: stale.clone(),
+        events: events_tx,
+        max_containers,
+    };
+    std::thread::Builder::new()
+        .name("nuwa-reader".into())
+        .spawn(move || reader.run(rx))?;
+    Ok((ReaderHandle { tx, stale }, events_rx))
+}
+
+impl Reader {
+    fn run(mut self, mut rx: mpsc::Receiver<ReadMsg>) {
+        let span = tracing::info_span!("reader");
+        let _enter = span.enter();
+        while let Some(first) = rx.blocking_recv() {
+            let mut turn = vec![first];
+            while turn.len() < TURN {
+                match rx.try_recv() {
+                    Ok(m) => turn.push(m),
+                    Err(_) => break,
+                }
+            }
+            // Change batches first, grouped per container: Automerge
+            // applies many changes together far faster than one by one.
+            // Reads in this turn may so see newer state, never older.
+            let mut changes: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+            let mut rest = Vec::new();
+            for m in turn {
+                match m {
+                    ReadMsg::Changes {
+                        container,
+                        changes: c,
+                    } => changes.entry(container).or_default().extend(c),
+                    ReadMsg::Reset { container } => {
+                        changes.remove(&container);
+                        self.replicas.remove(&container);
+                    }
+                    ReadMsg::Registry(r) => self.registry = *r,
+                    other => rest.push(other),
+                }
+            }
+            for (name, batch) in changes {
+                self.apply(&name, batch);
+            }
+            for m in rest {
+                match m {
+                    ReadMsg::Api(req) => self.serve(req),
+                    ReadMsg::Scan { schemas, now_secs } => self.scan(schemas, now_secs),
+                    ReadMsg::Changes { .. } | ReadMsg::Reset { .. } | ReadMsg::Registry(_) => {}
+                }
+            }
+        }
+    }
+
+    /// Applies a persisted batch to the replica, if one is loaded (the
+    /// store has it otherwise, for a later load).
+    fn apply(&mut self, name: &str, batch: Vec<Vec<u8>>) {
+        let Some(c) = self.replicas.get_mut(name) else {
+            return;
+        };
+        if let Err(e) = c.apply_changes(batch) {
+            // The loop applied these same bytes; reload from the store
+            // rather than serve a replica that may differ.
+            debug!(container = name, error = %e, "reader replica dropped");
+            self.replicas.remove(name);
+        }
+    }
+
+    /// Loads `name` if it is stale or not held yet.
+    fn ensure(&mut self, name: &str) -> Result<(), ApiError> {
+        let stale = {
+            let mut s = self.stale.lock().unwrap_or_else(|p| p.into_inner());
+            s.remove(name)
+        };
+        if stale {
+            self.replicas.remove(name);
+        }
+        if self.replicas.contains_key(name) {
+            return Ok(());
+        }
+        if self.replicas.len() >= self.max_containers {
+            // Keep memory bounded: forget the first replica (it reloads
+            // from the store when read again).
+            self.replicas.pop_first();
+        }
+        match load_container(self.store.as_ref(), &self.actor, name) {
+            Ok(Some(loaded)) => {
+                self.replicas.insert(name.to_owned(), loaded.container);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => {
+                warn!(container = name, error = %format!("{e:#}"), "reader cannot load a container");
+                Err(ApiError::new(
+                    500,
+                    "storage_failed",
+                    format!("cannot read container {name:?}: {e:#}"),
+                ))
+            }
+        }
+    }
+
+    fn no_such_container(name: &str) -> ApiError {
+        ApiError::new(
+            404,
+            "no_such_container",
+            format!("container {name:?} does not exist on this device"),
+        )
+    }
+
+    fn serve(&mut self, req: ApiRequest) {
+        match req {
+            ApiRequest::Get(q, reply) => {
+                let r = self.ensure(&q.container).and_then(|()| {
+                    let c = self
+                        .replicas
+                        .get(&q.container)
+                        .ok_or_else(|| Self::no_such_container(&q.container))?;
+                    match &q.key {
+                        None => Ok(c.to_json()),
+                        Some(k) => c.get(k).ok_or_else(|| {
+                            ApiError::new(
+                                404,
+                                "no_such_key",
+                                format!("key {k:?} is not set in container {:?}", q.container),
+                            )
+                        }),
+                    }
+                });
+                let _ = reply.send(r);
+            }
+            ApiRequest::Export(name, reply) => {
+                let r = self.ensure(&name).and_then(|()| {
+                    self.replicas
+                        .get(&name)
+                        .map(Container::save)
+                        .ok_or_else(|| Self::no_such_container(&name))
+                });
+                let _ = reply.send(r);
+            }
+            ApiRequest::Tool(Tool::Query(q), reply) => {
+                let from = q["from"].as_str().unwrap_or_default().to_owned();
+                let r = self
+                    .ensure(&from)
+                    .and_then(|()| asm::query(&self.registry, self, &q));
+                let _ = reply.send(r);
+            }
+            ApiRequest::Tool(Tool::Describe(name), reply) => {
+                let r = self
+                    .ensure(&name)
+                    .and_then(|()| asm::describe(&self.registry, self, &name));
+                let _ = reply.send(r);
+            }
+            other => {
+                // Only reads are routed here; anything else is a bug in the
+                // routing, answered rather than dropped.
+                answer_misrouted(other);
+            }
+        }
+    }
+
+    fn scan(&mut self, schemas: Vec<nuwa_asm::schema::AsmSchema>, now_secs: i64) {
+        for schema in schemas {
+            let name = schema.id.full.clone();
+            if self.ensure(&name).is_err() {
+                continue;
+            }
+            let Some(c) = self.replicas.get(&name) else {
+                continue;
+            };
+            let Ok(items) = nuwa_asm::doc::items(c.doc(), &schema.layout) else {
+                continue;
+            };
+            let ids = asm::expired_ids(&schema, &items, now_secs);
+            if !ids.is_empty() {
+                let _ = self.events.try_send(ReaderEvent::Expired {
+                    container: name,
+                    ids,
+                });
+            }
+        }
+    }
+}
+
+fn answer_misrouted(req: ApiRequest) {
+    let e = || ApiError::new(500, "internal", "request routed to the reader by mistake");
+    match req {
+        ApiRequest::Status(_) | ApiRequest::Devices(_) => {}
+        ApiRequest::Put(_, r) => drop(r.send(Err(e()))),
+        ApiRequest::Revoke(_, r) => drop(r.send(Err(e()))),
+        ApiRequest::Approve(_, r) => drop(r.send(Err(e()))),
+        ApiRequest::Tool(_, r) => drop(r.send(Err(e()))),
+        ApiRequest::Get(_, r) => drop(r.send(Err(e()))),
+        ApiRequest::Export(_, r) => drop(r.send(Err(e()))),
+    }
+}
