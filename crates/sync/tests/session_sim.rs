@@ -599,3 +599,62 @@ fn sessions_admit_revoke_and_refuse_forks_under_chaos() {
     assert!(held > 0, "no envelope was ever held for its epoch's grant");
     eprintln!("{seeds} seeds; {held} envelopes held for a late grant and replayed");
 }
+
+/// Goal: a device whose clock is 600 s ahead is told apart from a replay:
+/// its genuine Hello is refused as `clock_skew` with the measured offset,
+/// and one 200 s ahead is still admitted. Method: two sessions of one agent
+/// exchange Hellos stamped by their own clocks.
+#[test]
+fn a_peer_600_s_ahead_is_refused_as_clock_skew_with_its_offset() {
+    for (ahead_ms, admitted) in [(600_000u64, false), (200_000, true)] {
+        let mut w = World::new(1);
+        let now = w.now;
+        let public = |w: &World, i: usize| w.keys[i].public();
+        // d1's clock is ahead: its Hello carries its time.
+        let p0 = public(&w, 0);
+        let out = w.devices[1]
+            .session
+            .connected("d0", Some(p0), "sim:0".into(), now + ahead_ms);
+        let hello = out
+            .into_iter()
+            .find_map(|e| match e {
+                Effect::SendHello { hello, .. } => Some(hello),
+                _ => None,
+            })
+            .expect("d1 sends its Hello");
+        let p1 = public(&w, 1);
+        w.devices[0]
+            .session
+            .connected("d1", Some(p1), "sim:1".into(), now);
+        let effects = w.devices[0].session.on_hello("d1", &hello, now);
+        let skew = effects.iter().find_map(|e| match e {
+            Effect::ClockSkew { offset_ms, .. } => Some(*offset_ms),
+            _ => None,
+        });
+        let rejected = effects.iter().find_map(|e| match e {
+            Effect::Rejected { rejection, .. } => Some(rejection.label()),
+            _ => None,
+        });
+        if admitted {
+            assert_eq!(skew, None);
+            assert_eq!(w.devices[0].session.verified().count(), 1);
+        } else {
+            assert_eq!(
+                skew,
+                Some(ahead_ms as i64),
+                "offset measured from the Hello"
+            );
+            assert_eq!(rejected, Some("clock_skew"));
+            assert_eq!(
+                w.devices[0].session.skewed().get("d1"),
+                Some(&(ahead_ms as i64))
+            );
+            assert!(
+                effects
+                    .iter()
+                    .any(|e| matches!(e, Effect::Disconnect { .. })),
+                "the skewed peer is disconnected"
+            );
+        }
+    }
+}
