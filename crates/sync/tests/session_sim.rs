@@ -658,3 +658,32 @@ fn a_peer_600_s_ahead_is_refused_as_clock_skew_with_its_offset() {
         }
     }
 }
+
+/// Goal: a connection that never sends its Hello is dropped at the
+/// deadline (it could otherwise hold a slot forever). Method: connect, let
+/// time pass without a Hello, tick.
+#[test]
+fn a_peer_without_a_hello_is_dropped_at_the_deadline() {
+    let mut w = World::new(2);
+    let now = w.now;
+    let p1 = w.keys[1].public();
+    w.devices[0]
+        .session
+        .connected("d1", Some(p1), "sim:1".into(), now);
+    let deadline = SessionConfig::default().hello_deadline_ms;
+    let early = w.devices[0].session.tick(now + deadline - 1);
+    assert!(
+        !early.iter().any(|e| matches!(e, Effect::Disconnect { .. })),
+        "still within the deadline"
+    );
+    let late = w.devices[0].session.tick(now + deadline + 1);
+    assert!(late.iter().any(|e| matches!(
+        e,
+        Effect::Rejected { rejection, .. } if rejection.label() == "hello_timeout"
+    )));
+    assert!(
+        late.iter()
+            .any(|e| matches!(e, Effect::Disconnect { peer } if peer == "d1"))
+    );
+    assert!(w.devices[0].session.peers().is_empty());
+}
