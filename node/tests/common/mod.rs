@@ -136,13 +136,27 @@ impl Cluster {
 
     /// Starts a daemon for `home` with extra `run` args; waits for its API.
     pub fn start(&mut self, home: &Path, extra: &[&str]) -> usize {
+        self.start_under(&[], home, extra)
+    }
+
+    /// Like [`Cluster::start`], with the daemon run under `wrapper` (a
+    /// program and its arguments, such as `faketime -f +600s`).
+    pub fn start_under(&mut self, wrapper: &[&str], home: &Path, extra: &[&str]) -> usize {
         let name = home.file_name().unwrap().to_string_lossy().into_owned();
         let logs = self.dir.path().join("logs");
         fs::create_dir_all(&logs).unwrap();
         let n = self.daemons.len();
         let log = logs.join(format!("{name}-{n}.log"));
         let _ = fs::remove_file(home.join("api.json"));
-        let child = Command::new(bin())
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin());
+                c
+            }
+            None => Command::new(bin()),
+        };
+        let child = command
             .arg("--home")
             .arg(home)
             .args([
