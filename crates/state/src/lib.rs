@@ -17,7 +17,7 @@ pub use automerge;
 pub use automerge::sync::State as SyncState;
 use automerge::sync::SyncDoc;
 use automerge::{
-    ActorId, AutoSerde, Automerge, Change, ChangeHash, ObjId, ObjType, ROOT, ReadDoc, ScalarValue,
+    ActorId, Automerge, Change, ChangeHash, ObjId, ObjType, ROOT, ReadDoc, ScalarValue,
     transaction::Transactable,
 };
 use serde_json::Value;
@@ -27,6 +27,39 @@ use std::collections::HashMap;
 pub const MAX_KEY_BYTES: usize = 1024;
 /// Deepest JSON nesting accepted in a value (bounds recursion).
 pub const MAX_JSON_DEPTH: usize = 64;
+
+/// Longest container name, in UTF-8 bytes. Storage backends enforce the
+/// same limit (`nuwa_store::MAX_CONTAINER_NAME_BYTES`).
+pub const MAX_CONTAINER_NAME_BYTES: usize = 256;
+
+/// Why a container name is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("container name is empty; give the container a name")]
+    Empty,
+    #[error("container name is {0} bytes, over the {MAX_CONTAINER_NAME_BYTES}-byte limit")]
+    TooLong(usize),
+    #[error("container name holds a control character (U+{0:04X})")]
+    ControlCharacter(u32),
+}
+
+/// Checks a container name: non-empty, at most
+/// [`MAX_CONTAINER_NAME_BYTES`] bytes, no control characters (they would
+/// corrupt logs and terminals that print it). Every door through which a
+/// name arrives (the local API, a peer's delta) checks it before anything is
+/// applied or stored.
+pub fn check_container_name(name: &str) -> Result<(), NameError> {
+    if name.is_empty() {
+        return Err(NameError::Empty);
+    }
+    if name.len() > MAX_CONTAINER_NAME_BYTES {
+        return Err(NameError::TooLong(name.len()));
+    }
+    if let Some(c) = name.chars().find(|c| c.is_control()) {
+        return Err(NameError::ControlCharacter(c as u32));
+    }
+    Ok(())
+}
 
 /// What went wrong with a container operation.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +95,95 @@ pub enum TransactError<E> {
     Rejected(E),
     #[error(transparent)]
     State(StateError),
+}
+
+/// Renders one Automerge value as JSON, exactly as [`automerge::AutoSerde`]
+/// does (maps and tables as objects, text as a string, lists as arrays,
+/// scalars through their serde form), but with an explicit stack: a peer can
+/// build a document nested deeper than any call stack.
+fn render(doc: &Automerge, value: automerge::Value<'_>, obj: ObjId) -> Value {
+    enum Step<'a> {
+        Leaf(Value),
+        Open(Frame<'a>),
+    }
+    struct Frame<'a> {
+        /// This object's key in its parent map (`None` in a list or at the top).
+        key: Option<String>,
+        out: Value,
+        children: std::vec::IntoIter<(Option<String>, automerge::Value<'a>, ObjId)>,
+    }
+    fn step<'a>(
+        doc: &'a Automerge,
+        key: Option<String>,
+        value: automerge::Value<'a>,
+        obj: ObjId,
+    ) -> Step<'a> {
+        let (out, children): (Value, Vec<_>) = match value {
+            automerge::Value::Scalar(s) => {
+                return Step::Leaf(serde_json::to_value(s.as_ref()).unwrap_or(Value::Null));
+            }
+            automerge::Value::Object(ObjType::Text) => {
+                return Step::Leaf(Value::String(doc.text(&obj).unwrap_or_default()));
+            }
+            automerge::Value::Object(ObjType::Map | ObjType::Table) => (
+                Value::Object(serde_json::Map::new()),
+                doc.keys(&obj)
+                    .filter_map(|k| {
+                        let (v, o) = doc.get(&obj, k.as_str()).ok().flatten()?;
+                        Some((Some(k), v, o))
+                    })
+                    .collect(),
+            ),
+            automerge::Value::Object(ObjType::List) => (
+                Value::Array(Vec::new()),
+                (0..doc.length(&obj))
+                    .filter_map(|i| {
+                        let (v, o) = doc.get(&obj, i).ok().flatten()?;
+                        Some((None, v, o))
+                    })
+                    .collect(),
+            ),
+        };
+        Step::Open(Frame {
+            key,
+            out,
+            children: children.into_iter(),
+        })
+    }
+    fn attach(parent: &mut Value, key: Option<String>, child: Value) {
+        match parent {
+            Value::Object(map) => {
+                map.insert(key.unwrap_or_default(), child);
+            }
+            Value::Array(items) => items.push(child),
+            _ => {}
+        }
+    }
+
+    let mut stack = match step(doc, None, value, obj) {
+        Step::Leaf(v) => return v,
+        Step::Open(frame) => vec![frame],
+    };
+    loop {
+        let Some(top) = stack.last_mut() else {
+            return Value::Null;
+        };
+        match top.children.next() {
+            Some((key, value, obj)) => match step(doc, key.clone(), value, obj) {
+                Step::Leaf(v) => attach(&mut top.out, key, v),
+                Step::Open(frame) => stack.push(frame),
+            },
+            None => {
+                let Some(done) = stack.pop() else {
+                    return Value::Null;
+                };
+                match stack.last_mut() {
+                    Some(parent) => attach(&mut parent.out, done.key, done.out),
+                    None => return done.out,
+                }
+            }
+        }
+    }
 }
 
 /// A 32-byte Automerge change hash.
@@ -555,17 +677,16 @@ impl Container {
         })
     }
 
-    /// The JSON value under `key`, if any.
+    /// The JSON value under `key`, if any. Renders only that value: one
+    /// O(log n) lookup in the root map, not the whole container.
     pub fn get(&self, key: &str) -> Option<Value> {
-        match self.to_json() {
-            Value::Object(mut map) => map.remove(key),
-            _ => None,
-        }
+        let (value, obj) = self.doc.get(ROOT, key).ok().flatten()?;
+        Some(render(&self.doc, value, obj))
     }
 
     /// The whole container as a JSON object (keys sorted).
     pub fn to_json(&self) -> Value {
-        serde_json::to_value(AutoSerde::from(&self.doc)).unwrap_or(Value::Null)
+        render(&self.doc, automerge::Value::map(), ROOT)
     }
 
     /// Current heads, sorted.
@@ -632,6 +753,65 @@ impl Container {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    // Goal: the renderer behind `get` and `to_json` gives exactly what
+    // Automerge's own serde rendering gives, for every kind of value
+    // (nested maps and lists, text, counters, timestamps, bytes, null), and
+    // `get` of one key equals that key of the whole rendering.
+    #[test]
+    fn rendering_matches_automerge_serde() {
+        use automerge::AutoSerde;
+        let mut c = Container::new(b"aaaa");
+        c.put(
+            "plain",
+            &json!({"a": [1, "two", null, {"b": [true, 2.5]}], "c": {}}),
+        )
+        .unwrap();
+        c.put("n", &json!(-3)).unwrap();
+        c.transact::<automerge::AutomergeError>(|tx| {
+            let text = tx.put_object(ROOT, "text", ObjType::Text)?;
+            tx.splice_text(&text, 0, 0, "hello")?;
+            tx.put(ROOT, "counter", ScalarValue::counter(7))?;
+            tx.put(ROOT, "time", ScalarValue::Timestamp(1_700_000_000_000))?;
+            tx.put(ROOT, "bytes", ScalarValue::Bytes(vec![1, 2, 3]))?;
+            let list = tx.put_object(ROOT, "list", ObjType::List)?;
+            let inner = tx.insert_object(&list, 0, ObjType::Map)?;
+            tx.put(&inner, "deep", "x")?;
+            Ok(())
+        })
+        .unwrap();
+        let reference = serde_json::to_value(AutoSerde::from(c.doc())).unwrap();
+        assert_eq!(c.to_json(), reference);
+        for key in ["plain", "n", "text", "counter", "time", "bytes", "list"] {
+            assert_eq!(c.get(key).as_ref(), reference.get(key), "{key}");
+        }
+        assert_eq!(c.get("missing"), None);
+    }
+
+    // Goal: a document nested far deeper than a call stack allows (a peer
+    // can build one; `put` refuses such values locally) renders without
+    // overflowing the stack.
+    #[test]
+    fn very_deep_documents_render_without_recursion() {
+        let mut c = Container::new(b"aaaa");
+        c.transact::<automerge::AutomergeError>(|tx| {
+            let mut obj = tx.put_object(ROOT, "deep", ObjType::Map)?;
+            for _ in 0..100_000 {
+                obj = tx.put_object(&obj, "d", ObjType::Map)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let mut v = c.get("deep").unwrap();
+        let mut levels = 0;
+        while let Some(next) = v.get_mut("d").map(Value::take) {
+            v = next;
+            levels += 1;
+        }
+        assert_eq!(levels, 100_000);
+        // Dropping a 100k-deep serde_json::Value recurses, so leak it.
+        std::mem::forget(c.to_json());
+    }
 
     // Goal: the two hostile sync messages the fuzzer found (a Bloom filter
     // with zero bits per entry, one with 2^32-1 probes) are refused with a
