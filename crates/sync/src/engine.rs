@@ -92,6 +92,8 @@ pub enum EngineError {
     },
     #[error("container limit of {0} reached")]
     TooManyContainers(usize),
+    #[error("invalid container name: {0}")]
+    InvalidName(#[from] nuwa_state::NameError),
     #[error("only deltas travel by gossip")]
     NotGossip,
 }
@@ -235,6 +237,7 @@ impl Engine {
 
     fn container_mut(&mut self, name: &str) -> Result<&mut Container, EngineError> {
         if !self.containers.contains_key(name) {
+            nuwa_state::check_container_name(name)?;
             if self.containers.len() >= self.config.max_containers {
                 return Err(EngineError::TooManyContainers(self.config.max_containers));
             }
