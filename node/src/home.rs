@@ -17,6 +17,7 @@
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -174,6 +175,7 @@ fn add_device(log: &mut DidLog, master: &DeviceKey, device: &DeviceKey) -> Resul
 /// `init`: a new agent with this device as its first device.
 pub fn init(dir: &Path, name: &str) -> Result<Home> {
     create_dir_private(dir)?;
+    let _lock = lock(dir)?;
     ensure_empty(dir)?;
     let master = DeviceKey::generate().context("cannot generate the master key")?;
     let device = DeviceKey::generate().context("cannot generate the device key")?;
@@ -187,34 +189,92 @@ pub fn init(dir: &Path, name: &str) -> Result<Home> {
     load(dir)
 }
 
-/// `device provision`: a new device home in `out`, created offline from a
-/// home that holds the master key.
+/// `device provision` with no daemon running: a new device home in `out`,
+/// created offline from a home that holds the master key. Holds both
+/// homes' locks while it writes. (With a daemon running, the daemon does
+/// it: see `daemon::provision`.)
 pub fn provision(dir: &Path, out: &Path, name: &str) -> Result<DeviceInfo> {
-    let master_path = dir.join(MASTER_KEY);
-    if !master_path.exists() {
-        bail!(
-            "{} holds no master key; run `device provision` in the home where `init` ran",
-            dir.display()
-        );
-    }
-    let master = DeviceKey::from_seed_file_bytes(&read(&master_path)?)
-        .with_context(|| format!("cannot read {}", master_path.display()))?;
+    let _lock = lock(dir)?;
     let home = load(dir)?;
-    create_dir_private(out)?;
-    ensure_empty(out)?;
-    let device = DeviceKey::generate().context("cannot generate the device key")?;
+    let master = crate::lifecycle::load_master(dir, &home.log, now_unix_secs())?;
+    let (_out_lock, device) = prepare_new_home(out)?;
     let mut log = home.log.clone();
     add_device(&mut log, &master, &device)?;
+    drop(master);
     // The provisioning home learns the new device at once; other devices
     // learn it from the newer log in the new device's Hello.
     write_log(dir, &log)?;
-    write_log(out, &log)?;
-    let info = write_device(out, &device, name, &home.keys)?;
-    if let Some(g) = &home.grant {
+    write_new_home(out, &device, name, &log, &home.keys, home.grant.as_deref())
+}
+
+/// Creates `out` (0700), checks it holds no home, locks it, and makes the
+/// new device's key.
+pub fn prepare_new_home(out: &Path) -> Result<(HomeLock, DeviceKey)> {
+    create_dir_private(out)?;
+    let lock = lock(out)?;
+    ensure_empty(out)?;
+    let device = DeviceKey::generate().context("cannot generate the device key")?;
+    Ok((lock, device))
+}
+
+/// Writes a provisioned device's home: the DID log that lists it, the sync
+/// keys, the current epoch's grant and a default config.
+pub fn write_new_home(
+    out: &Path,
+    device: &DeviceKey,
+    name: &str,
+    log: &DidLog,
+    keys: &KeyRing,
+    grant: Option<&[u8]>,
+) -> Result<DeviceInfo> {
+    write_log(out, log)?;
+    if let Some(g) = grant {
         save_grant(out, g)?;
     }
     crate::config::write_default(out)?;
-    Ok(info)
+    write_device(out, device, name, keys)
+}
+
+/// Adds `device` to the log, signed by the master key.
+pub fn add_device_key(log: &mut DidLog, master: &DeviceKey, device: &DeviceKey) -> Result<String> {
+    add_device(log, master, device)
+}
+
+/// An exclusive lock on a home: the daemon holds it for its whole life, and
+/// `init`, `device provision`, `device revoke` and `pair` hold it while
+/// they change the home's files. (An advisory `flock` on `daemon.lock`; it
+/// is released when the process ends, however it ends.)
+pub struct HomeLock(#[allow(dead_code)] fs::File);
+
+/// Takes the home's lock, or says that a daemon (or another command)
+/// holds it.
+pub fn lock(dir: &Path) -> Result<HomeLock> {
+    try_lock(dir)?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "another nuwa-node process (a daemon, most likely) is using home {}; stop it first \
+             or use another --home",
+            dir.display()
+        )
+    })
+}
+
+/// Takes the home's lock if no other process holds it.
+pub fn try_lock(dir: &Path) -> Result<Option<HomeLock>> {
+    let path = dir.join(LOCK_FILE);
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match f.try_lock() {
+        Ok(()) => Ok(Some(HomeLock(f))),
+        Err(fs::TryLockError::WouldBlock) => Ok(None),
+        Err(fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
 }
 
 /// `pair`: the home of a device that was just paired. The device key is

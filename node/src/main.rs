@@ -478,7 +478,7 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Device {
             command: DeviceCommand::Provision { out, name },
         } => {
-            let info = home::provision(&home_dir, &out, &name)?;
+            let info = client::provision(&home_dir, &out, &name)?;
             println!(
                 "provisioned device {} in {}",
                 info.context_id,

@@ -56,6 +56,9 @@ struct Paired {
 
 pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
     home::create_dir_private(dir)?;
+    // Held until the home is written; the daemon that syncs afterwards
+    // takes it again.
+    let lock = home::lock(dir)?;
     home::ensure_empty(dir)?;
     let device = DeviceKey::generate().context("cannot generate the device key")?;
     let now_secs = home::now_unix_secs() as u64;
@@ -273,6 +276,7 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
     }
     cancel.cancel();
     drop(net);
+    drop(lock);
 
     let h = home::load(dir)?;
     println!(

@@ -8,7 +8,7 @@ use nuwa_sync::Effect;
 use tracing::info;
 
 use super::Daemon;
-use crate::api::{ApiError, RevokeBody, RevokeReply};
+use crate::api::{ApiError, ErrorCode, ProvisionBody, ProvisionReply, RevokeBody, RevokeReply};
 use crate::home;
 use crate::lifecycle;
 
@@ -23,7 +23,7 @@ impl Daemon {
     ) -> Result<(RevokeReply, Vec<Effect>), ApiError> {
         let now_secs = home::now_unix_secs();
         let master = lifecycle::load_master(&self.home_dir, self.session.log(), now_secs)
-            .map_err(|e| ApiError::new(403, "not_key_manager", format!("{e:#}")))?;
+            .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
         let r = lifecycle::revoke(
             self.session.log(),
             self.session.secure().keys(),
@@ -32,7 +32,7 @@ impl Daemon {
             self.session.membership().context_id(),
             now_secs,
         )
-        .map_err(|e| ApiError::new(400, "cannot_revoke", format!("{e:#}")))?;
+        .map_err(|e| ApiError::new(ErrorCode::CannotRevoke, format!("{e:#}")))?;
         drop(master);
         // Durable before anyone hears of it: keys first, so a crash never
         // leaves a log whose epoch key is lost.
@@ -40,17 +40,17 @@ impl Daemon {
             .and_then(|()| home::save_grant(&self.home_dir, &r.grant))
             .and_then(|()| home::save_log(&self.home_dir, &r.log));
         if let Err(e) = persisted {
-            return Err(ApiError::new(500, "storage_failed", format!("{e:#}")));
+            return Err(ApiError::new(ErrorCode::StorageFailed, format!("{e:#}")));
         }
         let key = r
             .keys
             .get(r.epoch)
             .cloned()
-            .ok_or_else(|| ApiError::new(500, "internal", "new epoch key missing"))?;
+            .ok_or_else(|| ApiError::new(ErrorCode::Internal, "new epoch key missing"))?;
         let effects = self
             .session
             .adopt_own_update(r.log.clone(), Some((key, r.grant.clone())), home::now_ms())
-            .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
         self.count(Event::DevicesRevoked);
         info!(revoked = %body.context_id, epoch = r.epoch, "device revoked; new key epoch opened");
         let reply = RevokeReply {
@@ -59,6 +59,69 @@ impl Daemon {
             did_log_len: r.log.len(),
             remaining: r.remaining,
         };
+        Ok((reply, effects))
+    }
+}
+
+impl Daemon {
+    /// `device provision` while this daemon runs: the daemon signs the DID
+    /// update from its own log and writes the new home, so the log on disk,
+    /// the daemon's and the new device's are one. The update reaches peers
+    /// like any other (Hellos re-sent by the session's effects).
+    pub(super) fn on_provision(
+        &mut self,
+        body: ProvisionBody,
+    ) -> Result<(serde_json::Value, Vec<Effect>), ApiError> {
+        let out = std::path::PathBuf::from(&body.out);
+        if !out.is_absolute() {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                "`out` must be an absolute path",
+            ));
+        }
+        let name = body.name.trim();
+        if name.is_empty() || name.len() > 64 {
+            return Err(ApiError::new(
+                ErrorCode::BadName,
+                "a device name is 1 to 64 bytes",
+            ));
+        }
+        let now_secs = home::now_unix_secs();
+        let master = lifecycle::load_master(&self.home_dir, self.session.log(), now_secs)
+            .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
+        let (_out_lock, device) = home::prepare_new_home(&out)
+            .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("{e:#}")))?;
+        let mut log = self.session.log().clone();
+        let context_id = home::add_device_key(&mut log, &master, &device)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{e:#}")))?;
+        drop(master);
+        // Our own log first: once it is durable the device exists, and a
+        // crash before the new home is complete leaves only a listed key
+        // nobody holds (revocable), never a home the agent does not know.
+        home::save_log(&self.home_dir, &log)
+            .map_err(|e| ApiError::new(ErrorCode::StorageFailed, format!("{e:#}")))?;
+        let effects = self
+            .session
+            .adopt_own_update(log.clone(), None, home::now_ms())
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        let info = home::write_new_home(
+            &out,
+            &device,
+            name,
+            &log,
+            self.session.secure().keys(),
+            Some(self.session.membership().epoch_grant()).filter(|g| !g.is_empty()),
+        )
+        .map_err(|e| ApiError::new(ErrorCode::StorageFailed, format!("{e:#}")))?;
+        info!(device = %context_id, out = %out.display(), "device provisioned");
+        let reply = ProvisionReply {
+            context_id: info.context_id,
+            name: info.name,
+            out: out.display().to_string(),
+            did_log_len: log.len(),
+        };
+        let reply = serde_json::to_value(reply)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
         Ok((reply, effects))
     }
 }
