@@ -1,11 +1,20 @@
 //! The CLI side of the local API: reads `HOME/api.json` and calls the
 //! running daemon.
+//!
+//! `api.json` can outlive its daemon (kill -9, a crash), and another process
+//! may since listen on its port. So before the token leaves this process
+//! the client checks that the `pid` in the file is alive and that the
+//! process answering proves it holds the token: it answers a fresh random
+//! nonce with an HMAC keyed by the token (`POST /v1/challenge`) and the pid.
 
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
-use crate::api::{ApiFile, ApproveBody, ApproveReply, PutBody, PutReply, RevokeBody, RevokeReply};
+use crate::api::{
+    ApiFile, ApproveBody, ApproveReply, ChallengeBody, ChallengeReply, PutBody, PutReply,
+    RevokeBody, RevokeReply, challenge_mac,
+};
 use crate::home;
 use crate::status::Status;
 
@@ -23,25 +32,109 @@ fn api_file(home: &Path) -> Result<ApiFile> {
     serde_json::from_slice(&bytes).with_context(|| format!("cannot parse {}", path.display()))
 }
 
+/// Whether a process with this id exists.
+#[cfg(unix)]
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 sends nothing; kill only checks that the process
+    // exists and may be signalled.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+#[cfg(not(unix))]
+fn alive(_pid: u32) -> bool {
+    true
+}
+
 struct Client {
     api: ApiFile,
     http: reqwest::Client,
     home: std::path::PathBuf,
+    /// Set once the daemon answered the challenge.
+    verified: tokio::sync::OnceCell<()>,
 }
 
 impl Client {
     fn new(home: &Path) -> Result<Self> {
+        let api = api_file(home)?;
+        if !alive(api.pid) {
+            return Err(anyhow::anyhow!(
+                "{} names process {}, which is not running (the daemon was killed?); {}",
+                home.join(home::API_FILE).display(),
+                api.pid,
+                no_daemon(home)
+            ));
+        }
         Ok(Client {
-            api: api_file(home)?,
+            api,
             http: reqwest::Client::builder()
                 .no_proxy()
                 .build()
                 .context("cannot build the HTTP client")?,
             home: home.to_path_buf(),
+            verified: tokio::sync::OnceCell::new(),
         })
     }
 
+    /// Checks that the API at `api.json`'s address is this home's daemon,
+    /// without sending the token.
+    async fn verify(&self) -> Result<()> {
+        let mut nonce = [0u8; 32];
+        getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+        let not_ours = |why: &str| {
+            anyhow::anyhow!(
+                "the process answering on {} is not the daemon of home {} ({why}); the token was \
+                 not sent. The daemon probably died and left a stale {}; start it again with \
+                 `nuwa-node --home {} run`",
+                self.api.url,
+                self.home.display(),
+                home::API_FILE,
+                self.home.display()
+            )
+        };
+        let resp = self
+            .http
+            .post(format!("{}/v1/challenge", self.api.url))
+            .json(&ChallengeBody {
+                nonce: hex::encode(nonce),
+            })
+            .timeout(std::time::Duration::from_secs(10))
+            .send()
+            .await
+            .map_err(|e| {
+                if e.is_connect() {
+                    no_daemon(&self.home)
+                } else {
+                    not_ours(&format!("no answer to the challenge: {e}"))
+                }
+            })?;
+        if !resp.status().is_success() {
+            return Err(not_ours(&format!("challenge answered {}", resp.status())));
+        }
+        let reply: ChallengeReply = resp
+            .json()
+            .await
+            .map_err(|e| not_ours(&format!("malformed challenge reply: {e}")))?;
+        let expected = challenge_mac(&self.api.token, &nonce);
+        let given = hex::decode(&reply.mac).unwrap_or_default();
+        use subtle::ConstantTimeEq as _;
+        if !bool::from(given.as_slice().ct_eq(&expected)) {
+            return Err(not_ours("it cannot prove it holds the token"));
+        }
+        if reply.pid != self.api.pid {
+            return Err(not_ours(&format!(
+                "its pid is {}, api.json says {}",
+                reply.pid, self.api.pid
+            )));
+        }
+        Ok(())
+    }
+
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        self.verified.get_or_try_init(|| self.verify()).await?;
         let resp = req.bearer_auth(&self.api.token).send().await.map_err(|e| {
             if e.is_connect() {
                 no_daemon(&self.home)
@@ -221,8 +314,8 @@ pub fn approve(
 }
 
 pub fn revoke(home: &Path, context_id: &str) -> Result<()> {
-    let r: RevokeReply = match crate::daemon::lock_home(home) {
-        Ok(lock) => {
+    let r: RevokeReply = match home::try_lock(home)? {
+        Some(lock) => {
             // No daemon: revoke on the home's files; the daemon pushes the
             // update and the new epoch to every peer when it next starts.
             let h = home::load(home)?;
@@ -250,7 +343,7 @@ pub fn revoke(home: &Path, context_id: &str) -> Result<()> {
                 remaining: r.remaining,
             }
         }
-        Err(_) => {
+        None => {
             let c = Client::new(home)?;
             runtime()?.block_on(async {
                 let body = RevokeBody {
@@ -275,6 +368,39 @@ pub fn revoke(home: &Path, context_id: &str) -> Result<()> {
         r.remaining.join(", ")
     );
     Ok(())
+}
+
+/// `device provision`: through the daemon when one runs on this home (so
+/// that its DID log and the files never fork), on the files otherwise.
+pub fn provision(home: &Path, out: &Path, name: &str) -> Result<crate::api::ProvisionReply> {
+    if home::try_lock(home)?.is_some() {
+        let info = home::provision(home, out, name)?;
+        return Ok(crate::api::ProvisionReply {
+            context_id: info.context_id,
+            name: info.name,
+            out: out.display().to_string(),
+            did_log_len: home::load(home)?.log.len(),
+        });
+    }
+    // The lock was held: a daemon runs (or another command is writing, in
+    // which case the client finds no daemon and says so).
+    let out =
+        std::path::absolute(out).with_context(|| format!("cannot resolve {}", out.display()))?;
+    let c = Client::new(home)?;
+    runtime()?.block_on(async {
+        let body = crate::api::ProvisionBody {
+            out: out.display().to_string(),
+            name: name.to_owned(),
+        };
+        let r = c
+            .send(
+                c.http
+                    .post(format!("{}/v1/devices/provision", c.api.url))
+                    .json(&body),
+            )
+            .await?;
+        r.json().await.context("malformed reply from the daemon")
+    })
 }
 
 /// POSTs `body` to a typed-state endpoint and prints the JSON reply.

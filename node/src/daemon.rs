@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::api::{self, ApiError, ApiFile, ApiRequest};
+use crate::api::{self, ApiError, ApiFile, ApiRequest, ErrorCode};
 use crate::home::{self, Home};
 use crate::status::{ContainerStatus, DeviceStatus, PeerStatus, RejectionStatus, Status};
 
@@ -45,7 +45,7 @@ mod wide;
 
 use exec::Ack;
 
-pub use asm::{LIFECYCLE_EVERY_MS, Tool};
+pub use asm::LIFECYCLE_EVERY_MS;
 
 /// Options of `nuwa-node run` and `sync --once`.
 #[derive(Debug, Clone)]
@@ -133,7 +133,7 @@ struct Daemon {
 
 pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     let cancel = CancellationToken::new();
-    let lock = lock_home(&home.dir)?;
+    let lock = home::lock(&home.dir)?;
     let did = home.log.did().to_owned();
     let context_id = home.info.context_id.clone();
     let store: Arc<dyn Storage> = Arc::new(
@@ -183,7 +183,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     }
 
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let (reads, mut reader_events) = reader::spawn(
+    let (reads, read_lane, mut reader_events) = reader::spawn(
         store.clone(),
         home.device.public().to_vec(),
         nuwa_asm::registry::Registry::with_core(),
@@ -200,10 +200,13 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     let api_addr = api::serve(
         opts.api_listen,
         token.clone(),
-        api_tx,
-        reads.clone(),
+        api::Lanes {
+            writes: api_tx,
+            reads: read_lane,
+        },
         events_tx.clone(),
         metrics.clone(),
+        api::Limits::default(),
         cancel.clone(),
     )
     .await
@@ -475,27 +478,6 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-/// Holds an exclusive lock on the home so that two daemons never share a
-/// store.
-pub(crate) fn lock_home(dir: &std::path::Path) -> Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join(home::LOCK_FILE);
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    f.try_lock().map_err(|_| {
-        anyhow::anyhow!(
-            "another nuwa-node daemon is already running with home {}; stop it first or use another --home",
-            dir.display()
-        )
-    })?;
-    Ok(f)
-}
-
 fn tcp_port(addr: &Multiaddr) -> Option<u16> {
     addr.iter().find_map(|p| match p {
         nuwa_net::Protocol::Tcp(port) => Some(port),
@@ -706,46 +688,15 @@ impl Daemon {
                             });
                         }
                         Err(e) => {
-                            let _ =
-                                reply.send(Err(ApiError::new(400, "invalid_write", e.to_string())));
+                            let _ = reply
+                                .send(Err(ApiError::new(ErrorCode::InvalidWrite, e.to_string())));
                         }
                     }
                 }
-                ApiRequest::Get(q, reply) => {
-                    let r = match self.session.engine().container(&q.container) {
-                        None => Err(ApiError::new(
-                            404,
-                            "no_such_container",
-                            format!("container {:?} does not exist on this device", q.container),
-                        )),
-                        Some(c) => match &q.key {
-                            None => Ok(c.to_json()),
-                            Some(k) => c.get(k).ok_or_else(|| {
-                                ApiError::new(
-                                    404,
-                                    "no_such_key",
-                                    format!("key {k:?} is not set in container {:?}", q.container),
-                                )
-                            }),
-                        },
-                    };
-                    let _ = reply.send(r);
-                }
-                ApiRequest::Export(name, reply) => {
-                    let r = self
-                        .session
-                        .engine()
-                        .container(&name)
-                        .map(|c| c.save())
-                        .ok_or_else(|| {
-                            ApiError::new(
-                                404,
-                                "no_such_container",
-                                format!("container {name:?} does not exist on this device"),
-                            )
-                        });
-                    let _ = reply.send(r);
-                }
+                // Reads have their own lane to the reader; the server never
+                // sends them here.
+                ApiRequest::Get(_, reply) => drop(reply.send(Err(misrouted()))),
+                ApiRequest::Export(_, reply) => drop(reply.send(Err(misrouted()))),
                 ApiRequest::Revoke(body, reply) => match self.on_revoke(body) {
                     Ok((r, e)) => {
                         effects.extend(e);
@@ -756,6 +707,15 @@ impl Daemon {
                     }
                 },
                 ApiRequest::Approve(body, reply) => self.on_approve(body, reply).await,
+                ApiRequest::Provision(body, reply) => match self.on_provision(body) {
+                    Ok((r, e)) => {
+                        effects.extend(e);
+                        acks.push(Ack::Value(reply, r));
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                },
                 ApiRequest::Tool(t, reply) => match self.on_tool(t).await {
                     // Answered once what the tool wrote is durable.
                     Ok(v) => acks.push(Ack::Value(reply, v)),
@@ -981,4 +941,11 @@ impl Daemon {
                 .collect(),
         }
     }
+}
+
+fn misrouted() -> ApiError {
+    ApiError::new(
+        ErrorCode::Internal,
+        "a read was routed to the daemon loop instead of the reader",
+    )
 }

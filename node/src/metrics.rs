@@ -78,6 +78,9 @@ events! {
     EpochGrantsAdopted => "epoch_grants_adopted", "Key epochs adopted from forwarded grants";
     EpochGrantRejected => "epoch_grant_rejected", "Forwarded epoch grants refused";
     GossipDeltasApplied => "gossip_deltas_applied", "Gossip deltas opened and applied";
+    ApiConnectionsEvicted => "api_connections_evicted", "Idle API connections closed to make room at the connection cap";
+    ApiConnectionsRefused => "api_connections_refused", "API connections refused at the cap because every open one was busy";
+    ApiConnectionsIdleClosed => "api_connections_idle_closed", "API connections closed after the idle timeout";
 }
 
 impl From<nuwa_sync::Count> for Event {
@@ -111,6 +114,11 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabels {
+    code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
     route: String,
 }
@@ -134,6 +142,7 @@ pub struct Metrics {
     write_ack: Histogram,
     propagation_apply: Histogram,
     api_requests: Family<RouteLabels, Histogram>,
+    api_errors: Family<CodeLabels, Counter>,
     pub peers_verified: Gauge,
     pub containers: Gauge,
     pub envelopes_held: Gauge,
@@ -187,6 +196,12 @@ impl Metrics {
             "Local API request latency by route",
             api_requests.clone(),
         );
+        let api_errors = Family::<CodeLabels, Counter>::default();
+        registry.register(
+            "api_errors",
+            "Local API requests answered with an error, by code",
+            api_errors.clone(),
+        );
         let peers_verified = Gauge::default();
         registry.register(
             "peers_verified",
@@ -210,6 +225,7 @@ impl Metrics {
             write_ack,
             propagation_apply,
             api_requests,
+            api_errors,
             peers_verified,
             containers,
             envelopes_held,
@@ -254,6 +270,11 @@ impl Metrics {
         self.envelopes_rejected.get_or_create(&labels).inc();
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         seen.1.insert(reason.to_owned());
+    }
+
+    /// One API request answered with error `code` (a wire name).
+    pub fn api_error(&self, code: &'static str) {
+        self.api_errors.get_or_create(&CodeLabels { code }).inc();
     }
 
     pub fn observe_write_ack(&self, d: Duration) {

@@ -2,15 +2,26 @@
 //! bearer token kept in `HOME/api.json` (mode 0600).
 //!
 //! Handlers do no state work themselves: each request becomes an
-//! [`ApiRequest`] for the daemon loop, answered through a oneshot channel, so
-//! the loop stays the single owner of the engine and the store.
+//! [`ApiRequest`], sent to the daemon loop (writes, control) or to the
+//! reader (reads, queries) and answered through a oneshot channel. This
+//! module knows neither: it holds two queues ([`Lanes`]).
+//!
+//! Layers, outermost first: the connection guard ([`listener`]: a cap on
+//! open connections that evicts the longest-idle one, a header-read timeout
+//! and an idle timeout), request latency, the bearer-token check (before
+//! any body is read), then the route. Unknown routes and methods get the
+//! JSON error shape.
 //!
 //! Routes:
+//! - `POST /v1/challenge` `{"nonce": hex}` → `{"pid", "mac"}` (no token: the
+//!   CLI asks it to check it talks to this home's daemon before it sends
+//!   the token)
 //! - `GET  /v1/status`
 //! - `GET  /v1/devices`
 //! - `POST /v1/devices/revoke`  body `{"context_id": C}`
 //! - `POST /v1/devices/approve` body `{"code": "ABCD-EFGH", "name": N}` (waits
 //!   until the new device is paired or the attempt failed)
+//! - `POST /v1/devices/provision` body `{"out": ABSOLUTE_DIR, "name": N}`
 //! - `POST /v1/state/put`     body `{"container": C, "key": K, "value": JSON}`
 //! - `GET  /v1/state/get?container=C[&key=K]`
 //! - `GET  /v1/state/export?container=C`  (Automerge binary)
@@ -30,196 +41,356 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
+use axum::http::{StatusCode, header, request::Parts};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use zeroize::Zeroizing;
+
+mod listener;
+mod wire;
+
+pub use listener::Limits;
+pub use wire::*;
 
 use crate::status::Status;
 
-/// Largest request body accepted.
-/// (Above the 32 MiB object limit, so that an oversized object gets the
-/// typed `object_too_large` error rather than a bare 413.)
-pub const MAX_BODY_BYTES: usize = 40 * 1024 * 1024;
-
-/// Contents of `HOME/api.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ApiFile {
-    pub url: String,
-    pub token: String,
-    pub pid: u32,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PutBody {
-    pub container: String,
-    pub key: String,
-    pub value: serde_json::Value,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PutReply {
-    pub container: String,
-    pub key: String,
-    /// Hex change hashes of the container after the write.
-    pub heads: Vec<String>,
-    pub durable: bool,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct GetQuery {
-    pub container: String,
-    pub key: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RevokeBody {
-    pub context_id: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RevokeReply {
-    pub revoked: String,
-    /// The key epoch new writes are sealed under from now on.
-    pub epoch: u64,
-    pub did_log_len: usize,
-    /// Context ids of the devices the new sync key was sealed to.
-    pub remaining: Vec<String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ApproveBody {
-    pub code: String,
-    #[serde(default)]
-    pub name: Option<String>,
-    /// Give up after this many seconds (default 60, at most 600).
-    #[serde(default)]
-    pub timeout_secs: Option<u64>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ApproveReply {
-    pub context_id: String,
-    pub name: String,
-    pub peer_id: String,
-    pub did_log_len: usize,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateBody {
-    pub schema_uri: String,
-    pub object: serde_json::Value,
-    #[serde(default)]
-    pub id: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UpdateBody {
-    pub schema_uri: String,
-    pub id: String,
-    pub patch: serde_json::Value,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct QueryBody {
-    pub query: serde_json::Value,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeleteBody {
-    pub schema_uri: String,
-    pub id: String,
-    #[serde(default)]
-    pub mode: DeleteMode,
-}
-
-#[derive(Debug, Default, Deserialize, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum DeleteMode {
-    #[default]
-    Tombstone,
-    Hard,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ContainerBody {
-    pub container: String,
-}
-
-/// An API error with a stable code.
-#[derive(Debug, Clone, Serialize)]
-pub struct ApiError {
-    #[serde(skip)]
-    pub status: u16,
-    pub code: &'static str,
-    pub message: String,
-}
-
-impl ApiError {
-    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(serde_json::json!({ "error": self }))).into_response()
-    }
-}
-
-/// Work for the daemon loop.
-pub enum ApiRequest {
-    Status(oneshot::Sender<Status>),
-    Devices(oneshot::Sender<Vec<crate::devices::DeviceEntry>>),
-    Put(PutBody, oneshot::Sender<Result<PutReply, ApiError>>),
-    Revoke(RevokeBody, oneshot::Sender<Result<RevokeReply, ApiError>>),
-    Approve(ApproveBody, oneshot::Sender<Result<ApproveReply, ApiError>>),
-    Tool(
-        crate::daemon::Tool,
-        oneshot::Sender<Result<serde_json::Value, ApiError>>,
-    ),
-    Get(
-        GetQuery,
-        oneshot::Sender<Result<serde_json::Value, ApiError>>,
-    ),
-    Export(String, oneshot::Sender<Result<Vec<u8>, ApiError>>),
+/// Where requests go: the daemon loop owns writes and control, the reader
+/// answers reads and queries.
+#[derive(Clone)]
+pub struct Lanes {
+    pub writes: mpsc::Sender<ApiRequest>,
+    pub reads: mpsc::Sender<ApiRequest>,
 }
 
 #[derive(Clone)]
 struct AppState {
-    token: Arc<String>,
-    tx: mpsc::Sender<ApiRequest>,
+    token: Arc<Zeroizing<String>>,
+    lanes: Lanes,
     events: tokio::sync::broadcast::Sender<ChangeEvent>,
     metrics: Arc<crate::metrics::Metrics>,
-    /// Reads and queries go to the reader, never through the daemon loop.
-    reads: crate::daemon::reader::ReaderHandle,
 }
 
-/// One durable change batch of a container, for `/v1/state.events`.
-#[derive(Debug, Clone, Serialize)]
-pub struct ChangeEvent {
-    pub container: String,
-    /// Changes in the batch.
-    pub changes: usize,
-    /// Hex heads after the batch.
-    pub heads: Vec<String>,
-    /// `local` (this device's API) or `peer` (synced in).
-    pub origin: &'static str,
-    pub at_unix_ms: u64,
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let code = self.code;
+        let mut response = (status, Json(serde_json::json!({ "error": self }))).into_response();
+        // Seen by the latency layer, which counts errors by code.
+        response.extensions_mut().insert(code);
+        response
+    }
+}
+
+/// A request body: read only after the token check, bounded by
+/// [`MAX_BODY_BYTES`]; a failure is a JSON error, never a bare status.
+struct Body(axum::body::Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match axum::body::Bytes::from_request(req, state).await {
+            Ok(b) => Ok(Body(b)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+                ErrorCode::BodyTooLarge,
+                format!("the body is over the {MAX_BODY_BYTES}-byte limit"),
+            )),
+            Err(e) => Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!("cannot read the body: {e}"),
+            )),
+        }
+    }
+}
+
+/// A query string, with JSON errors.
+struct Q<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Q<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| Q(q.0))
+            .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
+    }
+}
+
+fn json_body<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("invalid {what} body: {e}")))
+}
+
+/// Container names are checked here, at the door, so nothing invalid
+/// reaches the loop or the store.
+fn container_name(name: &str) -> Result<(), ApiError> {
+    nuwa_state::check_container_name(name)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidContainerName, e.to_string()))
+}
+
+/// The bearer-token check, as a layer in front of every route but the
+/// challenge: it answers before any body is read.
+async fn require_token(
+    State(s): State<AppState>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if token_matches(given, &s.token) {
+        next.run(req).await
+    } else {
+        ApiError::new(
+            ErrorCode::Unauthorised,
+            "missing or wrong bearer token; use the token in HOME/api.json",
+        )
+        .into_response()
+    }
+}
+
+fn token_matches(given: &str, token: &str) -> bool {
+    use subtle::ConstantTimeEq as _;
+    // `ct_eq` on slices of different lengths is false (the length is not
+    // secret: every token is 64 hex characters).
+    bool::from(given.as_bytes().ct_eq(token.as_bytes()))
+}
+
+/// Records every request's latency under its route (the matched pattern,
+/// so ids in paths do not make new series), and counts errors by code.
+async fn request_latency(
+    State(s): State<AppState>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let started = std::time::Instant::now();
+    let response = next.run(req).await;
+    s.metrics.observe_api_request(&route, started.elapsed());
+    if let Some(code) = response.extensions().get::<ErrorCode>() {
+        s.metrics.api_error(code.as_str());
+    }
+    response
+}
+
+fn shutting_down() -> ApiError {
+    ApiError::new(ErrorCode::ShuttingDown, "the daemon is shutting down")
+}
+
+async fn ask<T>(
+    lane: &mpsc::Sender<ApiRequest>,
+    make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
+) -> Result<T, ApiError> {
+    let (tx, rx) = oneshot::channel();
+    lane.send(make(tx)).await.map_err(|_| shutting_down())?;
+    rx.await.map_err(|_| shutting_down())
+}
+
+/// To the daemon loop.
+async fn call<T>(
+    s: &AppState,
+    make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
+) -> Result<T, ApiError> {
+    ask(&s.lanes.writes, make).await
+}
+
+/// To the reader.
+async fn read<T>(
+    s: &AppState,
+    make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
+) -> Result<T, ApiError> {
+    ask(&s.lanes.reads, make).await
+}
+
+async fn challenge(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<ChallengeReply>, ApiError> {
+    let b: ChallengeBody = json_body(&body, "challenge")?;
+    let nonce = hex::decode(&b.nonce)
+        .ok()
+        .filter(|n| n.len() == 32)
+        .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "nonce must be 32 bytes of hex"))?;
+    Ok(Json(ChallengeReply {
+        pid: std::process::id(),
+        mac: hex::encode(challenge_mac(&s.token, &nonce)),
+    }))
+}
+
+async fn status(State(s): State<AppState>) -> Result<Json<Status>, ApiError> {
+    Ok(Json(call(&s, ApiRequest::Status).await?))
+}
+
+async fn devices(
+    State(s): State<AppState>,
+) -> Result<Json<Vec<crate::devices::DeviceEntry>>, ApiError> {
+    Ok(Json(call(&s, ApiRequest::Devices).await?))
+}
+
+async fn put(State(s): State<AppState>, Body(body): Body) -> Result<Json<PutReply>, ApiError> {
+    let body: PutBody = json_body(&body, "put")?;
+    container_name(&body.container)?;
+    Ok(Json(call(&s, |tx| ApiRequest::Put(body, tx)).await??))
+}
+
+async fn revoke(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<RevokeReply>, ApiError> {
+    let body: RevokeBody = json_body(&body, "revoke")?;
+    Ok(Json(call(&s, |tx| ApiRequest::Revoke(body, tx)).await??))
+}
+
+async fn approve(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<ApproveReply>, ApiError> {
+    let body: ApproveBody = json_body(&body, "approve")?;
+    Ok(Json(call(&s, |tx| ApiRequest::Approve(body, tx)).await??))
+}
+
+async fn provision(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let body: ProvisionBody = json_body(&body, "provision")?;
+    Ok(Json(call(&s, |tx| ApiRequest::Provision(body, tx)).await??))
+}
+
+async fn tool(s: &AppState, t: Tool) -> Result<Json<serde_json::Value>, ApiError> {
+    if let Tool::Describe(c) | Tool::Compact(c) | Tool::Reset(c) = &t {
+        container_name(c)?;
+    }
+    // Reading tools run on the reader; writing ones on the daemon loop.
+    if matches!(t, Tool::Query(_) | Tool::Describe(_)) {
+        return Ok(Json(read(s, |tx| ApiRequest::Tool(t, tx)).await??));
+    }
+    Ok(Json(call(s, |tx| ApiRequest::Tool(t, tx)).await??))
+}
+
+async fn schemas_list(State(s): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    tool(&s, Tool::SchemaList).await
+}
+
+async fn schemas_add(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    tool(&s, Tool::SchemaAdd(json_body(&body, "schema")?)).await
+}
+
+async fn state_create(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let b: CreateBody = json_body(&body, "state.create")?;
+    tool(
+        &s,
+        Tool::Create {
+            schema_uri: b.schema_uri,
+            object: b.object,
+            id: b.id,
+        },
+    )
+    .await
+}
+
+async fn state_update(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let b: UpdateBody = json_body(&body, "state.update")?;
+    tool(
+        &s,
+        Tool::Update {
+            schema_uri: b.schema_uri,
+            id: b.id,
+            patch: b.patch,
+        },
+    )
+    .await
+}
+
+async fn state_query(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let b: QueryBody = json_body(&body, "state.query")?;
+    tool(&s, Tool::Query(b.query)).await
+}
+
+async fn state_delete(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let b: DeleteBody = json_body(&body, "state.delete")?;
+    tool(
+        &s,
+        Tool::Delete {
+            schema_uri: b.schema_uri,
+            id: b.id,
+            hard: b.mode == DeleteMode::Hard,
+        },
+    )
+    .await
+}
+
+async fn state_describe(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let b: ContainerBody = json_body(&body, "state.describe")?;
+    tool(&s, Tool::Describe(b.container)).await
+}
+
+async fn state_compact(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let b: ContainerBody = json_body(&body, "state.compact")?;
+    tool(&s, Tool::Compact(b.container)).await
+}
+
+async fn state_reset(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let b: ContainerBody = json_body(&body, "state.reset")?;
+    tool(&s, Tool::Reset(b.container)).await
+}
+
+async fn get_state(
+    State(s): State<AppState>,
+    Q(q): Q<GetQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    container_name(&q.container)?;
+    Ok(Json(read(&s, |tx| ApiRequest::Get(q, tx)).await??))
+}
+
+#[derive(Deserialize)]
+struct ExportQuery {
+    container: String,
+}
+
+async fn export(State(s): State<AppState>, Q(q): Q<ExportQuery>) -> Result<Response, ApiError> {
+    container_name(&q.container)?;
+    let bytes = read(&s, |tx| ApiRequest::Export(q.container, tx)).await??;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
 #[derive(Deserialize)]
@@ -227,13 +398,11 @@ struct EventsQuery {
     container: Option<String>,
 }
 
-async fn events(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<EventsQuery>,
-) -> Result<Response, ApiError> {
+async fn events(State(s): State<AppState>, Q(q): Q<EventsQuery>) -> Result<Response, ApiError> {
     use axum::response::sse::{Event, KeepAlive, Sse};
-    authorised(&headers, &s.token)?;
+    if let Some(c) = &q.container {
+        container_name(c)?;
+    }
     let rx = s.events.subscribe();
     // `ready` first: a client knows from then on that it misses nothing.
     let ready = futures::stream::once(async {
@@ -267,304 +436,36 @@ async fn events(
 }
 
 /// `GET /metrics`: the registry as OpenMetrics text.
-async fn metrics_text(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    authorised(&headers, &s.token)?;
-    Ok((
+async fn metrics_text(State(s): State<AppState>) -> Response {
+    (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         s.metrics.encode(),
     )
-        .into_response())
-}
-
-/// Records every request's latency under its route (the matched pattern,
-/// so ids in paths do not make new series).
-async fn request_latency(
-    State(s): State<AppState>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let route = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
-    let started = std::time::Instant::now();
-    let response = next.run(req).await;
-    s.metrics.observe_api_request(&route, started.elapsed());
-    response
-}
-
-fn authorised(headers: &HeaderMap, token: &str) -> Result<(), ApiError> {
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    // Constant-time comparison: the token is a secret.
-    let equal = given.len() == token.len()
-        && given
-            .bytes()
-            .zip(token.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if equal {
-        Ok(())
-    } else {
-        Err(ApiError::new(
-            401,
-            "unauthorised",
-            "missing or wrong bearer token; use the token in HOME/api.json",
-        ))
-    }
-}
-
-/// Sends a read to the reader and waits for its answer.
-async fn read<T>(
-    state: &AppState,
-    make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
-) -> Result<T, ApiError> {
-    let (tx, rx) = oneshot::channel();
-    state.reads.read(make(tx)).await?;
-    rx.await
-        .map_err(|_| ApiError::new(503, "shutting_down", "the daemon is shutting down"))
-}
-
-async fn call<T>(
-    state: &AppState,
-    make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
-) -> Result<T, ApiError> {
-    let (tx, rx) = oneshot::channel();
-    state
-        .tx
-        .send(make(tx))
-        .await
-        .map_err(|_| ApiError::new(503, "shutting_down", "the daemon is shutting down"))?;
-    rx.await
-        .map_err(|_| ApiError::new(503, "shutting_down", "the daemon is shutting down"))
-}
-
-async fn status(State(s): State<AppState>, headers: HeaderMap) -> Result<Json<Status>, ApiError> {
-    authorised(&headers, &s.token)?;
-    Ok(Json(call(&s, ApiRequest::Status).await?))
-}
-
-async fn devices(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Json<Vec<crate::devices::DeviceEntry>>, ApiError> {
-    authorised(&headers, &s.token)?;
-    Ok(Json(call(&s, ApiRequest::Devices).await?))
-}
-
-async fn put(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Json<PutReply>, ApiError> {
-    authorised(&headers, &s.token)?;
-    let body: PutBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(400, "bad_request", format!("invalid put body: {e}")))?;
-    Ok(Json(call(&s, |tx| ApiRequest::Put(body, tx)).await??))
-}
-
-async fn revoke(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Json<RevokeReply>, ApiError> {
-    authorised(&headers, &s.token)?;
-    let body: RevokeBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(400, "bad_request", format!("invalid revoke body: {e}")))?;
-    Ok(Json(call(&s, |tx| ApiRequest::Revoke(body, tx)).await??))
-}
-
-async fn approve(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Json<ApproveReply>, ApiError> {
-    authorised(&headers, &s.token)?;
-    let body: ApproveBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(400, "bad_request", format!("invalid approve body: {e}")))?;
-    Ok(Json(call(&s, |tx| ApiRequest::Approve(body, tx)).await??))
-}
-
-fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::new(400, "bad_request", format!("invalid {what} body: {e}")))
-}
-
-async fn tool(
-    s: &AppState,
-    headers: &HeaderMap,
-    make: impl FnOnce() -> Result<crate::daemon::Tool, ApiError>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    authorised(headers, &s.token)?;
-    let t = make()?;
-    // Reading tools run on the reader; writing ones on the daemon loop.
-    if matches!(
-        t,
-        crate::daemon::Tool::Query(_) | crate::daemon::Tool::Describe(_)
-    ) {
-        return Ok(Json(read(s, |tx| ApiRequest::Tool(t, tx)).await??));
-    }
-    Ok(Json(call(s, |tx| ApiRequest::Tool(t, tx)).await??))
-}
-
-async fn schemas_list(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    tool(&s, &headers, || Ok(crate::daemon::Tool::SchemaList)).await
-}
-
-async fn schemas_add(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    tool(&s, &headers, || {
-        Ok(crate::daemon::Tool::SchemaAdd(json_body(&body, "schema")?))
-    })
-    .await
-}
-
-async fn state_create(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    tool(&s, &headers, || {
-        let b: CreateBody = json_body(&body, "state.create")?;
-        Ok(crate::daemon::Tool::Create {
-            schema_uri: b.schema_uri,
-            object: b.object,
-            id: b.id,
-        })
-    })
-    .await
-}
-
-async fn state_update(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    tool(&s, &headers, || {
-        let b: UpdateBody = json_body(&body, "state.update")?;
-        Ok(crate::daemon::Tool::Update {
-            schema_uri: b.schema_uri,
-            id: b.id,
-            patch: b.patch,
-        })
-    })
-    .await
-}
-
-async fn state_query(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    tool(&s, &headers, || {
-        let b: QueryBody = json_body(&body, "state.query")?;
-        Ok(crate::daemon::Tool::Query(b.query))
-    })
-    .await
-}
-
-async fn state_delete(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    tool(&s, &headers, || {
-        let b: DeleteBody = json_body(&body, "state.delete")?;
-        Ok(crate::daemon::Tool::Delete {
-            schema_uri: b.schema_uri,
-            id: b.id,
-            hard: b.mode == DeleteMode::Hard,
-        })
-    })
-    .await
-}
-
-async fn state_control(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    axum::extract::Path(op): axum::extract::Path<String>,
-    body: axum::body::Bytes,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    tool(&s, &headers, || {
-        let b: ContainerBody = json_body(&body, &op)?;
-        match op.as_str() {
-            "state.describe" => Ok(crate::daemon::Tool::Describe(b.container)),
-            "state.compact" => Ok(crate::daemon::Tool::Compact(b.container)),
-            "state.reset" => Ok(crate::daemon::Tool::Reset(b.container)),
-            _ => Err(ApiError::new(
-                404,
-                "not_found",
-                "no such endpoint; see docs/api.md",
-            )),
-        }
-    })
-    .await
-}
-
-async fn get_state(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<GetQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    authorised(&headers, &s.token)?;
-    Ok(Json(read(&s, |tx| ApiRequest::Get(q, tx)).await??))
-}
-
-#[derive(Deserialize)]
-struct ExportQuery {
-    container: String,
-}
-
-async fn export(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<ExportQuery>,
-) -> Result<Response, ApiError> {
-    authorised(&headers, &s.token)?;
-    let bytes = read(&s, |tx| ApiRequest::Export(q.container, tx)).await??;
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+        .into_response()
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(404, "not_found", "no such endpoint; see `nuwa-node --help`")
+    ApiError::new(ErrorCode::NotFound, "no such endpoint; see docs/api.md")
 }
 
-/// Binds the API on `addr` and serves until `cancel`. Returns the bound
-/// address.
-pub async fn serve(
-    addr: SocketAddr,
-    token: String,
-    tx: mpsc::Sender<ApiRequest>,
-    reads: crate::daemon::reader::ReaderHandle,
-    events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
-    metrics: Arc<crate::metrics::Metrics>,
-    cancel: CancellationToken,
-) -> anyhow::Result<SocketAddr> {
-    let state = AppState {
-        token: Arc::new(token),
-        tx,
-        events: events_tx,
-        metrics,
-        reads,
-    };
-    let app = Router::new()
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        "this endpoint does not take that HTTP method; see docs/api.md",
+    )
+}
+
+/// The router, with every layer but the connection guard.
+fn router(state: AppState) -> Router {
+    let guarded = Router::new()
         .route("/v1/status", get(status))
         .route("/v1/devices", get(devices))
         .route("/v1/devices/revoke", post(revoke))
         .route("/v1/devices/approve", post(approve))
+        .route("/v1/devices/provision", post(provision))
         .route("/v1/state/put", post(put))
         .route("/v1/state/get", get(get_state))
         .route("/v1/state/export", get(export))
@@ -573,22 +474,48 @@ pub async fn serve(
         .route("/v1/state.update", post(state_update))
         .route("/v1/state.query", post(state_query))
         .route("/v1/state.delete", post(state_delete))
+        .route("/v1/state.describe", post(state_describe))
+        .route("/v1/state.compact", post(state_compact))
+        .route("/v1/state.reset", post(state_reset))
         .route("/v1/state.events", get(events))
-        .route("/v1/{op}", post(state_control))
         .route("/metrics", get(metrics_text))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_token,
+        ));
+    Router::new()
+        .route("/v1/challenge", post(challenge))
+        .merge(guarded)
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             request_latency,
         ))
-        .with_state(state);
+        .with_state(state)
+}
+
+/// Binds the API on `addr` and serves until `cancel`. Returns the bound
+/// address.
+pub async fn serve(
+    addr: SocketAddr,
+    token: String,
+    lanes: Lanes,
+    events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
+    metrics: Arc<crate::metrics::Metrics>,
+    limits: Limits,
+    cancel: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let state = AppState {
+        token: Arc::new(Zeroizing::new(token)),
+        lanes,
+        events: events_tx,
+        metrics: metrics.clone(),
+    };
+    let app = router(state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(cancel.cancelled_owned())
-            .await;
-    });
+    tokio::spawn(listener::run(listener, app, limits, metrics, cancel));
     Ok(local)
 }

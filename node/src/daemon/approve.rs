@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 use super::Daemon;
-use crate::api::{ApiError, ApproveBody, ApproveReply};
+use crate::api::{ApiError, ApproveBody, ApproveReply, ErrorCode};
 use crate::home;
 use crate::lifecycle;
 use crate::pairing::{GrantPlaintext, PAIR_AGENT_PREFIX, rendezvous_namespace};
@@ -66,19 +66,14 @@ pub(super) struct Pairing {
 
 fn pairing_error(e: &PairingError) -> ApiError {
     let code = match e {
-        PairingError::WrongCode => "wrong_code",
-        PairingError::Expired => "code_expired",
-        PairingError::CodeBurned => "code_burned",
-        PairingError::RateLimited { .. } => "rate_limited",
-        PairingError::BadCode { .. } => "bad_code",
-        _ => "pairing_failed",
+        PairingError::WrongCode => ErrorCode::WrongCode,
+        PairingError::Expired => ErrorCode::CodeExpired,
+        PairingError::CodeBurned => ErrorCode::CodeBurned,
+        PairingError::RateLimited { .. } => ErrorCode::RateLimited,
+        PairingError::BadCode { .. } => ErrorCode::BadCode,
+        _ => ErrorCode::PairingFailed,
     };
-    let status = match e {
-        PairingError::RateLimited { .. } => 429,
-        PairingError::BadCode { .. } => 400,
-        _ => 409,
-    };
-    ApiError::new(status, code, e.to_string())
+    ApiError::new(code, e.to_string())
 }
 
 fn clip(mut s: String) -> String {
@@ -96,8 +91,7 @@ impl Daemon {
     ) {
         if self.pairing.approval.is_some() {
             let _ = reply.send(Err(ApiError::new(
-                409,
-                "busy",
+                ErrorCode::Busy,
                 "another approval is in progress on this device; wait for it to finish",
             )));
             return;
@@ -112,8 +106,7 @@ impl Daemon {
         if let Some(name) = &body.name {
             if name.is_empty() || name.len() > nuwa_proto::MAX_DEVICE_NAME_BYTES {
                 let _ = reply.send(Err(ApiError::new(
-                    400,
-                    "bad_name",
+                    ErrorCode::BadName,
                     "a device name must be 1 to 64 bytes",
                 )));
                 return;
@@ -122,13 +115,14 @@ impl Daemon {
         if let Err(e) =
             lifecycle::load_master(&self.home_dir, self.session.log(), home::now_unix_secs())
         {
-            let _ = reply.send(Err(ApiError::new(403, "not_key_manager", format!("{e:#}"))));
+            let _ = reply.send(Err(ApiError::new(
+                ErrorCode::NotKeyManager,
+                format!("{e:#}"),
+            )));
             return;
         }
         if !self.mdns_on && self.wide.rv_servers().is_empty() {
-            let _ = reply.send(Err(ApiError::new(
-                409,
-                "no_discovery",
+            let _ = reply.send(Err(ApiError::new(ErrorCode::NoDiscovery,
                 "mDNS is off and no rendezvous server is configured, so the new device cannot be found",
             )));
             return;
@@ -172,7 +166,7 @@ impl Daemon {
             }
             Err(e) => {
                 self.count(Event::PairingApprovalsFailed);
-                warn!(code = e.code, reason = %e.message, "approval failed");
+                warn!(code = e.code.as_str(), reason = %e.message, "approval failed");
                 if let Some((peer, _)) = a.target {
                     if a.granted.is_none() {
                         let _ = self
@@ -224,7 +218,7 @@ impl Daemon {
             } else {
                 "the new device did not complete pairing in time".to_owned()
             };
-            self.finish_approval(Err(ApiError::new(408, "timeout", msg)))
+            self.finish_approval(Err(ApiError::new(ErrorCode::Timeout, msg)))
                 .await;
             return;
         }
@@ -394,8 +388,7 @@ impl Daemon {
                         return;
                     }
                     None => Err(ApiError::new(
-                        409,
-                        "pairing_failed",
+                        ErrorCode::PairingFailed,
                         "the new device confirmed a grant that was never sent",
                     )),
                 }
@@ -410,15 +403,14 @@ impl Daemon {
                     }
                 }
                 let code = if wrong {
-                    "wrong_code"
+                    ErrorCode::WrongCode
                 } else {
-                    "pairing_failed"
+                    ErrorCode::PairingFailed
                 };
                 if let Some(a) = &mut self.pairing.approval {
                     a.target = None; // do not answer an abort with an abort
                 }
                 self.finish_approval(Err(ApiError::new(
-                    409,
                     code,
                     format!("the new device refused the pairing: {reason}"),
                 )))
@@ -429,8 +421,7 @@ impl Daemon {
                 return;
             }
             other => Err(ApiError::new(
-                409,
-                "pairing_failed",
+                ErrorCode::PairingFailed,
                 format!("unexpected pairing step {other:?} from the new device"),
             )),
         };
@@ -446,8 +437,7 @@ impl Daemon {
         };
         if a.session.is_some() {
             return Err(ApiError::new(
-                409,
-                "pairing_failed",
+                ErrorCode::PairingFailed,
                 "the new device restarted the exchange",
             ));
         }
@@ -473,8 +463,7 @@ impl Daemon {
         };
         let Some(session) = a.session.as_mut() else {
             return Err(ApiError::new(
-                409,
-                "pairing_failed",
+                ErrorCode::PairingFailed,
                 "confirmation before the join request",
             ));
         };
@@ -492,23 +481,21 @@ impl Daemon {
         // the connection, and its key-agreement key its Montgomery form.
         if public_from_peer_id(&peer) != Some(joiner.ed25519_public) {
             return Err(ApiError::new(
-                409,
-                "pairing_failed",
+                ErrorCode::PairingFailed,
                 "the new device's key is not the key of its connection",
             ));
         }
         let x = nuwa_identity::did_key::x25519_public_from_ed25519(&joiner.ed25519_public).ok();
         if x != Some(joiner.x25519_public) {
             return Err(ApiError::new(
-                409,
-                "pairing_failed",
+                ErrorCode::PairingFailed,
                 "the new device's key-agreement key does not match its signing key",
             ));
         }
         let name = a.name.clone().unwrap_or_else(|| joiner.name.clone());
         let now_secs = home::now_unix_secs();
         let master = lifecycle::load_master(&self.home_dir, self.session.log(), now_secs)
-            .map_err(|e| ApiError::new(403, "not_key_manager", format!("{e:#}")))?;
+            .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
         let mut log = self.session.log().clone();
         let context_id = lifecycle::add_device(
             &mut log,
@@ -517,7 +504,7 @@ impl Daemon {
             &joiner.x25519_public,
             now_secs,
         )
-        .map_err(|e| ApiError::new(500, "internal", format!("{e:#}")))?;
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{e:#}")))?;
         drop(master);
         let grant_pt = GrantPlaintext::new(
             &log,
@@ -526,7 +513,7 @@ impl Daemon {
             &name,
         )
         .to_bytes()
-        .map_err(|e| ApiError::new(500, "internal", format!("{e:#}")))?;
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{e:#}")))?;
         let Some(a) = &mut self.pairing.approval else {
             return Ok(());
         };
@@ -536,11 +523,11 @@ impl Daemon {
         let grant = session.grant(&grant_pt).map_err(|e| pairing_error(&e))?;
         // The device is ours now: record it durably before it learns so.
         home::save_log(&self.home_dir, &log)
-            .map_err(|e| ApiError::new(500, "storage_failed", format!("{e:#}")))?;
+            .map_err(|e| ApiError::new(ErrorCode::StorageFailed, format!("{e:#}")))?;
         let effects = self
             .session
             .adopt_own_update(log.clone(), None, home::now_ms())
-            .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
         self.seen.saw(&context_id, &name, 0);
         self.save_seen();
         if let Some(a) = &mut self.pairing.approval {

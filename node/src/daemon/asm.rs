@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use super::Daemon;
-use crate::api::ApiError;
+use crate::api::{ApiError, ErrorCode, Tool};
 
 /// The replicated map container holding registered schemas.
 pub const REGISTRY_CONTAINER: &str = "nuwa:schemas";
@@ -33,32 +33,6 @@ pub const LIFECYCLE_EVERY_MS: u64 = 30_000;
 /// `evict_low_importance`: items outside the window whose `importance` is
 /// below this are evicted; the rest are kept.
 pub const KEEP_IMPORTANCE: f64 = 0.5;
-
-/// A `state.*` tool call or control-plane operation.
-#[derive(Debug)]
-pub enum Tool {
-    SchemaAdd(Value),
-    SchemaList,
-    Create {
-        schema_uri: String,
-        object: Value,
-        id: Option<String>,
-    },
-    Update {
-        schema_uri: String,
-        id: String,
-        patch: Value,
-    },
-    Query(Value),
-    Delete {
-        schema_uri: String,
-        id: String,
-        hard: bool,
-    },
-    Describe(String),
-    Compact(String),
-    Reset(String),
-}
 
 /// The daemon's ASM state.
 pub struct Asm {
@@ -80,10 +54,6 @@ impl Asm {
     }
 }
 
-fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
-    ApiError::new(400, code, message)
-}
-
 fn validation_error(errors: Vec<nuwa_asm::schema::ValidationError>) -> ApiError {
     let list: Vec<String> = errors
         .iter()
@@ -93,8 +63,7 @@ fn validation_error(errors: Vec<nuwa_asm::schema::ValidationError>) -> ApiError 
         })
         .collect();
     ApiError::new(
-        422,
-        "invalid_object",
+        ErrorCode::InvalidObject,
         format!("the object does not match the schema: {}", list.join("; ")),
     )
 }
@@ -102,21 +71,21 @@ fn validation_error(errors: Vec<nuwa_asm::schema::ValidationError>) -> ApiError 
 fn doc_error(e: doc::DocError) -> ApiError {
     use doc::DocError as E;
     match e {
-        E::NoSuchItem { .. } => ApiError::new(404, "no_such_object", e.to_string()),
-        E::ItemExists { .. } => ApiError::new(409, "object_exists", e.to_string()),
+        E::NoSuchItem { .. } => ApiError::new(ErrorCode::NoSuchObject, e.to_string()),
+        E::ItemExists { .. } => ApiError::new(ErrorCode::ObjectExists, e.to_string()),
         E::AppendOnly { .. }
         | E::GrowOnlySetRemoval { .. }
         | E::LogRewrite { .. }
-        | E::NotAnInteger { .. } => ApiError::new(409, "crdt_policy", e.to_string()),
-        E::Automerge(_) => ApiError::new(500, "internal", e.to_string()),
-        _ => ApiError::new(400, "invalid_edit", e.to_string()),
+        | E::NotAnInteger { .. } => ApiError::new(ErrorCode::CrdtPolicy, e.to_string()),
+        E::Automerge(_) => ApiError::new(ErrorCode::Internal, e.to_string()),
+        _ => ApiError::new(ErrorCode::InvalidEdit, e.to_string()),
     }
 }
 
 /// A fresh random UUID (version 4) for objects created without an id.
 fn new_uuid() -> Result<String, ApiError> {
     let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
+    getrandom::fill(&mut b).map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h = hex::encode(b);
@@ -221,15 +190,14 @@ impl Daemon {
         let new = self
             .session
             .local_apply(name, vec![genesis])
-            .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
         for change in new {
             self.stage(name, Some(change));
         }
         if let Some(c) = self.session.engine().container(name) {
             doc::check_genesis(c.doc(), layout).map_err(|e| {
                 ApiError::new(
-                    409,
-                    "container_conflict",
+                    ErrorCode::ContainerConflict,
                     format!("container {name:?} exists with another layout: {e}"),
                 )
             })?;
@@ -300,7 +268,7 @@ impl Daemon {
                 self.schema(&c)?;
                 self.compact(&c)
                     .await
-                    .map_err(|e| ApiError::new(500, "storage_failed", format!("{e:#}")))?;
+                    .map_err(|e| ApiError::new(ErrorCode::StorageFailed, format!("{e:#}")))?;
                 describe(&self.asm.registry, self.session.engine(), &c)
             }
             Tool::Reset(c) => self.reset(&c).await,
@@ -315,16 +283,16 @@ impl Daemon {
         let mut trial = self.asm.registry.clone();
         let outcome = trial
             .register(raw.clone())
-            .map_err(|e| bad("invalid_schema", e.to_string()))?;
+            .map_err(|e| ApiError::new(ErrorCode::InvalidSchema, e.to_string()))?;
         let id = raw["$id"].as_str().unwrap_or_default().to_owned();
         let schema = self.schema_from(&trial, &id)?;
         if outcome == Registered::Added && !nuwa_asm::schema::is_bundled_core(&raw) {
-            let text =
-                serde_json::to_string(&raw).map_err(|e| bad("invalid_schema", e.to_string()))?;
+            let text = serde_json::to_string(&raw)
+                .map_err(|e| ApiError::new(ErrorCode::InvalidSchema, e.to_string()))?;
             let change = self
                 .session
                 .local_put(REGISTRY_CONTAINER, &id, &Value::String(text))
-                .map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
+                .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
             self.stage(REGISTRY_CONTAINER, change);
             self.reader.registry(&trial);
             self.asm.registry = trial;
@@ -342,15 +310,14 @@ impl Daemon {
     fn schema_from(&self, reg: &Registry, id: &str) -> Result<AsmSchema, ApiError> {
         reg.get(id)
             .cloned()
-            .ok_or_else(|| ApiError::new(500, "internal", "registered schema not found"))
+            .ok_or_else(|| ApiError::new(ErrorCode::Internal, "registered schema not found"))
     }
 
     fn check_size(v: &Value) -> Result<(), ApiError> {
         let n = serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX);
         if n > MAX_OBJECT_BYTES {
             return Err(ApiError::new(
-                413,
-                "object_too_large",
+                ErrorCode::ObjectTooLarge,
                 format!("the object is {n} bytes; the limit is {MAX_OBJECT_BYTES} bytes (32 MiB)"),
             ));
         }
@@ -365,14 +332,17 @@ impl Daemon {
     ) -> Result<Value, ApiError> {
         let schema = self.schema(uri)?;
         if !object.is_object() {
-            return Err(bad("invalid_object", "the object must be a JSON object"));
+            return Err(ApiError::new(
+                ErrorCode::InvalidObject,
+                "the object must be a JSON object",
+            ));
         }
         Self::check_size(&object)?;
         let own = object.get("id").and_then(Value::as_str).map(str::to_owned);
         let id = match (own, id) {
             (Some(a), Some(b)) if a != b => {
-                return Err(bad(
-                    "invalid_object",
+                return Err(ApiError::new(
+                    ErrorCode::InvalidObject,
                     format!("the object's id {a:?} differs from the id parameter {b:?}"),
                 ));
             }
@@ -380,7 +350,10 @@ impl Daemon {
             (None, None) => new_uuid()?,
         };
         if id.is_empty() || id.len() > 1024 {
-            return Err(bad("invalid_object", "an id must be 1 to 1024 bytes"));
+            return Err(ApiError::new(
+                ErrorCode::InvalidObject,
+                "an id must be 1 to 1024 bytes",
+            ));
         }
         let mut object = object;
         if schema_has_id(&schema) {
@@ -412,12 +385,15 @@ impl Daemon {
             .map_err(doc_error)?
             .flatten()
             .ok_or_else(|| {
-                ApiError::new(404, "no_such_object", format!("no object {id:?} in {uri}"))
+                ApiError::new(
+                    ErrorCode::NoSuchObject,
+                    format!("no object {id:?} in {uri}"),
+                )
             })?;
         let new = doc::apply_patch(&current.value, patch).map_err(doc_error)?;
         if new.get("id").and_then(Value::as_str) != Some(id) {
-            return Err(bad(
-                "invalid_edit",
+            return Err(ApiError::new(
+                ErrorCode::InvalidEdit,
                 "a patch may not change the object's id",
             ));
         }
@@ -518,9 +494,7 @@ impl Daemon {
 /// The registered schema `uri`, or an error saying how to register it.
 pub(super) fn schema_in(registry: &Registry, uri: &str) -> Result<AsmSchema, ApiError> {
     registry.get(uri).cloned().ok_or_else(|| {
-        ApiError::new(
-            404,
-            "unknown_schema",
+        ApiError::new(ErrorCode::UnknownSchema,
             format!(
                 "no schema {uri:?} is registered; register it with `nuwa-node state schema add FILE` \
                  (POST /v1/schemas)"
@@ -548,7 +522,8 @@ pub(super) fn query(
     containers: &dyn Containers,
     q: &Value,
 ) -> Result<Value, ApiError> {
-    let parsed = query::parse(q).map_err(|e| bad("invalid_query", e.to_string()))?;
+    let parsed =
+        query::parse(q).map_err(|e| ApiError::new(ErrorCode::InvalidQuery, e.to_string()))?;
     let schema = schema_in(registry, &parsed.from)?;
     let items = match containers.get_container(&parsed.from) {
         Some(c) => doc::items(c.doc(), &schema.layout).map_err(doc_error)?,
@@ -567,9 +542,9 @@ pub(super) fn query(
     )
     .map_err(|e| match e {
         query::QueryError::TooExpensive { .. } => {
-            ApiError::new(422, "query_too_expensive", e.to_string())
+            ApiError::new(ErrorCode::QueryTooExpensive, e.to_string())
         }
-        other => bad("invalid_query", other.to_string()),
+        other => ApiError::new(ErrorCode::InvalidQuery, other.to_string()),
     })?;
     Ok(json!({ "items": r.items, "next_cursor": r.next_cursor, "scanned": r.scanned }))
 }
@@ -602,7 +577,7 @@ pub(super) fn describe(
 fn edit_error(e: nuwa_sync::LocalEditError<doc::DocError>) -> ApiError {
     match e {
         nuwa_sync::LocalEditError::Rejected(e) => doc_error(e),
-        nuwa_sync::LocalEditError::Engine(e) => ApiError::new(500, "internal", e.to_string()),
+        nuwa_sync::LocalEditError::Engine(e) => ApiError::new(ErrorCode::Internal, e.to_string()),
     }
 }
 

@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 use super::{COMPACT_AFTER_CHANGES, Daemon, load_container};
-use crate::api::{self, ApiError, PutReply, RevokeReply};
+use crate::api::{self, ApiError, ErrorCode, PutReply, RevokeReply};
 use crate::home;
 
 /// A reply that waits for the durability of what its request wrote.
@@ -109,7 +109,7 @@ impl Daemon {
             if let Err(e) = self.persist(&container, changes, origin).await {
                 let msg = format!("{e:#}");
                 for a in acks {
-                    a.fail(ApiError::new(500, "storage_failed", msg.clone()));
+                    a.fail(ApiError::new(ErrorCode::StorageFailed, msg.clone()));
                 }
                 self.fatal = Some(e);
                 return;
@@ -640,7 +640,7 @@ mod tests {
                 },
                 put_tx,
             ),
-            ApiRequest::Tool(crate::daemon::Tool::SchemaAdd(schema), tool_tx),
+            ApiRequest::Tool(crate::api::Tool::SchemaAdd(schema), tool_tx),
         ])
         .await;
         assert!(d.fatal.is_none());

@@ -8,15 +8,18 @@
 //! run here, so a long query holds up other reads, never writes or sync.
 //!
 //! Consistency: the executor hands every persisted batch to the reader
-//! *before* it acknowledges, and the API sends reads down the same queue, so
-//! a read that follows an acknowledged write sees it. If the queue is full,
+//! *before* it acknowledges. API reads arrive on a second queue, and each
+//! turn takes the reads it serves first and only then drains the batch
+//! queue: a read sent after an acknowledgement was sent after its batch, so
+//! the batch is in the queue by the time the read is taken, and a read that
+//! follows an acknowledged write sees it. If the queue is full,
 //! the executor marks the container stale instead of waiting, and the reader
 //! reloads it from the store (which holds every acknowledged change) before
 //! its next read of it. Reads may see newer state than the write they
 //! follow, never older.
 //!
-//! Bounded: the queue (4096 messages), the replicas (at most the engine's
-//! container limit), one thread.
+//! Bounded: the queues (4096 messages each), the replicas (at most the
+//! engine's container limit), one thread.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -27,9 +30,9 @@ use nuwa_store::Storage;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::asm::{self, Containers, Tool};
+use super::asm::{self, Containers};
 use super::load_container;
-use crate::api::{ApiError, ApiRequest};
+use crate::api::{ApiError, ApiRequest, ErrorCode, Tool};
 
 /// Messages waiting for the reader.
 pub(super) const QUEUE: usize = 4096;
@@ -46,8 +49,6 @@ pub(crate) enum ReadMsg {
     Reset { container: String },
     /// The schema registry changed.
     Registry(Box<Registry>),
-    /// A read from the local API: `Get`, `Export` or a reading `Tool`.
-    Api(ApiRequest),
     /// Lifecycle: which items of these containers have expired?
     Scan {
         schemas: Vec<nuwa_asm::schema::AsmSchema>,
@@ -110,16 +111,6 @@ impl ReaderHandle {
     pub(super) fn scan(&self, schemas: Vec<nuwa_asm::schema::AsmSchema>, now_secs: i64) {
         let _ = self.tx.try_send(ReadMsg::Scan { schemas, now_secs });
     }
-
-    /// Queues a read from the API; waits while the queue is full.
-    ///
-    /// Cancel safety: cancelling drops the request unsent or unanswered.
-    pub(crate) async fn read(&self, req: ApiRequest) -> Result<(), ApiError> {
-        self.tx
-            .send(ReadMsg::Api(req))
-            .await
-            .map_err(|_| ApiError::new(503, "shutting_down", "the daemon is shutting down"))
-    }
 }
 
 struct Reader {
@@ -138,14 +129,20 @@ impl Containers for Reader {
     }
 }
 
-/// Starts the reader thread. It stops when every handle is dropped.
+/// Starts the reader thread. It stops when every handle is dropped. The
+/// returned sender is the API's lane for reads.
 pub(super) fn spawn(
     store: Arc<dyn Storage>,
     actor: Vec<u8>,
     registry: Registry,
     max_containers: usize,
-) -> std::io::Result<(ReaderHandle, mpsc::Receiver<ReaderEvent>)> {
+) -> std::io::Result<(
+    ReaderHandle,
+    mpsc::Sender<ApiRequest>,
+    mpsc::Receiver<ReaderEvent>,
+)> {
     let (tx, rx) = mpsc::channel(QUEUE);
+    let (api_tx, api_rx) = mpsc::channel(QUEUE);
     let (events_tx, events_rx) = mpsc::channel(64);
     let stale = Arc::new(Mutex::new(BTreeSet::new()));
     let reader = Reader {
@@ -159,27 +156,62 @@ pub(super) fn spawn(
     };
     std::thread::Builder::new()
         .name("nuwa-reader".into())
-        .spawn(move || reader.run(rx))?;
-    Ok((ReaderHandle { tx, stale }, events_rx))
+        .spawn(move || reader.run(rx, api_rx))?;
+    Ok((ReaderHandle { tx, stale }, api_tx, events_rx))
 }
 
 impl Reader {
-    fn run(mut self, mut rx: mpsc::Receiver<ReadMsg>) {
+    fn run(mut self, rx: mpsc::Receiver<ReadMsg>, api: mpsc::Receiver<ApiRequest>) {
         let span = tracing::info_span!("reader");
         let _enter = span.enter();
-        while let Some(first) = rx.blocking_recv() {
-            let mut turn = vec![first];
-            while turn.len() < TURN {
-                match rx.try_recv() {
-                    Ok(m) => turn.push(m),
+        let runtime = match tokio::runtime::Builder::new_current_thread().build() {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, "the reader cannot start");
+                return;
+            }
+        };
+        runtime.block_on(self.serve_turns(rx, api));
+    }
+
+    async fn serve_turns(
+        &mut self,
+        mut rx: mpsc::Receiver<ReadMsg>,
+        mut api: mpsc::Receiver<ApiRequest>,
+    ) {
+        let mut api_open = true;
+        loop {
+            // Wait for anything; the loop's queue closing ends the reader.
+            let mut reads = Vec::new();
+            let mut turn = Vec::new();
+            tokio::select! {
+                biased;
+                m = rx.recv() => match m {
+                    Some(m) => turn.push(m),
+                    None => return,
+                },
+                r = api.recv(), if api_open => match r {
+                    Some(r) => reads.push(r),
+                    None => api_open = false,
+                },
+            }
+            // Reads first, then every batch queued so far: each read taken
+            // here was sent after the batches it must see (see the module
+            // docs), so they are all in `rx` now.
+            while reads.len() < TURN {
+                match api.try_recv() {
+                    Ok(r) => reads.push(r),
                     Err(_) => break,
                 }
+            }
+            while let Ok(m) = rx.try_recv() {
+                turn.push(m);
             }
             // Change batches first, grouped per container: Automerge
             // applies many changes together far faster than one by one.
             // Reads in this turn may so see newer state, never older.
             let mut changes: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
-            let mut rest = Vec::new();
+            let mut scans = Vec::new();
             for m in turn {
                 match m {
                     ReadMsg::Changes {
@@ -191,18 +223,17 @@ impl Reader {
                         self.replicas.remove(&container);
                     }
                     ReadMsg::Registry(r) => self.registry = *r,
-                    other => rest.push(other),
+                    ReadMsg::Scan { schemas, now_secs } => scans.push((schemas, now_secs)),
                 }
             }
             for (name, batch) in changes {
                 self.apply(&name, batch);
             }
-            for m in rest {
-                match m {
-                    ReadMsg::Api(req) => self.serve(req),
-                    ReadMsg::Scan { schemas, now_secs } => self.scan(schemas, now_secs),
-                    ReadMsg::Changes { .. } | ReadMsg::Reset { .. } | ReadMsg::Registry(_) => {}
-                }
+            for req in reads {
+                self.serve(req);
+            }
+            for (schemas, now_secs) in scans {
+                self.scan(schemas, now_secs);
             }
         }
     }
@@ -247,8 +278,7 @@ impl Reader {
             Err(e) => {
                 warn!(container = name, error = %format!("{e:#}"), "reader cannot load a container");
                 Err(ApiError::new(
-                    500,
-                    "storage_failed",
+                    ErrorCode::StorageFailed,
                     format!("cannot read container {name:?}: {e:#}"),
                 ))
             }
@@ -257,8 +287,7 @@ impl Reader {
 
     fn no_such_container(name: &str) -> ApiError {
         ApiError::new(
-            404,
-            "no_such_container",
+            ErrorCode::NoSuchContainer,
             format!("container {name:?} does not exist on this device"),
         )
     }
@@ -275,8 +304,7 @@ impl Reader {
                         None => Ok(c.to_json()),
                         Some(k) => c.get(k).ok_or_else(|| {
                             ApiError::new(
-                                404,
-                                "no_such_key",
+                                ErrorCode::NoSuchKey,
                                 format!("key {k:?} is not set in container {:?}", q.container),
                             )
                         }),
@@ -338,12 +366,18 @@ impl Reader {
 }
 
 fn answer_misrouted(req: ApiRequest) {
-    let e = || ApiError::new(500, "internal", "request routed to the reader by mistake");
+    let e = || {
+        ApiError::new(
+            ErrorCode::Internal,
+            "request routed to the reader by mistake",
+        )
+    };
     match req {
         ApiRequest::Status(_) | ApiRequest::Devices(_) => {}
         ApiRequest::Put(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Revoke(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Approve(_, r) => drop(r.send(Err(e()))),
+        ApiRequest::Provision(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Tool(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Get(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Export(_, r) => drop(r.send(Err(e()))),

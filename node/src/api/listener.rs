@@ -1,0 +1,272 @@
+//! The API's connection guard: HTTP/1.1 over hyper with a cap on open
+//! connections, a header-read timeout and an idle timeout.
+//!
+//! - **Cap.** At most [`Limits::max_connections`] are open. A new
+//!   connection at the cap closes the connection that has been idle the
+//!   longest (no request in flight, no response streaming), so idle sockets
+//!   can never lock out a client with work to do. When every open
+//!   connection is busy, the new one is refused (closed at once) and
+//!   counted.
+//! - **Header-read timeout.** A client must send a request's headers within
+//!   [`Limits::header_read_timeout`] (slow-loris).
+//! - **Idle timeout.** A connection with no request in flight for
+//!   [`Limits::idle_timeout`] is closed.
+//!
+//! The bearer token is checked by a layer of the router before any body is
+//! read, so an unauthenticated client can hold at most one small buffer of
+//! headers per connection.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::metrics::{Event, Metrics};
+
+/// Connection limits of the local API.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 256,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Largest buffer for a request's headers.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// How long a connection may take to finish its response once asked to
+/// close (at shutdown or eviction) before it is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// What the guard knows of one open connection.
+struct Conn {
+    /// Requests in flight, including responses still streaming.
+    busy: Arc<AtomicUsize>,
+    /// Milliseconds since `epoch` of the last activity.
+    last_active: Arc<AtomicU64>,
+    close: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct Table {
+    next_id: u64,
+    open: BTreeMap<u64, Conn>,
+}
+
+fn ms_since(epoch: Instant) -> u64 {
+    epoch.elapsed().as_millis() as u64
+}
+
+/// Accepts and serves connections until `cancel`.
+pub(super) async fn run(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    let epoch = Instant::now();
+    let table = Arc::new(Mutex::new(Table::default()));
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file handles, most likely: wait a little rather
+                // than spin, and let idle timeouts free some.
+                warn!(error = %e, "API accept failed");
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+                continue;
+            }
+        };
+        let (id, conn) = {
+            let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+            if t.open.len() >= limits.max_connections {
+                let idlest = t
+                    .open
+                    .iter()
+                    .filter(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
+                    .min_by_key(|(_, c)| c.last_active.load(Ordering::Acquire))
+                    .map(|(id, _)| *id);
+                match idlest.and_then(|id| t.open.remove(&id)) {
+                    Some(old) => {
+                        let _ = old.close.send(true);
+                        metrics.inc(Event::ApiConnectionsEvicted);
+                    }
+                    None => {
+                        metrics.inc(Event::ApiConnectionsRefused);
+                        debug!("API connection refused: every open connection is busy");
+                        continue; // drops `stream`
+                    }
+                }
+            }
+            let id = t.next_id;
+            t.next_id += 1;
+            let (close, _) = watch::channel(false);
+            let conn = Conn {
+                busy: Arc::new(AtomicUsize::new(0)),
+                last_active: Arc::new(AtomicU64::new(ms_since(epoch))),
+                close,
+            };
+            let handle = (
+                conn.busy.clone(),
+                conn.last_active.clone(),
+                conn.close.subscribe(),
+            );
+            t.open.insert(id, conn);
+            (id, handle)
+        };
+        let app = app.clone();
+        let table = table.clone();
+        let metrics = metrics.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            serve_one(stream, app, limits, conn, epoch, &metrics, cancel).await;
+            table
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .open
+                .remove(&id);
+        });
+    }
+}
+
+async fn serve_one(
+    stream: tokio::net::TcpStream,
+    app: Router,
+    limits: Limits,
+    (busy, last_active, mut close): (Arc<AtomicUsize>, Arc<AtomicU64>, watch::Receiver<bool>),
+    epoch: Instant,
+    metrics: &Metrics,
+    cancel: CancellationToken,
+) {
+    let service = {
+        let busy = busy.clone();
+        let last_active = last_active.clone();
+        hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let guard = BusyGuard::new(busy.clone(), last_active.clone(), epoch);
+            let mut app = app.clone();
+            async move {
+                use tower::Service as _;
+                let response = app.call(req.map(axum::body::Body::new)).await?;
+                // Busy until the whole body is sent (a streamed response
+                // such as state.events keeps the connection busy).
+                Ok::<_, std::convert::Infallible>(response.map(|b| {
+                    axum::body::Body::new(Guarded {
+                        inner: b,
+                        _guard: guard,
+                    })
+                }))
+            }
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(MAX_HEADER_BYTES);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let idle = limits.idle_timeout;
+    loop {
+        let idle_for = Duration::from_millis(
+            ms_since(epoch).saturating_sub(last_active.load(Ordering::Acquire)),
+        );
+        let wait = idle.saturating_sub(idle_for);
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    debug!(error = %e, "API connection ended");
+                }
+                return;
+            }
+            _ = close.changed() => break,
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(wait) => {
+                let idle_for = ms_since(epoch).saturating_sub(last_active.load(Ordering::Acquire));
+                if busy.load(Ordering::Acquire) == 0 && idle_for >= idle.as_millis() as u64 {
+                    metrics.inc(Event::ApiConnectionsIdleClosed);
+                    break;
+                }
+            }
+        }
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = tokio::time::timeout(CLOSE_GRACE, conn).await;
+}
+
+/// Marks a connection busy from a request's arrival until its response
+/// body is dropped.
+struct BusyGuard {
+    busy: Arc<AtomicUsize>,
+    last_active: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+impl BusyGuard {
+    fn new(busy: Arc<AtomicUsize>, last_active: Arc<AtomicU64>, epoch: Instant) -> Self {
+        busy.fetch_add(1, Ordering::AcqRel);
+        last_active.store(ms_since(epoch), Ordering::Release);
+        BusyGuard {
+            busy,
+            last_active,
+            epoch,
+        }
+    }
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.last_active
+            .store(ms_since(self.epoch), Ordering::Release);
+        self.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that holds a [`BusyGuard`] until it is done.
+struct Guarded {
+    inner: axum::body::Body,
+    _guard: BusyGuard,
+}
+
+impl http_body::Body for Guarded {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
