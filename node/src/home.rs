@@ -295,6 +295,22 @@ pub fn write_paired(
     write_device(dir, device, name, keys)
 }
 
+/// Refuses a home directory that other users can read, write or enter:
+/// everything below it relies on it being private.
+pub fn check_private(dir: &Path) -> Result<()> {
+    let meta = fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        bail!(
+            "home {} is open to other users (mode {mode:03o}); it holds this device's keys. Make \
+             it private with `chmod -R go-rwx {}` and start again",
+            dir.display(),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// Loads an existing home.
 pub fn load(dir: &Path) -> Result<Home> {
     if !dir.join(DEVICE_KEY).exists() {
@@ -304,6 +320,7 @@ pub fn load(dir: &Path) -> Result<Home> {
             dir.display()
         );
     }
+    check_private(dir)?;
     for name in [DEVICE_KEY, SYNC_KEY, AT_REST_KEY, MASTER_KEY] {
         let p = dir.join(name);
         if let Ok(meta) = fs::metadata(&p) {

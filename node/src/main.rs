@@ -15,6 +15,7 @@ mod lifecycle;
 mod metrics;
 mod pair;
 mod pairing;
+mod panic_hook;
 mod snapshot;
 mod status;
 
@@ -406,6 +407,13 @@ fn init_tracing_quiet() {
 }
 
 fn main() -> ExitCode {
+    // Files and directories this process creates are private whatever the
+    // inherited umask (sled creates its files itself, with 0666 & ~umask).
+    // SAFETY: umask only sets the process's file-mode creation mask.
+    unsafe {
+        libc::umask(0o077);
+    }
+    panic_hook::install();
     let cli = Cli::parse();
     match real_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
