@@ -103,6 +103,8 @@ struct Daemon {
     metrics: Arc<crate::metrics::Metrics>,
     /// Changes logged per container since its last snapshot.
     logged: BTreeMap<String, u64>,
+    /// Containers moved aside at start (see `open_session`).
+    quarantined: Vec<crate::status::QuarantineStatus>,
     /// Highest change-log sequence number per container.
     last_seq: BTreeMap<String, u64>,
     /// Local changes made during this loop turn, persisted by the next
@@ -258,6 +260,8 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         reads,
     );
     d.seen = crate::devices::Seen::load(d.store.as_ref());
+    d.metrics
+        .add(Event::ContainersQuarantined, d.quarantined.len() as u64);
     d.asm_start().await;
     // The core models' genesis changes, durable before anything else runs.
     d.execute(Vec::new(), Vec::new()).await;
@@ -359,6 +363,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
 /// executor needs per container.
 struct Opened {
     session: Session,
+    quarantined: Vec<crate::status::QuarantineStatus>,
     logged: BTreeMap<String, u64>,
     last_seq: BTreeMap<String, u64>,
 }
@@ -377,9 +382,35 @@ fn open_session(home: &Home, store: &dyn Storage) -> Result<Opened> {
     let mut engine = Engine::new(actor.clone(), nuwa_sync::Config::default());
     let mut logged = BTreeMap::new();
     let mut last_seq = BTreeMap::new();
-    for name in store.list_containers()? {
-        let Some(loaded) = load_container(store, &actor, &name)? else {
-            continue;
+    // One unreadable container must not stop the device: its records are
+    // moved aside (kept) and peers resync it, since to them it is simply
+    // missing here.
+    let (names, unnamed) = store.list_containers_quarantining()?;
+    let mut quarantined: Vec<crate::status::QuarantineStatus> = unnamed
+        .into_iter()
+        .map(|q| crate::status::QuarantineStatus {
+            container: None,
+            reason: format!("name record {}: {}", q.id, q.reason),
+            records: q.records,
+        })
+        .collect();
+    for name in names {
+        let loaded = match load_container(store, &actor, &name) {
+            Ok(Some(loaded)) => loaded,
+            Ok(None) => continue,
+            Err(e) => {
+                let reason = format!("{e:#}");
+                let records = store
+                    .quarantine_container(&name)
+                    .with_context(|| format!("cannot move unreadable container {name:?} aside"))?;
+                warn!(container = %name, %reason, records, "container unreadable: quarantined; peers will resync it");
+                quarantined.push(crate::status::QuarantineStatus {
+                    container: Some(name),
+                    reason,
+                    records,
+                });
+                continue;
+            }
         };
         engine.insert_container(name.clone(), loaded.container);
         last_seq.insert(name.clone(), loaded.last_seq);
@@ -392,6 +423,7 @@ fn open_session(home: &Home, store: &dyn Storage) -> Result<Opened> {
         home.keys.clone(),
     );
     Ok(Opened {
+        quarantined,
         session: Session::new(
             membership,
             secure,
@@ -431,6 +463,7 @@ impl Daemon {
             reader,
             metrics,
             logged: opened.logged,
+            quarantined: opened.quarantined,
             last_seq: opened.last_seq,
             staged: Vec::new(),
             unknown_announcements: BTreeMap::new(),
@@ -902,6 +935,7 @@ impl Daemon {
                     window_ms: nuwa_sync::secure::REPLAY_WINDOW_SECS * 1000,
                 })
                 .collect(),
+            quarantined: self.quarantined.clone(),
             rejections: self
                 .rejection_order
                 .iter()

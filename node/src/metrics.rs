@@ -50,6 +50,7 @@ events! {
     MalformedFrame => "malformed_frame", "Frames that did not decode";
     DialFailed => "dial_failed", "Failed dials";
     ClockSkewDetected => "clock_skew_detected", "Genuine Hellos refused because the peer's clock is beyond the replay window";
+    ContainersQuarantined => "containers_quarantined", "Containers moved aside at start because their records could not be read";
     ContainersPoisoned => "containers_poisoned", "Containers reloaded from the store after Automerge panicked on peer input";
     DevicesRevoked => "devices_revoked", "Devices revoked from this device";
     DhtBootstrapFailed => "dht_bootstrap_failed", "Failed DHT bootstraps";

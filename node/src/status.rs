@@ -16,6 +16,10 @@ pub struct Status {
     #[serde(default)]
     pub clock_skew: Vec<ClockSkewStatus>,
     pub rejections: Vec<RejectionStatus>,
+    /// Containers whose records could not be read at start: moved aside
+    /// (kept in the store's quarantine) and resynced from peers.
+    #[serde(default)]
+    pub quarantined: Vec<QuarantineStatus>,
     pub counters: BTreeMap<String, u64>,
     pub containers: Vec<ContainerStatus>,
 }
@@ -39,6 +43,17 @@ pub struct PeerStatus {
     /// The peer's clock minus ours, from its last Hello.
     #[serde(default)]
     pub clock_offset_ms: i64,
+}
+
+/// A container moved aside at start because its records could not be read.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QuarantineStatus {
+    /// Its name, when the name record itself was readable.
+    pub container: Option<String>,
+    /// Why it was moved aside.
+    pub reason: String,
+    /// Records moved.
+    pub records: u64,
 }
 
 /// A peer whose genuine Hello was refused for clock skew.
@@ -108,6 +123,15 @@ impl Status {
                 c.peer_id,
                 c.offset_ms as f64 / 1000.0,
                 c.window_ms / 1000
+            ));
+        }
+        for q in &self.quarantined {
+            out.push_str(&format!(
+                "\nQUARANTINED: container {} could not be read ({}); its {} records were moved \
+                 aside and it is resynced from peers\n",
+                q.container.as_deref().unwrap_or("(name unreadable)"),
+                q.reason,
+                q.records
             ));
         }
         out.push_str(&format!("\nrejections ({}):\n", self.rejections.len()));

@@ -95,12 +95,46 @@ pub trait Storage: Send + Sync + 'static {
     /// Oversized keys, storage and decryption failures.
     fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
 
+    /// Moves every record of `container` aside, still encrypted and never deleted, so that
+    /// the name is free and empty again (the caller resyncs it from peers). Returns how
+    /// many records were moved. For a container whose records cannot be read.
+    ///
+    /// # Errors
+    /// Storage failures. The default refuses: a backend without a place to move records
+    /// to must not pretend.
+    fn quarantine_container(&self, container: &str) -> Result<u64, StoreError> {
+        let _ = container;
+        Err(StoreError::Unsupported("quarantine"))
+    }
+
+    /// Like [`Storage::list_containers`], but a name record that cannot be read is moved
+    /// aside with every record under its id (see [`Storage::quarantine_container`]) and
+    /// reported, instead of failing the whole listing.
+    ///
+    /// # Errors
+    /// Storage failures.
+    fn list_containers_quarantining(&self) -> Result<(Vec<String>, Vec<Quarantined>), StoreError> {
+        Ok((self.list_containers()?, Vec::new()))
+    }
+
     /// Makes every write so far durable. Writes through this trait already are; this exists
     /// for shutdown paths.
     ///
     /// # Errors
     /// Storage failures.
     fn flush(&self) -> Result<(), StoreError>;
+}
+
+/// A container whose name record could not be read, moved aside by
+/// [`Storage::list_containers_quarantining`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quarantined {
+    /// The opaque id of the container (its name is what could not be read), hex.
+    pub id: String,
+    /// Why its name record was refused.
+    pub reason: String,
+    /// Records moved aside.
+    pub records: u64,
 }
 
 /// One container as loaded: its snapshot, if any, and the changes after it.
@@ -124,12 +158,12 @@ pub struct ContainerRecord {
 #[non_exhaustive]
 pub enum StoreError {
     /// The sled database could not be opened.
-    #[error(
-        "failed to open the sled database in {path}; check that the directory is writable and no other nuwa-node uses it"
-    )]
+    #[error("failed to open the sled database in {path}: {hint}")]
     Open {
         /// The store directory.
         path: PathBuf,
+        /// What to do about it, matched to the cause (see [`open_hint`]).
+        hint: String,
         /// What sled reported.
         #[source]
         source: sled::Error,
@@ -187,6 +221,9 @@ pub enum StoreError {
         /// What is inconsistent.
         reason: String,
     },
+    /// This backend does not support the operation.
+    #[error("this store does not support {0}")]
+    Unsupported(&'static str),
     /// A container name is empty.
     #[error("container name is empty; give the container a name")]
     EmptyContainerName,
@@ -276,6 +313,29 @@ pub enum StoreError {
         /// The limit, [`MAX_META_VALUE_BYTES`].
         max: usize,
     },
+}
+
+/// Advice for a sled error met while opening the store in `path`, matched to its cause.
+#[must_use]
+pub fn open_hint(path: &std::path::Path, e: &sled::Error) -> String {
+    let p = path.display();
+    match e {
+        sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => format!(
+            "another process holds the store's lock; is a second nuwa-node running on this home? ({io})"
+        ),
+        sled::Error::Io(io) if io.kind() == std::io::ErrorKind::PermissionDenied => {
+            format!("permission denied; the store must belong to the user running nuwa-node ({io})")
+        }
+        sled::Error::Io(io) if io.raw_os_error() == Some(28) => {
+            format!("the disk is full; free some space and start again ({io})")
+        }
+        sled::Error::Corruption { .. } | sled::Error::Io(_) => format!(
+            "sled found damaged files ({e}). Nothing written to it can be trusted; move the store \
+             aside (`mv {p} {p}.damaged`) and start again: this device then resyncs every \
+             container from its peers. Changes made here and never synced are only in the moved copy"
+        ),
+        _ => format!("{e}"),
+    }
 }
 
 /// Checks a container name against the limits shared by every backend.

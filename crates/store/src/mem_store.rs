@@ -20,6 +20,8 @@ pub struct MemStore {
 struct Inner {
     containers: BTreeMap<String, Container>,
     meta: BTreeMap<String, Vec<u8>>,
+    /// Containers moved aside, kept.
+    quarantine: Vec<(String, Container)>,
 }
 
 #[derive(Default)]
@@ -114,6 +116,17 @@ impl Storage for MemStore {
     fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         check_meta(key, None)?;
         Ok(self.lock().meta.get(key).cloned())
+    }
+
+    fn quarantine_container(&self, container: &str) -> Result<u64, StoreError> {
+        check_container_name(container)?;
+        let mut inner = self.lock();
+        let Some(c) = inner.containers.remove(container) else {
+            return Ok(0);
+        };
+        let records = 1 + u64::from(c.snapshot.is_some()) + c.log.len() as u64;
+        inner.quarantine.push((container.to_owned(), c));
+        Ok(records)
     }
 
     fn flush(&self) -> Result<(), StoreError> {

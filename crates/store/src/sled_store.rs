@@ -46,14 +46,17 @@ use sled::transaction::{ConflictableTransactionError, TransactionError, Transact
 use sled::{IVec, Tree};
 
 use crate::{
-    ContainerRecord, Storage, StoreError, check_changes, check_container_name, check_meta,
-    check_snapshot_seq, check_snapshot_size,
+    ContainerRecord, Quarantined, Storage, StoreError, check_changes, check_container_name,
+    check_meta, check_snapshot_seq, check_snapshot_size,
 };
 
 const META_TREE: &str = "meta";
 const NAMES_TREE: &str = "names";
 const SNAPSHOTS_TREE: &str = "snapshots";
 const LOG_TREE: &str = "log";
+/// Records moved aside because they could not be read: key = 8-byte move id, one byte for
+/// the tree they came from, their key; value = the record as it was (still encrypted).
+const QUARANTINE_TREE: &str = "quarantine";
 
 /// Key of the marker record; user metadata keys are 32-byte ids and never collide with it.
 const MARKER_KEY: &[u8] = &[0];
@@ -123,8 +126,9 @@ impl SledStore {
     /// [`StoreError::Open`] if sled cannot open `dir`, [`StoreError::WrongKey`] if `key` is
     /// not the store's key, [`StoreError::MissingMarker`] if `dir` holds data but no marker.
     pub fn open(dir: &Path, key: AtRestKey) -> Result<SledStore, StoreError> {
-        let open_err = |source| StoreError::Open {
+        let open_err = |source: sled::Error| StoreError::Open {
             path: dir.to_owned(),
+            hint: crate::open_hint(dir, &source),
             source,
         };
         let db = open_db(dir).map_err(open_err)?;
@@ -190,6 +194,53 @@ impl SledStore {
                 Ok(())
             }
         }
+    }
+
+    /// Moves the name record, the snapshot and every log entry under `cid` into the
+    /// quarantine tree, then forgets the container's position. Copies first and removes
+    /// after, flushing in between: a crash midway leaves duplicates in the quarantine,
+    /// never a lost record.
+    fn quarantine_id(&self, cid: &[u8]) -> Result<u64, StoreError> {
+        let quarantine = self
+            .db
+            .open_tree(QUARANTINE_TREE)
+            .map_err(sled_err("opening the quarantine"))?;
+        let move_id = self
+            .db
+            .generate_id()
+            .map_err(sled_err("numbering a quarantine"))?
+            .to_be_bytes();
+        let mut cache = self.lock_writer();
+        let mut moved: Vec<(&sled::Tree, IVec)> = Vec::new();
+        let sources: [(&sled::Tree, u8); 3] = [
+            (&self.log, b'l'),
+            (&self.snapshots, b's'),
+            (&self.names, b'n'),
+        ];
+        for (tree, tag) in sources {
+            for entry in tree.scan_prefix(cid) {
+                let (key, blob) = entry.map_err(sled_err("reading a quarantined record"))?;
+                let mut qkey = move_id.to_vec();
+                qkey.push(tag);
+                qkey.extend_from_slice(&key);
+                quarantine
+                    .insert(qkey, blob)
+                    .map_err(sled_err("moving a record to the quarantine"))?;
+                moved.push((tree, key));
+            }
+        }
+        self.flush()?;
+        // The name record goes last: until it is gone, the container still lists.
+        for (tree, key) in moved.iter().rev() {
+            tree.remove(key)
+                .map_err(sled_err("removing a quarantined record"))?;
+        }
+        self.flush()?;
+        if let Ok(id) = ContainerId::try_from(cid) {
+            cache.remove(&id);
+        }
+        tracing::warn!(container_id = %hex_id(cid), records = moved.len(), "records moved to the quarantine");
+        Ok(moved.len() as u64)
     }
 
     fn container_id(&self, name: &str) -> ContainerId {
@@ -448,6 +499,40 @@ impl Storage for SledStore {
         }))
     }
 
+    fn quarantine_container(&self, container: &str) -> Result<u64, StoreError> {
+        check_container_name(container)?;
+        let cid = self.container_id(container);
+        self.quarantine_id(&cid)
+    }
+
+    fn list_containers_quarantining(&self) -> Result<(Vec<String>, Vec<Quarantined>), StoreError> {
+        let mut names = Vec::new();
+        let mut bad = Vec::new();
+        let mut moved = Vec::new();
+        for entry in self.names.iter() {
+            let (key, blob) = entry.map_err(sled_err("listing containers"))?;
+            let name = self.open_record(NAMES_TREE, &key, &blob).and_then(|plain| {
+                let (_, name) = split_covers(NAMES_TREE, &plain)?;
+                String::from_utf8(name.to_vec())
+                    .map_err(|_| corrupt(NAMES_TREE, "a container name is not UTF-8"))
+            });
+            match name {
+                Ok(n) => names.push(n),
+                Err(e) => bad.push((key.to_vec(), e.to_string())),
+            }
+        }
+        for (id, reason) in bad {
+            let records = self.quarantine_id(&id)?;
+            moved.push(Quarantined {
+                id: hex_id(&id),
+                reason,
+                records,
+            });
+        }
+        names.sort();
+        Ok((names, moved))
+    }
+
     fn list_containers(&self) -> Result<Vec<String>, StoreError> {
         let mut names = Vec::new();
         for entry in self.names.iter() {
@@ -546,4 +631,8 @@ fn tx_err(op: &'static str) -> impl Fn(TransactionError<Infallible>) -> StoreErr
         TransactionError::Storage(source) => StoreError::Sled { op, source },
         TransactionError::Abort(never) => match never {},
     }
+}
+
+fn hex_id(id: &[u8]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
 }
