@@ -43,6 +43,10 @@ mod meta;
 pub(crate) mod reader;
 mod wide;
 
+/// How long a rendezvous registration lasts (devices and pairing codes);
+/// refreshed at half of it.
+pub(crate) const RENDEZVOUS_TTL_SECS: u64 = 2 * 3600;
+
 use exec::Ack;
 
 pub use asm::LIFECYCLE_EVERY_MS;

@@ -251,8 +251,8 @@ pub struct HomeLock(#[allow(dead_code)] fs::File);
 pub fn lock(dir: &Path) -> Result<HomeLock> {
     try_lock(dir)?.ok_or_else(|| {
         anyhow::anyhow!(
-            "another nuwa-node process (a daemon, most likely) is using home {}; stop it first \
-             or use another --home",
+            "another nuwa-node daemon is already running with home {} (or a command is \
+             changing its files); stop it first or use another --home",
             dir.display()
         )
     })

@@ -182,23 +182,17 @@ struct NetArgs {
     api_listen: Option<String>,
 }
 
+/// `30s`, `2m`, `500ms`, `1h30m` (humantime's syntax); a bare number is
+/// seconds. Overflow is an error, never a wrapped value.
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration; use e.g. 30s, 2m or 500ms"))?;
-    let ms = match unit {
-        "ms" => n,
-        "s" | "" => n * 1000,
-        "m" => n * 60_000,
-        "h" => n * 3_600_000,
-        _ => return Err(format!("unknown unit in {s:?}; use ms, s, m or h")),
+    let with_unit = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        format!("{s}s")
+    } else {
+        s.to_owned()
     };
-    Ok(std::time::Duration::from_millis(ms))
+    humantime::parse_duration(&with_unit)
+        .map_err(|e| format!("{s:?} is not a duration ({e}); use e.g. 30s, 2m, 500ms or 1h"))
 }
 
 fn parse_json(what: &str, text: &str) -> Result<serde_json::Value> {

@@ -25,7 +25,7 @@ use crate::home;
 use crate::pairing::{GrantPlaintext, mdns_agent, rendezvous_namespace};
 
 /// Registration TTL at rendezvous servers (their minimum is two hours).
-const RENDEZVOUS_TTL_SECS: u64 = 2 * 3600;
+use crate::daemon::RENDEZVOUS_TTL_SECS;
 /// Re-sign the mDNS announcement this often (accepted for 10 minutes).
 const ANNOUNCE_REFRESH: Duration = Duration::from_secs(120);
 /// An exchange that stalls this long is abandoned (the code stays usable).

@@ -89,6 +89,6 @@ fn a_locked_home_is_not_initialised_twice() {
     let out = cli(&home, &["init", "--name", "x"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("is using home"), "{stderr}");
+    assert!(stderr.contains("already running with home"), "{stderr}");
     assert!(!home.join("device.key").exists());
 }

@@ -401,16 +401,7 @@ fn expected_start_op(
 /// Reads one unsigned LEB128 number (at most 64 bits) off the front of
 /// `bytes`; `None` if it is truncated or too long.
 fn read_leb128(bytes: &mut &[u8]) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let (&b, rest) = bytes.split_first()?;
-        *bytes = rest;
-        value |= u64::from(b & 0x7f) << shift;
-        if b & 0x80 == 0 {
-            return Some(value);
-        }
-    }
-    None
+    leb128::read::unsigned(bytes).ok()
 }
 
 /// Runs Automerge code that touches no document on peer bytes, turning a

@@ -84,19 +84,7 @@ fn doc_error(e: doc::DocError) -> ApiError {
 
 /// A fresh random UUID (version 4) for objects created without an id.
 fn new_uuid() -> Result<String, ApiError> {
-    let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex::encode(b);
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    ))
+    Ok(uuid::Uuid::new_v4().to_string())
 }
 
 /// Whether the item schema declares an `id` property (then `id` is part of

@@ -23,9 +23,9 @@ use tracing::{debug, info, warn};
 use super::{Daemon, PeerState, RunOptions};
 use crate::home;
 
-/// Registration TTL requested from rendezvous servers; we re-register at
-/// half of whatever the server grants.
-const RENDEZVOUS_TTL_SECS: u64 = 2 * 3600;
+// Registration TTL requested from rendezvous servers; we re-register at
+// half of whatever the server grants.
+use super::RENDEZVOUS_TTL_SECS;
 /// Known peers kept in the cache.
 const MAX_KNOWN_PEERS: usize = 64;
 const KNOWN_PEERS_META: &str = "known_peers";
