@@ -17,7 +17,8 @@
 //! leaves every verdict to the caller.
 //!
 //! Outbound frames to one peer go in order, one at a time: the next frame
-//! leaves when the previous one was acknowledged. Every queue is bounded.
+//! leaves when the previous one was acknowledged. Every queue is bounded,
+//! and so are connections (see [`ConnectionLimits`]).
 //!
 //! Backpressure never makes the actor and its owner wait on each other (see
 //! `outbox`): the actor never awaits the event channel. When it is full,
@@ -44,9 +45,10 @@ use libp2p::core::ConnectedPoint;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::swarm::{ConnectionDenied, DialError, ListenError, NetworkBehaviour, SwarmEvent};
 use libp2p::{
-    StreamProtocol, Swarm, gossipsub, identify, kad, noise, ping, relay, rendezvous, tcp, yamux,
+    StreamProtocol, Swarm, connection_limits, gossipsub, identify, kad, noise, ping, relay,
+    rendezvous, tcp, yamux,
 };
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio_util::sync::CancellationToken;
@@ -120,6 +122,59 @@ impl Default for InfraLimits {
     }
 }
 
+/// Caps on connections, checked by libp2p before a connection is used.
+/// Connections over a cap are refused and counted
+/// ([`NetStats::connections_refused`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Inbound connections still in their handshake.
+    pub max_pending_incoming: u32,
+    /// Outbound dials still in their handshake.
+    pub max_pending_outgoing: u32,
+    pub max_established_incoming: u32,
+    /// Inbound and outbound together.
+    pub max_established_total: u32,
+    /// Connections to one peer, both directions together.
+    pub max_established_per_peer: u32,
+}
+
+impl ConnectionLimits {
+    /// A device talks to the 2-20 devices of its agent plus a few
+    /// introducers. Two connections to one peer are normal (both dialed at
+    /// once, or a relayed one next to a direct one); more are a fault or a
+    /// flood.
+    pub fn device() -> Self {
+        ConnectionLimits {
+            max_pending_incoming: 32,
+            max_pending_outgoing: 64,
+            max_established_incoming: 128,
+            max_established_total: 192,
+            max_established_per_peer: 4,
+        }
+    }
+
+    /// An infrastructure node serves many agents' devices: every relay
+    /// reservation and DHT or rendezvous client holds a connection.
+    pub fn infrastructure() -> Self {
+        ConnectionLimits {
+            max_pending_incoming: 512,
+            max_pending_outgoing: 256,
+            max_established_incoming: 4096,
+            max_established_total: 4352,
+            max_established_per_peer: 8,
+        }
+    }
+
+    fn to_libp2p(self) -> connection_limits::ConnectionLimits {
+        connection_limits::ConnectionLimits::default()
+            .with_max_pending_incoming(Some(self.max_pending_incoming))
+            .with_max_pending_outgoing(Some(self.max_pending_outgoing))
+            .with_max_established_incoming(Some(self.max_established_incoming))
+            .with_max_established(Some(self.max_established_total))
+            .with_max_established_per_peer(Some(self.max_established_per_peer))
+    }
+}
+
 /// Tunables of the network actor.
 #[derive(Debug, Clone)]
 pub struct NetConfig {
@@ -131,6 +186,10 @@ pub struct NetConfig {
     pub request_timeout: Duration,
     pub idle_connection_timeout: Duration,
     pub features: Features,
+    /// `None`: [`ConnectionLimits::device`], or
+    /// [`ConnectionLimits::infrastructure`] when `features.infrastructure`
+    /// is set.
+    pub connection_limits: Option<ConnectionLimits>,
 }
 
 impl Default for NetConfig {
@@ -142,7 +201,19 @@ impl Default for NetConfig {
             request_timeout: Duration::from_secs(30),
             idle_connection_timeout: Duration::from_secs(120),
             features: Features::default(),
+            connection_limits: None,
         }
+    }
+}
+
+impl NetConfig {
+    /// The connection caps in force: the configured ones, else the role's.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        self.connection_limits
+            .unwrap_or_else(|| match self.features.infrastructure {
+                Some(_) => ConnectionLimits::infrastructure(),
+                None => ConnectionLimits::device(),
+            })
     }
 }
 
@@ -299,6 +370,8 @@ pub struct NetStats {
     /// Outbound frames dropped before leaving: the command queue was behind
     /// or the peer's send queue was full.
     pub outbound_frames_dropped: u64,
+    /// Connections refused by [`ConnectionLimits`], inbound and outbound.
+    pub connections_refused: u64,
 }
 
 #[derive(Default)]
@@ -311,6 +384,7 @@ struct Counters {
     gossip_dropped: AtomicU64,
     events_dropped: AtomicU64,
     outbound_frames_dropped: AtomicU64,
+    connections_refused: AtomicU64,
 }
 
 impl Counters {
@@ -361,6 +435,8 @@ pub fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
 
 #[derive(NetworkBehaviour)]
 struct Behaviour {
+    // First, so that a refused connection gets no handler from the others.
+    limits: connection_limits::Behaviour,
     sync: request_response::Behaviour<FrameCodec>,
     identify: identify::Behaviour,
     ping: ping::Behaviour,
@@ -453,6 +529,7 @@ impl NetHandle {
             gossip_dropped: load(&c.gossip_dropped),
             events_dropped: load(&c.events_dropped),
             outbound_frames_dropped: load(&c.outbound_frames_dropped),
+            connections_refused: load(&c.connections_refused),
         }
     }
 
@@ -672,6 +749,7 @@ pub async fn spawn(
         .with_request_timeout(config.request_timeout)
         .with_max_concurrent_streams(256);
     let idle = config.idle_connection_timeout;
+    let limits = config.connection_limits().to_libp2p();
     let features = config.features.clone();
     let gossip_cfg = if features.gossip {
         Some(gossip_config()?)
@@ -737,6 +815,7 @@ pub async fn spawn(
                 None => None,
             };
             Ok(Behaviour {
+                limits: connection_limits::Behaviour::new(limits),
                 sync: request_response::Behaviour::with_codec(
                     codec,
                     [(StreamProtocol::new(SYNC_PROTOCOL), ProtocolSupport::Full)],
@@ -875,6 +954,9 @@ impl Actor {
                     },
                 };
                 if let Err(e) = self.swarm.dial(opts) {
+                    if let DialError::Denied { cause } = &e {
+                        self.count_refused(cause);
+                    }
                     // "already connected/dialing" is expected and harmless.
                     trace!(?peer, error = %e, "dial not started");
                 }
@@ -1085,14 +1167,38 @@ impl Actor {
                 vec![NetEvent::Disconnected { peer: peer_id }]
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
+                if let DialError::Denied { cause } = &error {
+                    self.count_refused(cause);
+                }
                 vec![NetEvent::DialFailed {
                     peer: peer_id,
                     reason: error.to_string(),
                 }]
             }
+            SwarmEvent::IncomingConnectionError {
+                error: ListenError::Denied { cause },
+                send_back_addr,
+                ..
+            } => {
+                if self.count_refused(&cause) {
+                    debug!(remote = %send_back_addr, %cause, "inbound connection refused");
+                }
+                vec![]
+            }
             SwarmEvent::Behaviour(ev) => self.on_behaviour_event(ev),
             _ => vec![],
         }
+    }
+
+    /// Counts a connection refused by [`ConnectionLimits`]; whether it was.
+    fn count_refused(&self, cause: &ConnectionDenied) -> bool {
+        let refused = cause
+            .downcast_ref::<connection_limits::Exceeded>()
+            .is_some();
+        if refused {
+            Counters::bump(&self.counters.connections_refused);
+        }
+        refused
     }
 
     fn on_behaviour_event(&mut self, ev: BehaviourEvent) -> Vec<NetEvent> {
@@ -1577,7 +1683,85 @@ mod tests {
         for h in [&a, &b] {
             let s = h.stats();
             assert!(s.frames_dropped > 0, "{s:?}");
+            assert_eq!(s.connections_refused, 0, "{s:?}");
         }
+    }
+
+    // Goal: connections beyond the per-peer cap are refused and counted, and
+    // the ones within it keep working. Method: b allows 2 connections per
+    // peer; a dials b's address 4 times (no peer condition, so each dial is
+    // a new connection); b must refuse exactly 2, and a frame from a must
+    // still reach b.
+    #[tokio::test]
+    async fn connections_over_the_per_peer_cap_are_refused() {
+        let (a, mut a_rx, _) = node(43, 1024).await;
+        let (b, mut b_rx, b_addr) = node_with(
+            44,
+            NetConfig {
+                connection_limits: Some(ConnectionLimits {
+                    max_established_per_peer: 2,
+                    ..ConnectionLimits::device()
+                }),
+                ..loopback(1024)
+            },
+        )
+        .await;
+        for _ in 0..4 {
+            a.dial(None, vec![b_addr.clone()]).await.unwrap();
+        }
+        wait_until("b refusing a's extra connections", || {
+            b.stats().connections_refused >= 2
+        })
+        .await;
+        // A refused connection may still look open to a for a moment, and a
+        // frame sent on it fails: resend until one lands, as the daemon's
+        // anti-entropy would.
+        let landed = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                a.try_send(b.local_peer_id(), vec![7; 8]).unwrap();
+                let outcome = tokio::select! {
+                    f = next_matching(&mut b_rx, |e| match e {
+                        NetEvent::Frame { peer, frame } => Some((peer, frame)),
+                        _ => None,
+                    }) => Some(f),
+                    _ = next_matching(&mut a_rx, |e| matches!(e, NetEvent::SendFailed { .. }).then_some(())) => None,
+                };
+                if let Some(f) = outcome {
+                    return f;
+                }
+            }
+        })
+        .await
+        .expect("a frame from a reaches b within 30 s");
+        assert_eq!(landed, (a.local_peer_id(), vec![7; 8]));
+        assert_eq!(b.stats().connections_refused, 2);
+        assert_eq!(a.stats().connections_refused, 0);
+    }
+
+    // Goal: the role picks the connection caps unless they are configured.
+    #[test]
+    fn connection_limits_by_role() {
+        let device = NetConfig::default();
+        assert_eq!(device.connection_limits(), ConnectionLimits::device());
+        let mut infra = NetConfig::default();
+        infra.features.infrastructure = Some(InfraLimits::default());
+        assert_eq!(
+            infra.connection_limits(),
+            ConnectionLimits::infrastructure()
+        );
+        let mine = ConnectionLimits {
+            max_established_per_peer: 1,
+            ..ConnectionLimits::device()
+        };
+        infra.connection_limits = Some(mine);
+        assert_eq!(infra.connection_limits(), mine);
+        let (d, i) = (
+            ConnectionLimits::device(),
+            ConnectionLimits::infrastructure(),
+        );
+        assert!(d.max_established_total >= d.max_established_incoming);
+        assert!(i.max_established_total >= i.max_established_incoming);
+        assert!(i.max_established_incoming > d.max_established_incoming);
     }
 
     // Goal: a dial leaves from a fresh port, never from the listening port.
