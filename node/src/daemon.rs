@@ -960,6 +960,14 @@ impl Daemon {
                 for (k, v) in [
                     ("oversized_frames_refused", stats.oversized_frames_refused),
                     ("gossip_publish_dropped", stats.gossip_publish_dropped),
+                    // Backpressure: what the network dropped rather than wait
+                    // on this loop (or make it wait), and connections its
+                    // limits refused.
+                    ("frames_dropped", stats.frames_dropped),
+                    ("gossip_dropped", stats.gossip_dropped),
+                    ("events_dropped", stats.events_dropped),
+                    ("outbound_frames_dropped", stats.outbound_frames_dropped),
+                    ("connections_refused", stats.connections_refused),
                 ] {
                     if v > 0 {
                         c.insert(k.into(), v);

@@ -17,13 +17,23 @@
 //! leaves every verdict to the caller.
 //!
 //! Outbound frames to one peer go in order, one at a time: the next frame
-//! leaves when the previous one was acknowledged. Every queue is bounded.
+//! leaves when the previous one was acknowledged. Every queue is bounded,
+//! and so are connections (see [`ConnectionLimits`]).
+//!
+//! Backpressure never makes the actor and its owner wait on each other (see
+//! `outbox`): the actor never awaits the event channel. When it is full,
+//! connection lifecycle events wait in a bounded, ordered backlog, while
+//! inbound frames, gossip and DHT or rendezvous results are dropped and
+//! counted in [`NetStats`] (anti-entropy and repeated lookups heal them).
+//! The owner never waits to send a frame or a publish: past a share of the
+//! command queue they are dropped and counted; control commands keep order.
 //!
 //! This is the only crate that imports libp2p. It re-exports [`PeerId`],
 //! [`Multiaddr`] and [`Protocol`] so that callers can name peers and
 //! addresses without depending on libp2p themselves.
 
 mod codec;
+mod outbox;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -35,11 +45,12 @@ use libp2p::core::ConnectedPoint;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::swarm::{ConnectionDenied, DialError, ListenError, NetworkBehaviour, SwarmEvent};
 use libp2p::{
-    StreamProtocol, Swarm, gossipsub, identify, kad, noise, ping, relay, rendezvous, tcp, yamux,
+    StreamProtocol, Swarm, connection_limits, gossipsub, identify, kad, noise, ping, relay,
+    rendezvous, tcp, yamux,
 };
-use tokio::sync::mpsc;
+use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, trace, warn};
 use zeroize::Zeroizing;
@@ -48,6 +59,7 @@ pub use libp2p::multiaddr::Protocol;
 pub use libp2p::{Multiaddr, PeerId};
 
 use codec::FrameCodec;
+use outbox::{Delivery, Outbox};
 
 /// The sync protocol id.
 pub const SYNC_PROTOCOL: &str = "/nuwa/sync/1";
@@ -110,6 +122,59 @@ impl Default for InfraLimits {
     }
 }
 
+/// Caps on connections, checked by libp2p before a connection is used.
+/// Connections over a cap are refused and counted
+/// ([`NetStats::connections_refused`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Inbound connections still in their handshake.
+    pub max_pending_incoming: u32,
+    /// Outbound dials still in their handshake.
+    pub max_pending_outgoing: u32,
+    pub max_established_incoming: u32,
+    /// Inbound and outbound together.
+    pub max_established_total: u32,
+    /// Connections to one peer, both directions together.
+    pub max_established_per_peer: u32,
+}
+
+impl ConnectionLimits {
+    /// A device talks to the 2-20 devices of its agent plus a few
+    /// introducers. Two connections to one peer are normal (both dialed at
+    /// once, or a relayed one next to a direct one); more are a fault or a
+    /// flood.
+    pub fn device() -> Self {
+        ConnectionLimits {
+            max_pending_incoming: 32,
+            max_pending_outgoing: 64,
+            max_established_incoming: 128,
+            max_established_total: 192,
+            max_established_per_peer: 4,
+        }
+    }
+
+    /// An infrastructure node serves many agents' devices: every relay
+    /// reservation and DHT or rendezvous client holds a connection.
+    pub fn infrastructure() -> Self {
+        ConnectionLimits {
+            max_pending_incoming: 512,
+            max_pending_outgoing: 256,
+            max_established_incoming: 4096,
+            max_established_total: 4352,
+            max_established_per_peer: 8,
+        }
+    }
+
+    fn to_libp2p(self) -> connection_limits::ConnectionLimits {
+        connection_limits::ConnectionLimits::default()
+            .with_max_pending_incoming(Some(self.max_pending_incoming))
+            .with_max_pending_outgoing(Some(self.max_pending_outgoing))
+            .with_max_established_incoming(Some(self.max_established_incoming))
+            .with_max_established(Some(self.max_established_total))
+            .with_max_established_per_peer(Some(self.max_established_per_peer))
+    }
+}
+
 /// Tunables of the network actor.
 #[derive(Debug, Clone)]
 pub struct NetConfig {
@@ -121,6 +186,10 @@ pub struct NetConfig {
     pub request_timeout: Duration,
     pub idle_connection_timeout: Duration,
     pub features: Features,
+    /// `None`: [`ConnectionLimits::device`], or
+    /// [`ConnectionLimits::infrastructure`] when `features.infrastructure`
+    /// is set.
+    pub connection_limits: Option<ConnectionLimits>,
 }
 
 impl Default for NetConfig {
@@ -132,7 +201,19 @@ impl Default for NetConfig {
             request_timeout: Duration::from_secs(30),
             idle_connection_timeout: Duration::from_secs(120),
             features: Features::default(),
+            connection_limits: None,
         }
+    }
+}
+
+impl NetConfig {
+    /// The connection caps in force: the configured ones, else the role's.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        self.connection_limits
+            .unwrap_or_else(|| match self.features.infrastructure {
+                Some(_) => ConnectionLimits::infrastructure(),
+                None => ConnectionLimits::device(),
+            })
     }
 }
 
@@ -256,6 +337,12 @@ pub enum NetError {
     Listen { addr: Multiaddr, reason: String },
     #[error("the network task has stopped")]
     Stopped,
+    /// Data (a frame or a publish) was dropped because the network's
+    /// command queue holds its share already; anti-entropy re-sends it.
+    #[error(
+        "the network is behind; the {0} was dropped (it is counted, and re-sent by anti-entropy)"
+    )]
+    Behind(&'static str),
 }
 
 /// Counters kept by the network actor.
@@ -264,10 +351,27 @@ pub struct NetStats {
     pub oversized_frames_refused: u64,
     /// Provider records refused because the provider was not the sender.
     pub kad_forged_providers: u64,
+    /// Gossip publishes that did not go out: the held queue overflowed,
+    /// gossipsub refused them, or the command queue was behind.
     pub gossip_publish_dropped: u64,
     /// Commands the owner issued through the handle (sends, dials, ...),
     /// counted as they are issued.
     pub commands_issued: u64,
+    /// Inbound frames dropped because the owner was not reading events;
+    /// each one's stream was closed without a receipt.
+    pub frames_dropped: u64,
+    /// Inbound gossip messages dropped because the owner was not reading
+    /// events (reported to gossipsub as ignored, so not forwarded).
+    pub gossip_dropped: u64,
+    /// Other events dropped because the owner was not reading: droppable
+    /// ones (send failures, DHT and rendezvous results) when the event
+    /// channel was full, and must-deliver ones when even the backlog was.
+    pub events_dropped: u64,
+    /// Outbound frames dropped before leaving: the command queue was behind
+    /// or the peer's send queue was full.
+    pub outbound_frames_dropped: u64,
+    /// Connections refused by [`ConnectionLimits`], inbound and outbound.
+    pub connections_refused: u64,
 }
 
 #[derive(Default)]
@@ -276,6 +380,31 @@ struct Counters {
     forged_providers: AtomicU64,
     publish_dropped: AtomicU64,
     commands: AtomicU64,
+    frames_dropped: AtomicU64,
+    gossip_dropped: AtomicU64,
+    events_dropped: AtomicU64,
+    outbound_frames_dropped: AtomicU64,
+    connections_refused: AtomicU64,
+}
+
+impl Counters {
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Delivery for NetEvent {
+    fn must_deliver(&self) -> bool {
+        // What nothing repeats: the owner's picture of who is connected and
+        // where we listen. identify reports again only when addresses change.
+        matches!(
+            self,
+            NetEvent::Listening(_)
+                | NetEvent::Connected { .. }
+                | NetEvent::Disconnected { .. }
+                | NetEvent::Identified { .. }
+        )
+    }
 }
 
 /// The PeerId of an Ed25519 public key (a device key is its libp2p identity).
@@ -306,6 +435,8 @@ pub fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
 
 #[derive(NetworkBehaviour)]
 struct Behaviour {
+    // First, so that a refused connection gets no handler from the others.
+    limits: connection_limits::Behaviour,
     sync: request_response::Behaviour<FrameCodec>,
     identify: identify::Behaviour,
     ping: ping::Behaviour,
@@ -387,11 +518,18 @@ impl NetHandle {
     }
 
     pub fn stats(&self) -> NetStats {
+        let c = &self.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         NetStats {
-            oversized_frames_refused: self.counters.oversized.load(Ordering::Relaxed),
-            kad_forged_providers: self.counters.forged_providers.load(Ordering::Relaxed),
-            gossip_publish_dropped: self.counters.publish_dropped.load(Ordering::Relaxed),
-            commands_issued: self.counters.commands.load(Ordering::Relaxed),
+            oversized_frames_refused: load(&c.oversized),
+            kad_forged_providers: load(&c.forged_providers),
+            gossip_publish_dropped: load(&c.publish_dropped),
+            commands_issued: load(&c.commands),
+            frames_dropped: load(&c.frames_dropped),
+            gossip_dropped: load(&c.gossip_dropped),
+            events_dropped: load(&c.events_dropped),
+            outbound_frames_dropped: load(&c.outbound_frames_dropped),
+            connections_refused: load(&c.connections_refused),
         }
     }
 
@@ -400,7 +538,7 @@ impl NetHandle {
     /// drives the network and must be observed doing so (or not) at a given
     /// moment. Needs a tokio runtime.
     pub fn detached(local_peer_id: PeerId) -> NetHandle {
-        let (tx, mut rx) = mpsc::channel::<Command>(1024);
+        let (tx, mut rx) = mpsc::channel::<Command>(outbox::COMMAND_QUEUE);
         tokio::spawn(async move { while rx.recv().await.is_some() {} });
         NetHandle {
             tx,
@@ -409,10 +547,33 @@ impl NetHandle {
         }
     }
 
+    /// A control command: never dropped, and queued behind everything sent
+    /// before it. It waits only if the command queue is full of control
+    /// commands (data fills at most `DATA_SHARE` of it), and that wait ends
+    /// because the actor never waits on its owner (see `outbox`).
     async fn cmd(&self, c: Command) -> Result<(), NetError> {
         // Counted when issued, before the actor sees it.
-        self.counters.commands.fetch_add(1, Ordering::Relaxed);
+        Counters::bump(&self.counters.commands);
         self.tx.send(c).await.map_err(|_| NetError::Stopped)
+    }
+
+    /// A data command (a frame, a publish): queued at once or dropped and
+    /// counted in `dropped`, never waited for.
+    fn data(&self, c: Command, what: &'static str, dropped: &AtomicU64) -> Result<(), NetError> {
+        Counters::bump(&self.counters.commands);
+        let queued = self.tx.max_capacity() - self.tx.capacity();
+        if queued >= outbox::DATA_SHARE {
+            Counters::bump(dropped);
+            return Err(NetError::Behind(what));
+        }
+        match self.tx.try_send(c) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                Counters::bump(dropped);
+                Err(NetError::Behind(what))
+            }
+            Err(TrySendError::Closed(_)) => Err(NetError::Stopped),
+        }
     }
 
     /// Dials `addrs` (of `peer`, when known; a connected or dialing peer is
@@ -422,9 +583,24 @@ impl NetHandle {
         self.cmd(Command::Dial { peer, addrs }).await
     }
 
-    /// Queues `frame` for `peer` on `/nuwa/sync/1`.
+    /// Queues `frame` for `peer` on `/nuwa/sync/1`; the same as
+    /// [`NetHandle::try_send`], for callers that `.await` every command.
+    /// Never waits.
     pub async fn send(&self, peer: PeerId, frame: Vec<u8>) -> Result<(), NetError> {
-        self.cmd(Command::Send { peer, frame }).await
+        self.try_send(peer, frame)
+    }
+
+    /// Queues `frame` for `peer` without waiting. When the network is behind
+    /// (the command queue holds its share of data already) the frame is
+    /// dropped, counted in [`NetStats::outbound_frames_dropped`], and
+    /// [`NetError::Behind`] returned: frames carry state that anti-entropy
+    /// re-sends, so dropping one is cheaper than stalling the caller.
+    pub fn try_send(&self, peer: PeerId, frame: Vec<u8>) -> Result<(), NetError> {
+        self.data(
+            Command::Send { peer, frame },
+            "frame",
+            &self.counters.outbound_frames_dropped,
+        )
     }
 
     /// Closes every connection to `peer`.
@@ -491,9 +667,15 @@ impl NetHandle {
     }
 
     /// Publishes on `topic`. Before any peer has subscribed the message is
-    /// held (bounded) and published when one does.
+    /// held (bounded) and published when one does. Never waits: like
+    /// [`NetHandle::try_send`], a publish is dropped when the network is
+    /// behind, counted in [`NetStats::gossip_publish_dropped`].
     pub async fn gossip_publish(&self, topic: String, data: Vec<u8>) -> Result<(), NetError> {
-        self.cmd(Command::GossipPublish { topic, data }).await
+        self.data(
+            Command::GossipPublish { topic, data },
+            "gossip publish",
+            &self.counters.publish_dropped,
+        )
     }
 
     /// The verdict on a gossip message: accepted messages are forwarded,
@@ -511,7 +693,8 @@ struct PeerQueue {
 
 struct Actor {
     swarm: Swarm<Behaviour>,
-    events: mpsc::Sender<NetEvent>,
+    /// Events to the owner; never awaited (see `outbox`).
+    events: Outbox<NetEvent>,
     queues: BTreeMap<PeerId, PeerQueue>,
     config: NetConfig,
     counters: Arc<Counters>,
@@ -566,6 +749,7 @@ pub async fn spawn(
         .with_request_timeout(config.request_timeout)
         .with_max_concurrent_streams(256);
     let idle = config.idle_connection_timeout;
+    let limits = config.connection_limits().to_libp2p();
     let features = config.features.clone();
     let gossip_cfg = if features.gossip {
         Some(gossip_config()?)
@@ -631,6 +815,7 @@ pub async fn spawn(
                 None => None,
             };
             Ok(Behaviour {
+                limits: connection_limits::Behaviour::new(limits),
                 sync: request_response::Behaviour::with_codec(
                     codec,
                     [(StreamProtocol::new(SYNC_PROTOCOL), ProtocolSupport::Full)],
@@ -670,11 +855,11 @@ pub async fn spawn(
             })?;
     }
     let local_peer_id = *swarm.local_peer_id();
-    let (cmd_tx, cmd_rx) = mpsc::channel(1024);
-    let (ev_tx, ev_rx) = mpsc::channel(1024);
+    let (cmd_tx, cmd_rx) = mpsc::channel(outbox::COMMAND_QUEUE);
+    let (ev_tx, ev_rx) = mpsc::channel(outbox::EVENT_QUEUE);
     let actor = Actor {
         swarm,
-        events: ev_tx,
+        events: Outbox::new(ev_tx, outbox::MAX_BACKLOG),
         queues: BTreeMap::new(),
         config,
         counters: counters.clone(),
@@ -698,6 +883,9 @@ pub async fn spawn(
 impl Actor {
     async fn run(mut self, mut commands: mpsc::Receiver<Command>, cancel: CancellationToken) {
         loop {
+            // Nothing here awaits the owner: events leave with try_send, and
+            // held ones move when `drain` finds room, polled next to the
+            // swarm and the commands rather than instead of them.
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 cmd = commands.recv() => match cmd {
@@ -706,14 +894,42 @@ impl Actor {
                 },
                 ev = self.swarm.select_next_some() => {
                     for out in self.on_swarm_event(ev) {
-                        if self.events.send(out).await.is_err() {
-                            return;
-                        }
+                        self.emit(out);
+                    }
+                }
+                drained = self.events.drain(), if self.events.has_backlog() => {
+                    if drained.is_err() {
+                        break;
                     }
                 }
             }
+            if self.events.is_closed() {
+                break;
+            }
         }
         debug!("network actor stopped");
+    }
+
+    /// Hands `ev` to the owner without waiting. A dropped event is counted
+    /// by kind and returned, so that the caller can release what it stands
+    /// for (an inbound request, a gossip verdict).
+    fn emit(&mut self, ev: NetEvent) -> Option<NetEvent> {
+        let dropped = self.events.push(ev)?;
+        let c = &self.counters;
+        match &dropped {
+            NetEvent::Frame { .. } => Counters::bump(&c.frames_dropped),
+            NetEvent::GossipMessage { .. } => Counters::bump(&c.gossip_dropped),
+            other => {
+                if other.must_deliver() {
+                    warn!(
+                        backlog = self.events.backlog_len(),
+                        "the owner is not reading network events; a connection event was dropped"
+                    );
+                }
+                Counters::bump(&c.events_dropped)
+            }
+        }
+        Some(dropped)
     }
 
     fn on_command(&mut self, cmd: Command) {
@@ -738,6 +954,9 @@ impl Actor {
                     },
                 };
                 if let Err(e) = self.swarm.dial(opts) {
+                    if let DialError::Denied { cause } = &e {
+                        self.count_refused(cause);
+                    }
                     // "already connected/dialing" is expected and harmless.
                     trace!(?peer, error = %e, "dial not started");
                 }
@@ -746,8 +965,10 @@ impl Actor {
                 let max = self.config.max_queue_per_peer;
                 let q = self.queues.entry(peer).or_default();
                 if q.queue.len() >= max {
-                    warn!(%peer, max, "send queue full; frame dropped");
-                    let _ = self.events.try_send(NetEvent::SendFailed {
+                    // Counted; per frame this would flood the log.
+                    debug!(%peer, max, "send queue full; frame dropped");
+                    Counters::bump(&self.counters.outbound_frames_dropped);
+                    self.emit(NetEvent::SendFailed {
                         peer,
                         reason: format!("send queue full ({max} frames)"),
                     });
@@ -770,7 +991,7 @@ impl Actor {
                 if let Some(k) = self.swarm.behaviour_mut().kad.as_mut()
                     && let Err(e) = k.bootstrap()
                 {
-                    let _ = self.events.try_send(NetEvent::KadBootstrapped {
+                    self.emit(NetEvent::KadBootstrapped {
                         ok: false,
                         reason: e.to_string(),
                     });
@@ -822,7 +1043,7 @@ impl Actor {
                 if let Some(r) = self.swarm.behaviour_mut().rendezvous.as_mut()
                     && let Err(e) = r.register(ns, server, Some(ttl_secs))
                 {
-                    let _ = self.events.try_send(NetEvent::RendezvousFailed {
+                    self.emit(NetEvent::RendezvousFailed {
                         server,
                         reason: e.to_string(),
                     });
@@ -946,14 +1167,38 @@ impl Actor {
                 vec![NetEvent::Disconnected { peer: peer_id }]
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
+                if let DialError::Denied { cause } = &error {
+                    self.count_refused(cause);
+                }
                 vec![NetEvent::DialFailed {
                     peer: peer_id,
                     reason: error.to_string(),
                 }]
             }
+            SwarmEvent::IncomingConnectionError {
+                error: ListenError::Denied { cause },
+                send_back_addr,
+                ..
+            } => {
+                if self.count_refused(&cause) {
+                    debug!(remote = %send_back_addr, %cause, "inbound connection refused");
+                }
+                vec![]
+            }
             SwarmEvent::Behaviour(ev) => self.on_behaviour_event(ev),
             _ => vec![],
         }
+    }
+
+    /// Counts a connection refused by [`ConnectionLimits`]; whether it was.
+    fn count_refused(&self, cause: &ConnectionDenied) -> bool {
+        let refused = cause
+            .downcast_ref::<connection_limits::Exceeded>()
+            .is_some();
+        if refused {
+            Counters::bump(&self.counters.connections_refused);
+        }
+        refused
     }
 
     fn on_behaviour_event(&mut self, ev: BehaviourEvent) -> Vec<NetEvent> {
@@ -1134,15 +1379,29 @@ impl Actor {
                 propagation_source,
                 message_id,
                 message,
-            } => vec![NetEvent::GossipMessage {
-                id: GossipId {
-                    id: message_id,
-                    propagation_source,
-                },
-                author: message.source,
-                topic: message.topic.to_string(),
-                data: message.data,
-            }],
+            } => {
+                let dropped = self.emit(NetEvent::GossipMessage {
+                    id: GossipId {
+                        id: message_id,
+                        propagation_source,
+                    },
+                    author: message.source,
+                    topic: message.topic.to_string(),
+                    data: message.data,
+                });
+                // Nobody will judge it: release it unforwarded and
+                // unpunished (the sync stream carries the same state).
+                if let Some(NetEvent::GossipMessage { id, .. }) = dropped
+                    && let Some(g) = self.swarm.behaviour_mut().gossip.as_mut()
+                {
+                    g.report_message_validation_result(
+                        &id.id,
+                        &id.propagation_source,
+                        gossipsub::MessageAcceptance::Ignore,
+                    );
+                }
+                vec![]
+            }
             gossipsub::Event::Subscribed { peer_id, topic } => {
                 // Retry what was published before anyone listened.
                 let pending = std::mem::take(&mut self.pending_publishes);
@@ -1164,17 +1423,24 @@ impl Actor {
                 request_response::Message::Request {
                     request, channel, ..
                 } => {
-                    // The receipt is transport-level: the frame arrived whole.
-                    // An empty body encodes `Ack { code: OK }`.
-                    let _ = self
-                        .swarm
-                        .behaviour_mut()
-                        .sync
-                        .send_response(channel, Vec::new());
-                    Some(NetEvent::Frame {
+                    let dropped = self.emit(NetEvent::Frame {
                         peer,
                         frame: request,
-                    })
+                    });
+                    if dropped.is_none() {
+                        // The receipt is transport-level: the frame arrived
+                        // whole and was handed on. An empty body encodes
+                        // `Ack { code: OK }`.
+                        let _ = self
+                            .swarm
+                            .behaviour_mut()
+                            .sync
+                            .send_response(channel, Vec::new());
+                    }
+                    // Else the channel drops here: the stream closes with no
+                    // receipt, so the sender sees a failed send and moves on
+                    // to its next frame instead of waiting for a timeout.
+                    None
                 }
                 request_response::Message::Response { request_id, .. } => {
                     self.finish(peer, request_id);
@@ -1193,6 +1459,11 @@ impl Actor {
                     reason: error.to_string(),
                 })
             }
+            // Only a frame dropped above goes unanswered; it is counted.
+            request_response::Event::InboundFailure {
+                error: request_response::InboundFailure::ResponseOmission,
+                ..
+            } => None,
             request_response::Event::InboundFailure { peer, error, .. } => {
                 Some(NetEvent::InboundError {
                     peer,
@@ -1217,15 +1488,25 @@ impl Actor {
 mod tests {
     use super::*;
 
+    fn loopback(max_frame_bytes: usize) -> NetConfig {
+        NetConfig {
+            listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
+            max_frame_bytes,
+            ..NetConfig::default()
+        }
+    }
+
     async fn node(
         seed: u8,
         max_frame_bytes: usize,
     ) -> (NetHandle, mpsc::Receiver<NetEvent>, Multiaddr) {
-        let config = NetConfig {
-            listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
-            max_frame_bytes,
-            ..NetConfig::default()
-        };
+        node_with(seed, loopback(max_frame_bytes)).await
+    }
+
+    async fn node_with(
+        seed: u8,
+        config: NetConfig,
+    ) -> (NetHandle, mpsc::Receiver<NetEvent>, Multiaddr) {
         let (h, mut rx) = spawn(Zeroizing::new([seed; 32]), config, CancellationToken::new())
             .await
             .unwrap();
@@ -1251,6 +1532,236 @@ mod tests {
         })
         .await
         .expect("event within 10 s")
+    }
+
+    /// Waits, up to 30 s, until `done` holds (polled every 20 ms).
+    async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let polled = tokio::time::timeout(Duration::from_secs(30), async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(polled.is_ok(), "{what} within 30 s");
+    }
+
+    /// Reads `rx` in a task of its own from now on, as a daemon that keeps
+    /// up would, and passes on the events `keep` picks.
+    fn watch(
+        mut rx: mpsc::Receiver<NetEvent>,
+        keep: impl Fn(&NetEvent) -> bool + Send + 'static,
+    ) -> mpsc::Receiver<NetEvent> {
+        let (tx, kept) = mpsc::channel(1024);
+        tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                if keep(&ev) {
+                    let _ = tx.try_send(ev);
+                }
+            }
+        });
+        kept
+    }
+
+    /// Sends `frame` from one node to another until the receiver's owner
+    /// gets it. The receiver is still working through the flood and may
+    /// drop it; it then closes the frame's stream unanswered, the sender
+    /// hears of it (`SendFailed`) and sends again, as anti-entropy would.
+    /// The sender's queue may still be behind too: then it waits for room.
+    async fn deliver(
+        (from, from_seen): (&NetHandle, &mut mpsc::Receiver<NetEvent>),
+        (to, to_seen): (&NetHandle, &mut mpsc::Receiver<NetEvent>),
+        frame: &[u8],
+    ) {
+        let (from_id, to_id) = (from.local_peer_id(), to.local_peer_id());
+        loop {
+            wait_until("room for a frame", || {
+                from.try_send(to_id, frame.to_vec()).is_ok()
+            })
+            .await;
+            tokio::select! {
+                got = next_matching(to_seen, |e| match e {
+                    NetEvent::Frame { peer, frame } if peer == from_id => Some(frame),
+                    _ => None,
+                }) => {
+                    assert_eq!(got, frame);
+                    return;
+                }
+                () = next_matching(from_seen, |e| match e {
+                    NetEvent::SendFailed { peer, .. } if peer == to_id => Some(()),
+                    _ => None,
+                }) => {}
+            }
+        }
+    }
+
+    // Goal: the net actor never waits on its owner and the owner never waits
+    // on the actor for data, so a flood both ways while neither owner reads
+    // its events stalls neither side, and what is dropped is counted. The
+    // old hand-over (`events.send(..).await` against `net.send(..).await`)
+    // deadlocked here: each actor waited on its unread event channel, and
+    // each owner on the actor's full command queue.
+    // Method: a and b connect. Reading no events any more, each sends the
+    // other FLOOD frames, which must return within the deadline; both must
+    // then count dropped inbound frames. Still unread, a third node c
+    // connects to both and must get their identify answers (their swarms
+    // still run). Then a and b read again: each must report c's connection
+    // (lifecycle events wait, in order, rather than drop), and frames
+    // between c and them, sent after the flood, must arrive (resent when a
+    // receiver still busy with the flood drops one and says so).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn flood_both_ways_unread_stalls_nobody() {
+        const FLOOD: usize = 20_000;
+        let (a, mut a_rx, a_addr) = node(40, 1024).await;
+        let (b, mut b_rx, b_addr) = node(41, 1024).await;
+        let (c, mut c_rx, _) = node(42, 1024).await;
+        let (a_id, b_id, c_id) = (a.local_peer_id(), b.local_peer_id(), c.local_peer_id());
+        a.dial(Some(b_id), vec![b_addr.clone()]).await.unwrap();
+        for rx in [&mut a_rx, &mut b_rx] {
+            next_matching(rx, |e| {
+                matches!(e, NetEvent::Connected { .. }).then_some(())
+            })
+            .await;
+        }
+
+        // The flood; a_rx and b_rx stay unread from here on.
+        let flood = async {
+            for i in 0..FLOOD {
+                let frame = (i as u64).to_be_bytes().to_vec();
+                let _ = a.send(b_id, frame.clone()).await;
+                let _ = b.send(a_id, frame).await;
+                if i % 64 == 0 {
+                    // As a daemon loop would between turns.
+                    tokio::task::yield_now().await;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), flood)
+            .await
+            .expect("the owners' sends returned within 60 s");
+        wait_until("both sides dropping inbound frames", || {
+            a.stats().frames_dropped > 0 && b.stats().frames_dropped > 0
+        })
+        .await;
+
+        // Still unread: a and b keep serving their swarms.
+        c.dial(Some(a_id), vec![a_addr]).await.unwrap();
+        c.dial(Some(b_id), vec![b_addr]).await.unwrap();
+        let mut identified = BTreeMap::new();
+        while identified.len() < 2 {
+            let peer = next_matching(&mut c_rx, |e| match e {
+                NetEvent::Identified { peer, .. } => Some(peer),
+                _ => None,
+            })
+            .await;
+            identified.insert(peer, ());
+        }
+        assert!(identified.contains_key(&a_id) && identified.contains_key(&b_id));
+
+        // a and b read again. c's connection was held for them.
+        let about_c = move |e: &NetEvent| match e {
+            NetEvent::Connected { peer, .. }
+            | NetEvent::Frame { peer, .. }
+            | NetEvent::SendFailed { peer, .. } => *peer == c_id,
+            _ => false,
+        };
+        let mut a_seen = watch(a_rx, about_c);
+        let mut b_seen = watch(b_rx, about_c);
+        let mut c_seen = watch(c_rx, |e| {
+            matches!(e, NetEvent::Frame { .. } | NetEvent::SendFailed { .. })
+        });
+        for seen in [&mut a_seen, &mut b_seen] {
+            next_matching(seen, |e| {
+                matches!(e, NetEvent::Connected { .. }).then_some(())
+            })
+            .await;
+        }
+        // Frames sent after the flood arrive, both ways.
+        deliver((&c, &mut c_seen), (&a, &mut a_seen), b"late to a").await;
+        deliver((&c, &mut c_seen), (&b, &mut b_seen), b"late to b").await;
+        deliver((&a, &mut a_seen), (&c, &mut c_seen), b"late from a").await;
+        deliver((&b, &mut b_seen), (&c, &mut c_seen), b"late from b").await;
+        for h in [&a, &b] {
+            let s = h.stats();
+            assert!(s.frames_dropped > 0, "{s:?}");
+            assert_eq!(s.connections_refused, 0, "{s:?}");
+        }
+    }
+
+    // Goal: connections beyond the per-peer cap are refused and counted, and
+    // the ones within it keep working. Method: b allows 2 connections per
+    // peer; a dials b's address 4 times (no peer condition, so each dial is
+    // a new connection); b must refuse exactly 2, and a frame from a must
+    // still reach b.
+    #[tokio::test]
+    async fn connections_over_the_per_peer_cap_are_refused() {
+        let (a, mut a_rx, _) = node(43, 1024).await;
+        let (b, mut b_rx, b_addr) = node_with(
+            44,
+            NetConfig {
+                connection_limits: Some(ConnectionLimits {
+                    max_established_per_peer: 2,
+                    ..ConnectionLimits::device()
+                }),
+                ..loopback(1024)
+            },
+        )
+        .await;
+        for _ in 0..4 {
+            a.dial(None, vec![b_addr.clone()]).await.unwrap();
+        }
+        wait_until("b refusing a's extra connections", || {
+            b.stats().connections_refused >= 2
+        })
+        .await;
+        // A refused connection may still look open to a for a moment, and a
+        // frame sent on it fails: resend until one lands, as the daemon's
+        // anti-entropy would.
+        let landed = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                a.try_send(b.local_peer_id(), vec![7; 8]).unwrap();
+                let outcome = tokio::select! {
+                    f = next_matching(&mut b_rx, |e| match e {
+                        NetEvent::Frame { peer, frame } => Some((peer, frame)),
+                        _ => None,
+                    }) => Some(f),
+                    _ = next_matching(&mut a_rx, |e| matches!(e, NetEvent::SendFailed { .. }).then_some(())) => None,
+                };
+                if let Some(f) = outcome {
+                    return f;
+                }
+            }
+        })
+        .await
+        .expect("a frame from a reaches b within 30 s");
+        assert_eq!(landed, (a.local_peer_id(), vec![7; 8]));
+        assert_eq!(b.stats().connections_refused, 2);
+        assert_eq!(a.stats().connections_refused, 0);
+    }
+
+    // Goal: the role picks the connection caps unless they are configured.
+    #[test]
+    fn connection_limits_by_role() {
+        let device = NetConfig::default();
+        assert_eq!(device.connection_limits(), ConnectionLimits::device());
+        let mut infra = NetConfig::default();
+        infra.features.infrastructure = Some(InfraLimits::default());
+        assert_eq!(
+            infra.connection_limits(),
+            ConnectionLimits::infrastructure()
+        );
+        let mine = ConnectionLimits {
+            max_established_per_peer: 1,
+            ..ConnectionLimits::device()
+        };
+        infra.connection_limits = Some(mine);
+        assert_eq!(infra.connection_limits(), mine);
+        let (d, i) = (
+            ConnectionLimits::device(),
+            ConnectionLimits::infrastructure(),
+        );
+        assert!(d.max_established_total >= d.max_established_incoming);
+        assert!(i.max_established_total >= i.max_established_incoming);
+        assert!(i.max_established_incoming > d.max_established_incoming);
     }
 
     // Goal: a dial leaves from a fresh port, never from the listening port.
