@@ -31,32 +31,17 @@ const KILL_DELAY_MS_MIN: u64 = 50;
 const KILL_DELAY_MS_MAX: u64 = 500;
 const CONTAINER: &str = "crash";
 
-/// xorshift64: enough randomness for kill timing, and replayable from a
+/// Kill timing from a seeded generator, so a failing round replays from its
 /// printed seed.
-struct XorShift(u64);
+struct Schedule(fastrand::Rng);
 
-impl XorShift {
+impl Schedule {
     fn new(seed: u64) -> Self {
-        // xorshift never leaves the all-zero state, so avoid starting there.
-        XorShift(if seed == 0 {
-            0x9E37_79B9_7F4A_7C15
-        } else {
-            seed
-        })
+        Schedule(fastrand::Rng::with_seed(seed))
     }
 
-    fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    /// Uniform enough in `lo..=hi` for a delay (modulo bias is irrelevant).
     fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
+        self.0.u64(lo..=hi)
     }
 }
 
@@ -186,7 +171,7 @@ fn kill_9_during_write_bursts_loses_no_acknowledged_write() {
             let runs = env_u64("NUWA_DAEMON_CRASH_RUNS").unwrap_or(DEFAULT_RUNS);
             let seed = seed();
             println!("crash harness: {runs} rounds, seed {seed} (replay with SEED={seed})");
-            let mut rng = XorShift::new(seed);
+            let mut rng = Schedule::new(seed);
             let started = Instant::now();
 
             let mut c = Cluster::new();

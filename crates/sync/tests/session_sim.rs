@@ -38,20 +38,13 @@ const VICTIM: usize = 3;
 const FORKER: usize = 4;
 
 // ---------------------------------------------------------------------------
-// PRNG: SplitMix64, so a failing seed replays exactly.
+// PRNG: fastrand, seeded, so a failing seed replays exactly.
 
-struct Rng(u64);
+struct Rng(fastrand::Rng);
 
 impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
     fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
+        self.0.u64(lo..=hi)
     }
     fn chance(&mut self, per_mille: u64) -> bool {
         self.range(0, 999) < per_mille
@@ -221,7 +214,7 @@ impl World {
             })
             .collect();
         World {
-            rng: Rng(seed),
+            rng: Rng(fastrand::Rng::with_seed(seed)),
             now: T0_MS,
             devices,
             keys,

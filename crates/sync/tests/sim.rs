@@ -66,7 +66,9 @@ const MAX_DRAIN_EVENTS: u64 = 20_000;
 // ---------------------------------------------------------------------------
 // PRNG
 
-/// SplitMix64: tiny, fast and good enough to pick simulation events.
+/// SplitMix64: tiny, fast and good enough to pick simulation events. It stays
+/// hand-written (other tests use fastrand): `REGRESSION_SEEDS` replay the
+/// schedules this exact stream produced when they exposed engine bugs.
 struct Rng(u64);
 
 impl Rng {

@@ -27,7 +27,9 @@ fn recipients(devices: &[&Device]) -> Vec<(String, [u8; 32])> {
         .collect()
 }
 
-/// Small deterministic PRNG (splitmix64) for fixed entropy and the decode fuzz loop.
+/// Small deterministic PRNG (splitmix64) for fixed entropy and the decode fuzz loop. It
+/// stays hand-written (the other test files use fastrand): `GOLDEN_GRANT_SHA256` was
+/// computed independently in Python from exactly this stream.
 struct Rng(u64);
 
 impl Rng {

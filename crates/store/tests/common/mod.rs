@@ -2,25 +2,21 @@
 
 #![allow(dead_code)]
 
-/// SplitMix64: small, seedable and good enough to drive test operations.
-pub struct Rng(u64);
+/// A seeded generator (fastrand), so a failing seed replays exactly.
+pub struct Rng(fastrand::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(fastrand::Rng::with_seed(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.u64(..)
     }
 
     /// Uniform in `0..n` (`n > 0`).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
+        self.0.u64(..n)
     }
 
     pub fn index(&mut self, len: usize) -> usize {
