@@ -156,7 +156,11 @@ impl Cluster {
             }
             None => Command::new(bin()),
         };
+        // Its own process group, so that killing the group also kills a
+        // daemon a wrapper (such as `faketime`) runs as its child.
+        use std::os::unix::process::CommandExt as _;
         let child = command
+            .process_group(0)
             .arg("--home")
             .arg(home)
             .args([
@@ -197,15 +201,14 @@ impl Cluster {
     /// SIGKILL, no chance to clean up.
     pub fn kill9(&mut self, idx: usize) {
         let d = &mut self.daemons[idx];
-        d.child.kill().expect("kill -9");
+        kill_group(&d.child, "-KILL");
         d.child.wait().unwrap();
     }
 
     /// SIGTERM and wait for a clean exit.
     pub fn stop(&mut self, idx: usize) {
         let d = &mut self.daemons[idx];
-        let pid = d.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        kill_group(&d.child, "-TERM");
         let st = wait_for("daemon exit", Duration::from_secs(20), || {
             d.child.try_wait().ok().flatten()
         });
@@ -233,13 +236,22 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         for d in &mut self.daemons {
-            let _ = d.child.kill();
+            kill_group(&d.child, "-KILL");
             let _ = d.child.wait();
         }
         if std::thread::panicking() {
             eprintln!("{}", self.logs());
         }
     }
+}
+
+/// Signals the process group a daemon was started in (see `start_under`).
+fn kill_group(child: &Child, signal: &str) {
+    let group = format!("-{}", child.id());
+    let _ = Command::new("kill")
+        .args([signal, "--", &group])
+        .stderr(Stdio::null())
+        .status();
 }
 
 pub fn cli(home: &Path, args: &[&str]) -> Output {
