@@ -12,6 +12,7 @@ mod latency;
 mod local;
 mod node;
 mod plot;
+mod reads;
 mod report;
 mod stats;
 mod throughput;
@@ -70,7 +71,13 @@ struct Cli {
     /// 2000 log entries, 1 repetition (explicit options still win).
     #[arg(long)]
     quick: bool,
-    /// Workloads to run: latency, throughput, cold-sync (default: all).
+    /// Keys in the container of the `reads` workload (default 100000).
+    #[arg(long, value_name = "K")]
+    read_keys: Option<usize>,
+    /// Point reads timed in the `reads` workload (default 2000).
+    #[arg(long, value_name = "G")]
+    gets: Option<usize>,
+    /// Workloads to run: latency, throughput, cold-sync, reads (default: all).
     #[arg(long, value_name = "W,W,...", value_delimiter = ',')]
     only: Option<Vec<Workload>>,
     /// Directory for report.md, results.json and the PNG charts.
@@ -108,6 +115,7 @@ enum Workload {
     Latency,
     Throughput,
     ColdSync,
+    Reads,
 }
 
 /// The effective parameters after `--quick` and the explicit options.
@@ -118,6 +126,8 @@ struct Params {
     writes: usize,
     in_flight: usize,
     log_entries: usize,
+    read_keys: usize,
+    gets: usize,
     reps: usize,
     quick: bool,
     workloads: Vec<Workload>,
@@ -135,10 +145,17 @@ impl Params {
             writes: cli.writes.unwrap_or(if q { 500 } else { 5000 }),
             in_flight: cli.in_flight,
             log_entries: cli.log_entries.unwrap_or(if q { 2000 } else { 100_000 }),
+            read_keys: cli.read_keys.unwrap_or(if q { 10_000 } else { 100_000 }),
+            gets: cli.gets.unwrap_or(if q { 300 } else { 2000 }),
             reps: cli.reps.unwrap_or(if q { 1 } else { 3 }),
             quick: q,
             workloads: cli.only.clone().unwrap_or_else(|| {
-                vec![Workload::Latency, Workload::Throughput, Workload::ColdSync]
+                vec![
+                    Workload::Latency,
+                    Workload::Throughput,
+                    Workload::ColdSync,
+                    Workload::Reads,
+                ]
             }),
         };
         if p.sizes.iter().any(|&n| n < 2) {
@@ -158,6 +175,8 @@ impl Params {
             "writes": self.writes,
             "in_flight": self.in_flight,
             "log_entries": self.log_entries,
+            "read_keys": self.read_keys,
+            "gets": self.gets,
             "sizes": self.sizes,
             "quick": self.quick,
         })
@@ -393,8 +412,37 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
             cold.push(r);
         }
     }
-    let doc = results_json(p, &lat, &thr, &cold);
-    if p.workloads.len() == 3 {
+    let mut rd = Vec::new();
+    if p.workloads.contains(&Workload::Reads) {
+        for rep in 0..p.reps {
+            let dir = RepDir::new(&root_path, &format!("reads-r{rep}"), cli.keep)?;
+            let r = reads::run(bin, &dir.path, p.read_keys, p.gets, p.samples, p.in_flight)
+                .await
+                .with_context(|| format!("reads run, repetition {}", rep + 1))?;
+            eprintln!(
+                "reads rep {}/{}: {} keys (filled in {} s); point read p50 {} ms, p99 {} ms, max {} ms; \
+                 propagation p99 idle {} ms, with a read loop on the receiver {} ms ({}×), on the \
+                 sender {} ms ({}×); the loop read the whole container {} times, {} ms each",
+                rep + 1,
+                p.reps,
+                r.keys,
+                report::num(r.fill_secs),
+                report::num(r.get_p50_ms),
+                report::num(r.get_p99_ms),
+                report::num(r.get_max_ms),
+                report::num(r.idle_p99_ms),
+                report::num(r.loaded_receiver_p99_ms),
+                report::num(r.receiver_ratio()),
+                report::num(r.loaded_sender_p99_ms),
+                report::num(r.sender_ratio()),
+                r.loop_reads,
+                report::num(r.loop_read_mean_ms),
+            );
+            rd.push(r);
+        }
+    }
+    let doc = results_json(p, &lat, &thr, &cold, &rd);
+    if p.workloads.len() == 4 {
         let missing = report::missing(&doc, &report::required_paths(&p.sizes));
         if !missing.is_empty() {
             eprintln!(
@@ -435,6 +483,7 @@ fn results_json(
     lat: &BTreeMap<usize, Vec<latency::LatencyRun>>,
     thr: &[throughput::ThroughputRun],
     cold: &[coldsync::ColdSyncRun],
+    rd: &[reads::ReadsRun],
 ) -> Value {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -504,6 +553,61 @@ fn results_json(
         );
         insert(&mut b, "ratio", stat_json(&col(|r| r.bytes_ratio)));
         doc.insert("bytes_per_change".into(), Value::Object(b));
+    }
+
+    if !rd.is_empty() {
+        let col = |f: fn(&reads::ReadsRun) -> f64| rd.iter().map(f).collect::<Vec<_>>();
+        let mut r = Map::new();
+        r.insert("keys".into(), json!(p.read_keys));
+        insert(&mut r, "get_p50_ms", stat_json(&col(|r| r.get_p50_ms)));
+        insert(&mut r, "get_p99_ms", stat_json(&col(|r| r.get_p99_ms)));
+        insert(&mut r, "get_max_ms", stat_json(&col(|r| r.get_max_ms)));
+        insert(
+            &mut r,
+            "propagation_idle_p50_ms",
+            stat_json(&col(|r| r.idle_p50_ms)),
+        );
+        insert(
+            &mut r,
+            "propagation_loaded_receiver_p50_ms",
+            stat_json(&col(|r| r.loaded_receiver_p50_ms)),
+        );
+        insert(
+            &mut r,
+            "propagation_loaded_sender_p50_ms",
+            stat_json(&col(|r| r.loaded_sender_p50_ms)),
+        );
+        insert(
+            &mut r,
+            "propagation_idle_p99_ms",
+            stat_json(&col(|r| r.idle_p99_ms)),
+        );
+        insert(
+            &mut r,
+            "propagation_loaded_receiver_p99_ms",
+            stat_json(&col(|r| r.loaded_receiver_p99_ms)),
+        );
+        insert(
+            &mut r,
+            "propagation_loaded_sender_p99_ms",
+            stat_json(&col(|r| r.loaded_sender_p99_ms)),
+        );
+        insert(
+            &mut r,
+            "receiver_ratio",
+            stat_json(&col(reads::ReadsRun::receiver_ratio)),
+        );
+        insert(
+            &mut r,
+            "sender_ratio",
+            stat_json(&col(reads::ReadsRun::sender_ratio)),
+        );
+        insert(
+            &mut r,
+            "whole_read_ms",
+            stat_json(&col(|r| r.loop_read_mean_ms)),
+        );
+        doc.insert("reads".into(), Value::Object(r));
     }
 
     if !cold.is_empty() {

@@ -174,6 +174,36 @@ fn rows(docs: &[&Value]) -> Vec<Row> {
             None,
         ),
     ]);
+    out.extend([
+        row(
+            "point read at 100k keys, p99",
+            &["reads", "get_p99_ms"],
+            "ms",
+            Lower,
+            Some(Target::AtMost(2.0)),
+        ),
+        row(
+            "propagation p99, read loop on receiver / idle",
+            &["reads", "receiver_ratio"],
+            "×",
+            Lower,
+            Some(Target::AtMost(2.0)),
+        ),
+        row(
+            "propagation p99, read loop on sender / idle",
+            &["reads", "sender_ratio"],
+            "×",
+            Lower,
+            Some(Target::AtMost(2.0)),
+        ),
+        row(
+            "whole-container read at 100k keys",
+            &["reads", "whole_read_ms"],
+            "ms",
+            Lower,
+            None,
+        ),
+    ]);
     for n in sizes(docs) {
         out.push(row(
             &format!("wire bytes per change, single writes, N={n}"),
@@ -320,6 +350,9 @@ pub fn required_paths(sizes: &[usize]) -> Vec<Vec<String>> {
         ("bytes_per_change", "ratio"),
         ("rss_mb", "idle"),
         ("rss_mb", "after_sync"),
+        ("reads", "get_p99_ms"),
+        ("reads", "receiver_ratio"),
+        ("reads", "sender_ratio"),
     ] {
         keys.push(vec![a.into(), b.into()]);
     }

@@ -90,6 +90,9 @@ fn quick_run_reports_every_figure() {
         &["bytes_per_change", "ratio"],
         &["rss_mb", "idle"],
         &["rss_mb", "after_sync"],
+        &["reads", "get_p99_ms"],
+        &["reads", "receiver_ratio"],
+        &["reads", "sender_ratio"],
     ];
     for path in rows {
         assert!(
@@ -108,6 +111,7 @@ fn quick_run_reports_every_figure() {
         "20 latency samples in quick mode"
     );
     assert_eq!(doc["cold_sync"]["entries"], 2000);
+    assert_eq!(doc["reads"]["keys"], 10_000);
 
     for png in ["latency.png", "throughput.png"] {
         let bytes = std::fs::read(out.join(png)).unwrap_or_else(|_| panic!("{png} written"));

@@ -374,12 +374,10 @@ async fn state_reset(
     tool(&s, Tool::Reset(b.container)).await
 }
 
-async fn get_state(
-    State(s): State<AppState>,
-    Q(q): Q<GetQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+async fn get_state(State(s): State<AppState>, Q(q): Q<GetQuery>) -> Result<Response, ApiError> {
     container_name(&q.container)?;
-    Ok(Json(read(&s, |tx| ApiRequest::Get(q, tx)).await??))
+    let json = read(&s, |tx| ApiRequest::Get(q, tx)).await??;
+    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
 }
 
 #[derive(Deserialize)]

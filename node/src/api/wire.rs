@@ -411,10 +411,9 @@ pub enum ApiRequest {
     Approve(ApproveBody, oneshot::Sender<Result<ApproveReply, ApiError>>),
     Provision(ProvisionBody, oneshot::Sender<Result<Value, ApiError>>),
     Tool(Tool, oneshot::Sender<Result<serde_json::Value, ApiError>>),
-    Get(
-        GetQuery,
-        oneshot::Sender<Result<serde_json::Value, ApiError>>,
-    ),
+    /// Answered with the JSON already serialized (on the reader, so that
+    /// the runtime's workers only copy bytes).
+    Get(GetQuery, oneshot::Sender<Result<Vec<u8>, ApiError>>),
     Export(String, oneshot::Sender<Result<Vec<u8>, ApiError>>),
 }
 

@@ -160,10 +160,29 @@ pub(super) fn spawn(
     Ok((ReaderHandle { tx, stale }, api_tx, events_rx))
 }
 
+/// Reads yield the CPU to sync: on Linux the reader thread runs at nice
+/// +19, so on a busy device a client reading in a loop slows down before
+/// the loop that applies and sends changes does.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid has no preconditions; setpriority on this thread's
+        // id changes only this thread's nice value.
+        let r = unsafe {
+            let tid = libc::gettid();
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19)
+        };
+        if r != 0 {
+            debug!(error = %std::io::Error::last_os_error(), "reader keeps the default priority");
+        }
+    }
+}
+
 impl Reader {
     fn run(mut self, rx: mpsc::Receiver<ReadMsg>, api: mpsc::Receiver<ApiRequest>) {
         let span = tracing::info_span!("reader");
         let _enter = span.enter();
+        lower_priority();
         let runtime = match tokio::runtime::Builder::new_current_thread().build() {
             Ok(r) => r,
             Err(e) => {
@@ -300,15 +319,17 @@ impl Reader {
                         .replicas
                         .get(&q.container)
                         .ok_or_else(|| Self::no_such_container(&q.container))?;
-                    match &q.key {
-                        None => Ok(c.to_json()),
+                    let value = match &q.key {
+                        None => c.to_json(),
                         Some(k) => c.get(k).ok_or_else(|| {
                             ApiError::new(
                                 ErrorCode::NoSuchKey,
                                 format!("key {k:?} is not set in container {:?}", q.container),
                             )
-                        }),
-                    }
+                        })?,
+                    };
+                    serde_json::to_vec(&value)
+                        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))
                 });
                 let _ = reply.send(r);
             }
