@@ -407,12 +407,9 @@ fn parse_decimal_u64(text: &[u8]) -> Option<u64> {
 
 /// Compares two keys without an early exit, so timing does not reveal where they differ.
 fn same_key(a: &SyncKey, b: &SyncKey) -> bool {
-    let diff = a
-        .expose_secret()
-        .iter()
-        .zip(b.expose_secret())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    a.epoch() == b.epoch() && diff == 0
+    use subtle::ConstantTimeEq as _;
+    let equal: bool = a.expose_secret()[..].ct_eq(&b.expose_secret()[..]).into();
+    a.epoch() == b.epoch() && equal
 }
 
 impl fmt::Debug for KeyRing {

@@ -349,12 +349,8 @@ impl PairingCode {
 
     /// Compares symbols in constant time, so a limiter lookup leaks nothing through timing.
     fn same_symbols(&self, other: &[u8; CODE_SYMBOLS]) -> bool {
-        let diff = self
-            .symbols
-            .iter()
-            .zip(other.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        diff == 0
+        use subtle::ConstantTimeEq as _;
+        self.symbols[..].ct_eq(&other[..]).into()
     }
 }
 

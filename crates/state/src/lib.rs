@@ -29,7 +29,8 @@ pub const MAX_KEY_BYTES: usize = 1024;
 pub const MAX_JSON_DEPTH: usize = 64;
 
 /// Longest container name, in UTF-8 bytes. Storage backends enforce the
-/// same limit (`nuwa_store::MAX_CONTAINER_NAME_BYTES`).
+/// same limit (`nuwa_store::MAX_CONTAINER_NAME_BYTES`; a test in nuwa-node
+/// holds the two equal).
 pub const MAX_CONTAINER_NAME_BYTES: usize = 256;
 
 /// Why a container name is refused.
