@@ -189,6 +189,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     }
 
     let metrics = Arc::new(crate::metrics::Metrics::new());
+    metrics.watch_net(net.clone());
     let (reads, read_lane, mut reader_events) = reader::spawn(
         store.clone(),
         home.device.public().to_vec(),
@@ -954,27 +955,9 @@ impl Daemon {
                     })
                 })
                 .collect(),
-            counters: {
-                let mut c = self.metrics.counters();
-                let stats = self.net.stats();
-                for (k, v) in [
-                    ("oversized_frames_refused", stats.oversized_frames_refused),
-                    ("gossip_publish_dropped", stats.gossip_publish_dropped),
-                    // Backpressure: what the network dropped rather than wait
-                    // on this loop (or make it wait), and connections its
-                    // limits refused.
-                    ("frames_dropped", stats.frames_dropped),
-                    ("gossip_dropped", stats.gossip_dropped),
-                    ("events_dropped", stats.events_dropped),
-                    ("outbound_frames_dropped", stats.outbound_frames_dropped),
-                    ("connections_refused", stats.connections_refused),
-                ] {
-                    if v > 0 {
-                        c.insert(k.into(), v);
-                    }
-                }
-                c
-            },
+            // The network's counters are in the registry too (see
+            // `Metrics::watch_net`).
+            counters: self.metrics.counters(),
             containers: self
                 .session
                 .engine()

@@ -79,6 +79,14 @@ events! {
     EpochGrantsAdopted => "epoch_grants_adopted", "Key epochs adopted from forwarded grants";
     EpochGrantRejected => "epoch_grant_rejected", "Forwarded epoch grants refused";
     GossipDeltasApplied => "gossip_deltas_applied", "Gossip deltas opened and applied";
+    OversizedFramesRefused => "oversized_frames_refused", "Inbound frames over the frame cap, refused before they were read";
+    KadForgedProviders => "kad_forged_providers", "DHT provider records refused because the provider was not the sender";
+    GossipPublishDropped => "gossip_publish_dropped", "Gossip publishes that did not go out";
+    FramesDropped => "frames_dropped", "Inbound frames the network dropped rather than wait on the daemon (healed by anti-entropy)";
+    GossipDropped => "gossip_dropped", "Inbound gossip the network dropped rather than wait on the daemon";
+    EventsDropped => "events_dropped", "Other network events dropped rather than wait on the daemon";
+    OutboundFramesDropped => "outbound_frames_dropped", "Outbound frames dropped because the network was behind";
+    ConnectionsRefused => "connections_refused", "Connections refused by the connection limits";
     ApiConnectionsEvicted => "api_connections_evicted", "Idle API connections closed to make room at the connection cap";
     ApiConnectionsRefused => "api_connections_refused", "API connections refused at the cap because every open one was busy";
     ApiConnectionsIdleClosed => "api_connections_idle_closed", "API connections closed after the idle timeout";
@@ -145,6 +153,9 @@ pub struct Metrics {
     api_requests: Family<RouteLabels, Histogram>,
     api_errors: Family<CodeLabels, Counter>,
     pub peers_verified: Gauge,
+    /// Where the network's own counters are read from (set once the swarm
+    /// runs); pulled into the registry whenever it is read.
+    net: std::sync::OnceLock<nuwa_net::NetHandle>,
     pub containers: Gauge,
     pub envelopes_held: Gauge,
 }
@@ -228,6 +239,7 @@ impl Metrics {
             api_requests,
             api_errors,
             peers_verified,
+            net: std::sync::OnceLock::new(),
             containers,
             envelopes_held,
         }
@@ -297,7 +309,37 @@ impl Metrics {
     /// Every non-zero counter by its `status` name: events by name,
     /// rejections as `rejected_<source>_<reason>`, refused envelopes as
     /// `envelope_rejected_<reason>`.
+    /// Reads the network's counters from `net` from now on.
+    pub fn watch_net(&self, net: nuwa_net::NetHandle) {
+        let _ = self.net.set(net);
+    }
+
+    /// Brings the network's counters (kept by `nuwa-net` as totals) into the
+    /// registry.
+    fn pull_net(&self) {
+        let Some(net) = self.net.get() else {
+            return;
+        };
+        let s = net.stats();
+        for (e, total) in [
+            (Event::OversizedFramesRefused, s.oversized_frames_refused),
+            (Event::KadForgedProviders, s.kad_forged_providers),
+            (Event::GossipPublishDropped, s.gossip_publish_dropped),
+            (Event::FramesDropped, s.frames_dropped),
+            (Event::GossipDropped, s.gossip_dropped),
+            (Event::EventsDropped, s.events_dropped),
+            (Event::OutboundFramesDropped, s.outbound_frames_dropped),
+            (Event::ConnectionsRefused, s.connections_refused),
+        ] {
+            let now = self.get(e);
+            if total > now {
+                self.add(e, total - now);
+            }
+        }
+    }
+
     pub fn counters(&self) -> BTreeMap<String, u64> {
+        self.pull_net();
         let mut out = BTreeMap::new();
         for e in Event::ALL {
             let v = self.get(*e);
@@ -322,6 +364,7 @@ impl Metrics {
 
     /// The registry as OpenMetrics text.
     pub fn encode(&self) -> String {
+        self.pull_net();
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

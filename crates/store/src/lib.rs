@@ -320,21 +320,54 @@ pub enum StoreError {
 pub fn open_hint(path: &std::path::Path, e: &sled::Error) -> String {
     let p = path.display();
     match e {
-        sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => format!(
-            "another process holds the store's lock; is a second nuwa-node running on this home? ({io})"
-        ),
+        sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
+            "another process holds the store's lock; is a second nuwa-node running on this home?"
+                .to_owned()
+        }
         sled::Error::Io(io) if io.kind() == std::io::ErrorKind::PermissionDenied => {
-            format!("permission denied; the store must belong to the user running nuwa-node ({io})")
+            "permission denied; the store must belong to the user running nuwa-node".to_owned()
         }
         sled::Error::Io(io) if io.raw_os_error() == Some(28) => {
-            format!("the disk is full; free some space and start again ({io})")
+            "the disk is full; free some space and start again".to_owned()
         }
         sled::Error::Corruption { .. } | sled::Error::Io(_) => format!(
-            "sled found damaged files ({e}). Nothing written to it can be trusted; move the store \
+            "sled found damaged files. Nothing written to it can be trusted; move the store \
              aside (`mv {p} {p}.damaged`) and start again: this device then resyncs every \
-             container from its peers. Changes made here and never synced are only in the moved copy"
+             container from its peers. Changes made here and never synced are only in the \
+             moved copy"
         ),
-        _ => format!("{e}"),
+        _ => "sled refused to open it".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod hint_tests {
+    use super::*;
+
+    // Goal: each cause of a failed open gets advice about that cause, and
+    // damaged files (a bad `snap.*` among them) never get the lock or
+    // permission advice they used to.
+    #[test]
+    fn open_hints_match_their_cause() {
+        let p = std::path::Path::new("/h/store");
+        let io = |kind, msg: &str| sled::Error::Io(std::io::Error::new(kind, msg.to_owned()));
+        let lock = open_hint(
+            p,
+            &io(
+                std::io::ErrorKind::Other,
+                "could not acquire lock on \"/h/store/db\"",
+            ),
+        );
+        assert!(lock.contains("second nuwa-node"), "{lock}");
+        let perm = open_hint(p, &io(std::io::ErrorKind::PermissionDenied, "denied"));
+        assert!(perm.contains("must belong to the user"), "{perm}");
+        let full = open_hint(p, &sled::Error::Io(std::io::Error::from_raw_os_error(28)));
+        assert!(full.contains("disk is full"), "{full}");
+        let bad = open_hint(p, &sled::Error::Corruption { at: None, bt: () });
+        assert!(
+            bad.contains("mv /h/store /h/store.damaged") && !bad.contains("lock"),
+            "{bad}"
+        );
     }
 }
 
