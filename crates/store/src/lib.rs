@@ -340,37 +340,6 @@ pub fn open_hint(path: &std::path::Path, e: &sled::Error) -> String {
     }
 }
 
-#[cfg(test)]
-mod hint_tests {
-    use super::*;
-
-    // Goal: each cause of a failed open gets advice about that cause, and
-    // damaged files (a bad `snap.*` among them) never get the lock or
-    // permission advice they used to.
-    #[test]
-    fn open_hints_match_their_cause() {
-        let p = std::path::Path::new("/h/store");
-        let io = |kind, msg: &str| sled::Error::Io(std::io::Error::new(kind, msg.to_owned()));
-        let lock = open_hint(
-            p,
-            &io(
-                std::io::ErrorKind::Other,
-                "could not acquire lock on \"/h/store/db\"",
-            ),
-        );
-        assert!(lock.contains("second nuwa-node"), "{lock}");
-        let perm = open_hint(p, &io(std::io::ErrorKind::PermissionDenied, "denied"));
-        assert!(perm.contains("must belong to the user"), "{perm}");
-        let full = open_hint(p, &sled::Error::Io(std::io::Error::from_raw_os_error(28)));
-        assert!(full.contains("disk is full"), "{full}");
-        let bad = open_hint(p, &sled::Error::Corruption { at: None, bt: () });
-        assert!(
-            bad.contains("mv /h/store /h/store.damaged") && !bad.contains("lock"),
-            "{bad}"
-        );
-    }
-}
-
 /// Checks a container name against the limits shared by every backend.
 fn check_container_name(name: &str) -> Result<(), StoreError> {
     if name.is_empty() {
@@ -466,4 +435,35 @@ fn check_meta(key: &str, value: Option<&[u8]>) -> Result<(), StoreError> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod hint_tests {
+    use super::*;
+
+    // Goal: each cause of a failed open gets advice about that cause, and
+    // damaged files (a bad `snap.*` among them) never get the lock or
+    // permission advice they used to.
+    #[test]
+    fn open_hints_match_their_cause() {
+        let p = std::path::Path::new("/h/store");
+        let io = |kind, msg: &str| sled::Error::Io(std::io::Error::new(kind, msg.to_owned()));
+        let lock = open_hint(
+            p,
+            &io(
+                std::io::ErrorKind::Other,
+                "could not acquire lock on \"/h/store/db\"",
+            ),
+        );
+        assert!(lock.contains("second nuwa-node"), "{lock}");
+        let perm = open_hint(p, &io(std::io::ErrorKind::PermissionDenied, "denied"));
+        assert!(perm.contains("must belong to the user"), "{perm}");
+        let full = open_hint(p, &sled::Error::Io(std::io::Error::from_raw_os_error(28)));
+        assert!(full.contains("disk is full"), "{full}");
+        let bad = open_hint(p, &sled::Error::Corruption { at: None, bt: () });
+        assert!(
+            bad.contains("mv /h/store /h/store.damaged") && !bad.contains("lock"),
+            "{bad}"
+        );
+    }
 }
