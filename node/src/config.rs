@@ -1,12 +1,16 @@
-//! `HOME/config.toml`: the node's listen addresses, static peers and
-//! discovery switches, and how command-line options override them.
+//! The node's settings: listen addresses, static peers, discovery switches
+//! and the local API address, declared once in [`Settings`] (serde for
+//! `HOME/config.toml`, clap for the flags and their `NUWA_…` environment
+//! variables), and layered: defaults, then the file, then each variable,
+//! then each flag.
 //!
-//! [`load`] reads the file (a missing file means every default), and
-//! [`resolve`] merges it with the command line into validated [`Effective`]
-//! settings. Addresses are checked only syntactically here, so that this
-//! module does not depend on libp2p: parsing them as multiaddrs, and running
-//! discovery in NIP-6 order (known peers, mDNS, DHT, rendezvous) with the
-//! sources that are switched on, is left to the daemon.
+//! [`load`] reads the file (a missing file means every default; errors name
+//! the key, line and column), and [`resolve`] layers the command line over
+//! it into validated [`Effective`] settings. Addresses are checked only
+//! syntactically here, so that this module does not depend on libp2p:
+//! parsing them as multiaddrs, and running discovery in NIP-6 order (known
+//! peers, mDNS, DHT, rendezvous) with the sources that are switched on, is
+//! left to the daemon.
 //!
 //! File format (every key is optional; an unknown key is an error that names
 //! the key and the file):
@@ -57,39 +61,157 @@ pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:0";
 /// Longest input value quoted back in an error message.
 const MAX_QUOTED_CHARS: usize = 80;
 
-/// Every key the file accepts, by section. [`check_keys`] uses this to name an
-/// unknown key with its section; a test keeps it equal to the structs below.
-const KNOWN_KEYS: &[(&str, &[&str])] = &[
-    ("network", &["listen", "peers"]),
-    (
-        "discovery",
-        &[
-            "known_peers",
-            "mdns",
-            "mdns_interfaces",
-            "dht",
-            "rendezvous",
-            "bootstrap",
-            "rendezvous_servers",
-        ],
-    ),
-    ("api", &["listen"]),
-];
-
-/// The contents of `HOME/config.toml`, with defaults for missing keys.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Every network, discovery and API setting, declared once: its key in
+/// `config.toml` (the serde field, in its section), its command-line flag
+/// and environment variable (clap, which layers the variable under the
+/// flag), its help text and its default ([`Settings::default`]).
+///
+/// Read from the file, every key left out holds its default; parsed from
+/// the command line, every option not given is `None`. [`resolve`] layers
+/// the second over the first.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct FileConfig {
-    pub network: NetworkSection,
-    pub discovery: DiscoverySection,
-    pub api: ApiSection,
+pub struct Settings {
+    #[command(flatten)]
+    pub network: Network,
+    #[command(flatten)]
+    pub discovery: Discovery,
+    #[command(flatten)]
+    pub api: Api,
     /// The file these settings came from, so that [`resolve`] can name it in
-    /// errors; `None` when no file exists.
+    /// errors; `None` when no file exists (or for the command line).
     #[serde(skip)]
+    #[arg(skip)]
     path: Option<PathBuf>,
 }
 
-impl FileConfig {
+/// `[network]`: where to listen and whom to dial.
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Network {
+    /// Address to listen on for peers (repeatable). Default: /ip4/0.0.0.0/tcp/0.
+    #[arg(
+        id = "network.listen",
+        long = "listen",
+        value_name = "MULTIADDR",
+        env = "NUWA_LISTEN",
+        value_delimiter = ','
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<Vec<String>>,
+    /// Peer address to dial, e.g. /ip4/10.0.0.2/tcp/4001/p2p/12D3... (repeatable).
+    #[arg(
+        id = "network.peers",
+        long = "peer",
+        value_name = "MULTIADDR",
+        env = "NUWA_PEERS",
+        value_delimiter = ','
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peers: Option<Vec<String>>,
+}
+
+/// `[discovery]`: which NIP-6 sources run, and their addresses.
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Discovery {
+    /// Do not dial (or remember) peers that verified before.
+    #[arg(id = "discovery.known_peers", long = "no-known-peers", env = "NUWA_NO_KNOWN_PEERS", num_args = 0, default_missing_value = "true", value_parser = off_switch)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub known_peers: Option<bool>,
+    /// Do not discover or announce on the LAN via mDNS.
+    #[arg(id = "discovery.mdns", long = "no-mdns", env = "NUWA_NO_MDNS", num_args = 0, default_missing_value = "true", value_parser = off_switch)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mdns: Option<bool>,
+    /// Network interface for mDNS (repeatable), e.g. `lo` for tests on one
+    /// machine. Default: every non-loopback interface.
+    #[arg(
+        id = "discovery.mdns_interfaces",
+        long = "mdns-interface",
+        value_name = "NAME",
+        env = "NUWA_MDNS_INTERFACES",
+        value_delimiter = ','
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mdns_interfaces: Option<Vec<String>>,
+    /// Do not use the DHT.
+    #[arg(id = "discovery.dht", long = "no-dht", env = "NUWA_NO_DHT", num_args = 0, default_missing_value = "true", value_parser = off_switch)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dht: Option<bool>,
+    /// Do not use rendezvous servers.
+    #[arg(id = "discovery.rendezvous", long = "no-rendezvous", env = "NUWA_NO_RENDEZVOUS", num_args = 0, default_missing_value = "true", value_parser = off_switch)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rendezvous: Option<bool>,
+    /// DHT bootstrap node address with /p2p/ (repeatable).
+    #[arg(
+        id = "discovery.bootstrap",
+        long = "bootstrap",
+        value_name = "MULTIADDR",
+        env = "NUWA_BOOTSTRAP",
+        value_delimiter = ','
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<Vec<String>>,
+    /// Rendezvous server address with /p2p/ (repeatable).
+    #[arg(
+        id = "discovery.rendezvous_servers",
+        long = "rendezvous",
+        value_name = "MULTIADDR",
+        env = "NUWA_RENDEZVOUS",
+        value_delimiter = ','
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rendezvous_servers: Option<Vec<String>>,
+}
+
+/// `[api]`: the local HTTP API.
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Api {
+    /// Address of the local API (loopback only). Default: 127.0.0.1:0.
+    // Kept as text so that `resolve` reports a bad value in its own words.
+    #[arg(
+        id = "api.listen",
+        long = "api-listen",
+        value_name = "ADDR",
+        env = "NUWA_API_LISTEN"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network {
+            listen: Some(vec![DEFAULT_LISTEN.to_owned()]),
+            peers: Some(Vec::new()),
+        }
+    }
+}
+
+impl Default for Discovery {
+    fn default() -> Self {
+        Discovery {
+            known_peers: Some(true),
+            mdns: Some(true),
+            mdns_interfaces: Some(Vec::new()),
+            dht: Some(true),
+            rendezvous: Some(true),
+            bootstrap: Some(Vec::new()),
+            rendezvous_servers: Some(Vec::new()),
+        }
+    }
+}
+
+impl Default for Api {
+    fn default() -> Self {
+        Api {
+            listen: Some(DEFAULT_API_LISTEN.to_owned()),
+        }
+    }
+}
+
+impl Settings {
     /// The file these settings were read from, or `None` if there was none
     /// and they are all defaults.
     // Not called yet: for the daemon to log which file it read.
@@ -97,89 +219,91 @@ impl FileConfig {
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
-}
 
-/// `[network]`: where to listen and whom to dial.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NetworkSection {
-    /// Multiaddrs to listen on for peers.
-    pub listen: Vec<String>,
-    /// Multiaddrs (with `/p2p/`) to dial at start.
-    pub peers: Vec<String>,
-}
-
-impl Default for NetworkSection {
-    fn default() -> Self {
-        Self {
-            listen: vec![DEFAULT_LISTEN.to_owned()],
-            peers: Vec::new(),
+    /// `self` with every setting `over` gives replaced by it (lists are
+    /// replaced, not extended).
+    fn overridden_by(&self, over: &Settings) -> Result<Settings, serde_json::Error> {
+        fn layer(lower: &mut serde_json::Value, upper: serde_json::Value) {
+            match (lower, upper) {
+                (serde_json::Value::Object(l), serde_json::Value::Object(u)) => {
+                    for (k, v) in u {
+                        match l.get_mut(&k) {
+                            Some(slot) => layer(slot, v),
+                            None => {
+                                l.insert(k, v);
+                            }
+                        }
+                    }
+                }
+                (slot, v) => *slot = v,
+            }
         }
+        let mut merged = serde_json::to_value(self)?;
+        layer(&mut merged, serde_json::to_value(over)?);
+        let mut out: Settings = serde_json::from_value(merged)?;
+        out.path = self.path.clone();
+        Ok(out)
+    }
+
+    /// Whether `over` sets the dotted `key` (`discovery.mdns`).
+    fn sets(&self, key: &str) -> bool {
+        let Ok(v) = serde_json::to_value(self) else {
+            return false;
+        };
+        key.split('.').try_fold(&v, |v, k| v.get(k)).is_some()
     }
 }
 
-/// `[discovery]`: which NIP-6 sources run, and their addresses.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DiscoverySection {
-    pub known_peers: bool,
-    pub mdns: bool,
-    /// Interfaces for mDNS; empty means every non-loopback interface.
-    pub mdns_interfaces: Vec<String>,
-    pub dht: bool,
-    pub rendezvous: bool,
-    /// DHT bootstrap multiaddrs (with `/p2p/`).
-    pub bootstrap: Vec<String>,
-    /// Rendezvous server multiaddrs (with `/p2p/`).
-    pub rendezvous_servers: Vec<String>,
-}
-
-impl Default for DiscoverySection {
-    fn default() -> Self {
-        Self {
-            known_peers: true,
-            mdns: true,
-            mdns_interfaces: Vec::new(),
-            dht: true,
-            rendezvous: true,
-            bootstrap: Vec::new(),
-            rendezvous_servers: Vec::new(),
-        }
+/// The value of a `--no-…` switch (present: `true`; from its environment
+/// variable: the variable's text) as the setting it switches: `true`, `1`,
+/// `yes` or `on` turn the source off, `false`, `0`, `no` or `off` leave it
+/// on.
+fn off_switch(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(false),
+        "false" | "0" | "no" | "off" => Ok(true),
+        other => Err(format!(
+            "{other:?} is not a switch value; use true or false (1 or 0)"
+        )),
     }
 }
 
-/// `[api]`: the local HTTP API.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ApiSection {
-    /// `IP:PORT`, loopback only; kept as text so that [`resolve`] reports a
-    /// bad value in its own words.
-    pub listen: String,
+/// Every key the file accepts, by section, from the structs themselves (a
+/// serialized [`Settings::default`] holds every key). [`check_keys`] uses it
+/// to name an unknown key with its section.
+fn known_keys() -> Vec<(String, Vec<String>)> {
+    let v = serde_json::to_value(Settings::default()).unwrap_or_default();
+    v.as_object()
+        .map(|sections| {
+            sections
+                .iter()
+                .map(|(name, keys)| {
+                    let keys = keys
+                        .as_object()
+                        .map(|k| k.keys().cloned().collect())
+                        .unwrap_or_default();
+                    (name.clone(), keys)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
-impl Default for ApiSection {
-    fn default() -> Self {
-        Self {
-            listen: DEFAULT_API_LISTEN.to_owned(),
-        }
-    }
-}
-
-/// Settings given on the command line. An empty list and `None` mean "not
-/// given", so the file's value stays; a `no_…` switch set to `true` turns
-/// that source off whatever the file says.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Overrides {
-    pub listen: Vec<String>,
-    pub peers: Vec<String>,
-    pub no_mdns: bool,
-    pub mdns_interfaces: Vec<String>,
-    pub no_dht: bool,
-    pub no_rendezvous: bool,
-    pub no_known_peers: bool,
-    pub bootstrap: Vec<String>,
-    pub rendezvous: Vec<String>,
-    pub api_listen: Option<String>,
+/// The command-line flag (and environment variable) of the dotted `key`,
+/// from clap's own declaration.
+fn flag_of(key: &str) -> String {
+    use clap::Args as _;
+    let cmd = Settings::augment_args(clap::Command::new("nuwa-node"));
+    cmd.get_arguments()
+        .find(|a| a.get_id().as_str() == key)
+        .map(|a| {
+            let long = a.get_long().map(|l| format!("--{l}")).unwrap_or_default();
+            match a.get_env() {
+                Some(env) => format!("{long} (or {})", env.to_string_lossy()),
+                None => long,
+            }
+        })
+        .unwrap_or_else(|| key.to_owned())
 }
 
 /// The settings the daemon runs with: the file, overridden by the command
@@ -318,12 +442,12 @@ fn at_key(key: &Option<String>) -> String {
 /// is not valid TOML, has an unknown key or a value of the wrong type is an
 /// error naming the file, the position and the problem. Values are checked
 /// by [`resolve`], once the command line is known.
-pub fn load(home: &Path) -> Result<FileConfig, ConfigError> {
+pub fn load(home: &Path) -> Result<Settings, ConfigError> {
     let path = home.join(CONFIG_FILE);
     let bytes = match read_limited(&path) {
         Ok(bytes) => bytes,
         Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
-            return Ok(FileConfig::default());
+            return Ok(Settings::default());
         }
         Err(ReadError::Io(source)) => return Err(ConfigError::Read { path, source }),
         Err(ReadError::TooLarge(size_bytes)) => {
@@ -346,7 +470,7 @@ pub fn load(home: &Path) -> Result<FileConfig, ConfigError> {
     };
     let doc = toml::de::DeTable::parse(&text).map_err(|e| malformed(&path, &text, None, &e))?;
     check_keys(&path, &text, doc.get_ref())?;
-    let mut config: FileConfig =
+    let mut config: Settings =
         toml::from_str(&text).map_err(|e| malformed(&path, &text, Some(doc.get_ref()), &e))?;
     config.path = Some(path);
     Ok(config)
@@ -385,10 +509,11 @@ fn check_keys(path: &Path, text: &str, doc: &toml::de::DeTable<'_>) -> Result<()
             first = Some((start, key, known));
         }
     };
+    let known_keys = known_keys();
     for (section, value) in doc.iter() {
         let name: &str = section.get_ref();
-        let Some((_, keys)) = KNOWN_KEYS.iter().find(|(s, _)| *s == name) else {
-            let known = KNOWN_KEYS
+        let Some((_, keys)) = known_keys.iter().find(|(s, _)| s == name) else {
+            let known = known_keys
                 .iter()
                 .map(|(s, _)| format!("[{s}]"))
                 .collect::<Vec<_>>()
@@ -401,7 +526,7 @@ fn check_keys(path: &Path, text: &str, doc: &toml::de::DeTable<'_>) -> Result<()
         };
         for (key, _) in table.iter() {
             let key_name: &str = key.get_ref();
-            if !keys.contains(&key_name) {
+            if !keys.iter().any(|k| k == key_name) {
                 note(
                     key.span().start,
                     format!("{name}.{key_name}"),
@@ -437,15 +562,10 @@ fn malformed(
 }
 
 /// The parser's message on one line, with Rust type names (serde says
-/// "expected struct NetworkSection") put in the file's terms.
+/// "expected struct Network") put in the file's terms.
 fn plain_problem(message: &str) -> String {
     let mut problem = message.trim().replace('\n', "; ");
-    for name in [
-        "NetworkSection",
-        "DiscoverySection",
-        "ApiSection",
-        "FileConfig",
-    ] {
+    for name in ["Network", "Discovery", "Api", "Settings"] {
         problem = problem.replace(&format!("struct {name}"), "a table");
     }
     problem
@@ -486,95 +606,85 @@ fn position_of(text: &str, offset: usize) -> Position {
     Position { line, column }
 }
 
-/// Merges the file with the command line and validates the result.
+/// Layers the command line (and its environment variables) over the file
+/// and validates the result.
 ///
-/// Command-line lists replace the file's lists when non-empty; `--no-…`
+/// Command-line lists replace the file's lists when given; `--no-…`
 /// switches win over the file. Checks: the API address is a loopback
 /// `IP:PORT`; at least one listen address; every list has at most
 /// [`MAX_LIST_ENTRIES`] entries; every address starts with `/`, has no
 /// whitespace and is at most [`MAX_ADDR_BYTES`] bytes; peer, bootstrap and
-/// rendezvous addresses include `/p2p/<peer id>`.
-pub fn resolve(file: FileConfig, cli: Overrides) -> Result<Effective, ConfigError> {
-    let path = file.path.as_deref();
-    let network = file.network;
-    let discovery = file.discovery;
-
-    let (listen, setting) = pick(
-        path,
-        "network.listen",
-        "--listen",
-        network.listen,
-        cli.listen,
-    );
-    if listen.is_empty() {
-        return Err(ConfigError::NoListenAddress { setting });
-    }
-    check_addrs(&listen, &setting, false)?;
-
-    let (peers, setting) = pick(path, "network.peers", "--peer", network.peers, cli.peers);
-    check_addrs(&peers, &setting, true)?;
-
-    let (mdns_interfaces, setting) = pick(
-        path,
-        "discovery.mdns_interfaces",
-        "--mdns-interface",
-        discovery.mdns_interfaces,
-        cli.mdns_interfaces,
-    );
-    check_interfaces(&mdns_interfaces, &setting)?;
-
-    let (bootstrap, setting) = pick(
-        path,
-        "discovery.bootstrap",
-        "--bootstrap",
-        discovery.bootstrap,
-        cli.bootstrap,
-    );
-    check_addrs(&bootstrap, &setting, true)?;
-
-    let (rendezvous_servers, setting) = pick(
-        path,
-        "discovery.rendezvous_servers",
-        "--rendezvous",
-        discovery.rendezvous_servers,
-        cli.rendezvous,
-    );
-    check_addrs(&rendezvous_servers, &setting, true)?;
-
-    let (api_text, setting) = match cli.api_listen {
-        Some(text) => (text, cli_setting("--api-listen")),
-        None => (file.api.listen, file_setting(path, "api.listen")),
+/// rendezvous addresses include `/p2p/<peer id>`. An error names where the
+/// bad value came from: the file's key, or the flag.
+pub fn resolve(file: Settings, cli: Settings) -> Result<Effective, ConfigError> {
+    let path = file.path.clone();
+    let merged = file
+        .overridden_by(&cli)
+        .map_err(|e| ConfigError::InvalidValue {
+            setting: "the configuration".to_owned(),
+            value: String::new(),
+            reason: e.to_string(),
+        })?;
+    let setting = |key: &str| {
+        if cli.sets(key) {
+            cli_setting(&flag_of(key))
+        } else {
+            file_setting(path.as_deref(), key)
+        }
     };
-    let api_listen = parse_api_listen(&api_text, setting)?;
+    let defaults = Settings::default();
+    let Network { listen, peers } = merged.network;
+    let Discovery {
+        known_peers,
+        mdns,
+        mdns_interfaces,
+        dht,
+        rendezvous,
+        bootstrap,
+        rendezvous_servers,
+    } = merged.discovery;
+    // Every field is set: the file's defaults fill what it leaves out.
+    let or_default = |v: Option<bool>| v.unwrap_or(true);
+    let list = |v: Option<Vec<String>>| v.unwrap_or_default();
+
+    let listen = listen.or(defaults.network.listen).unwrap_or_default();
+    if listen.is_empty() {
+        return Err(ConfigError::NoListenAddress {
+            setting: setting("network.listen"),
+        });
+    }
+    check_addrs(&listen, &setting("network.listen"), false)?;
+    let peers = list(peers);
+    check_addrs(&peers, &setting("network.peers"), true)?;
+    let mdns_interfaces = list(mdns_interfaces);
+    check_interfaces(&mdns_interfaces, &setting("discovery.mdns_interfaces"))?;
+    let bootstrap = list(bootstrap);
+    check_addrs(&bootstrap, &setting("discovery.bootstrap"), true)?;
+    let rendezvous_servers = list(rendezvous_servers);
+    check_addrs(
+        &rendezvous_servers,
+        &setting("discovery.rendezvous_servers"),
+        true,
+    )?;
+    let api_text = merged
+        .api
+        .listen
+        .or(defaults.api.listen)
+        .unwrap_or_default();
+    let api_listen = parse_api_listen(&api_text, setting("api.listen"))?;
 
     Ok(Effective {
         listen,
         peers,
-        known_peers: discovery.known_peers && !cli.no_known_peers,
-        mdns: discovery.mdns && !cli.no_mdns,
+        known_peers: or_default(known_peers),
+        mdns: or_default(mdns),
         mdns_interfaces,
-        dht: discovery.dht && !cli.no_dht,
-        rendezvous: discovery.rendezvous && !cli.no_rendezvous,
+        dht: or_default(dht),
+        rendezvous: or_default(rendezvous),
         bootstrap,
         rendezvous_servers,
         api_listen,
     })
-}
-
-/// The command-line list if given, else the file's, with a description of
-/// where it came from for errors.
-fn pick(
-    path: Option<&Path>,
-    key: &str,
-    flag: &str,
-    from_file: Vec<String>,
-    from_cli: Vec<String>,
-) -> (Vec<String>, String) {
-    if from_cli.is_empty() {
-        (from_file, file_setting(path, key))
-    } else {
-        (from_cli, cli_setting(flag))
-    }
 }
 
 fn file_setting(path: Option<&Path>, key: &str) -> String {
@@ -772,6 +882,17 @@ mod tests {
         dir
     }
 
+    /// The settings `run` gets from these command-line arguments (clap
+    /// parses them, as in the binary).
+    fn flags(args: &[&str]) -> Settings {
+        use clap::{Args as _, FromArgMatches as _};
+        let cmd = Settings::augment_args(clap::Command::new("nuwa-node"));
+        let matches = cmd
+            .try_get_matches_from(std::iter::once("nuwa-node").chain(args.iter().copied()))
+            .unwrap();
+        Settings::from_arg_matches(&matches).unwrap()
+    }
+
     fn strings(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| (*s).to_owned()).collect()
     }
@@ -797,12 +918,9 @@ mod tests {
         // empty home and resolve with no command-line options.
         let dir = tempfile::tempdir().unwrap();
         let file = load(dir.path()).unwrap();
-        assert_eq!(file, FileConfig::default());
+        assert_eq!(file, Settings::default());
         assert_eq!(file.path(), None);
-        assert_eq!(
-            resolve(file, Overrides::default()).unwrap(),
-            default_effective()
-        );
+        assert_eq!(resolve(file, flags(&[])).unwrap(), default_effective());
     }
 
     #[test]
@@ -830,27 +948,30 @@ listen = "[::1]:7000"
         let path = dir.path().join(CONFIG_FILE);
         assert_eq!(
             file,
-            FileConfig {
-                network: NetworkSection {
-                    listen: strings(&["/ip4/127.0.0.1/tcp/4001", "/ip6/::1/tcp/4001"]),
-                    peers: strings(&[PEER]),
+            Settings {
+                network: Network {
+                    listen: Some(strings(&["/ip4/127.0.0.1/tcp/4001", "/ip6/::1/tcp/4001"])),
+                    peers: Some(strings(&[PEER])),
                 },
-                discovery: DiscoverySection {
-                    known_peers: false,
-                    mdns: false,
-                    mdns_interfaces: strings(&["lo", "eth0"]),
-                    dht: false,
-                    rendezvous: false,
-                    bootstrap: strings(&[PEER, "/dnsaddr/bootstrap.example/p2p/12D3KooWOther"]),
-                    rendezvous_servers: strings(&[PEER]),
+                discovery: Discovery {
+                    known_peers: Some(false),
+                    mdns: Some(false),
+                    mdns_interfaces: Some(strings(&["lo", "eth0"])),
+                    dht: Some(false),
+                    rendezvous: Some(false),
+                    bootstrap: Some(strings(&[
+                        PEER,
+                        "/dnsaddr/bootstrap.example/p2p/12D3KooWOther"
+                    ])),
+                    rendezvous_servers: Some(strings(&[PEER])),
                 },
-                api: ApiSection {
-                    listen: "[::1]:7000".to_owned(),
+                api: Api {
+                    listen: Some("[::1]:7000".to_owned()),
                 },
                 path: Some(path),
             }
         );
-        let eff = resolve(file, Overrides::default()).unwrap();
+        let eff = resolve(file, flags(&[])).unwrap();
         assert_eq!(
             eff,
             Effective {
@@ -874,39 +995,67 @@ listen = "[::1]:7000"
         // one key and compare with the default config changed in that key.
         let dir = write_config("[discovery]\ndht = false\n");
         let file = load(dir.path()).unwrap();
-        let mut want = FileConfig {
+        let mut want = Settings {
             path: Some(dir.path().join(CONFIG_FILE)),
-            ..FileConfig::default()
+            ..Settings::default()
         };
-        want.discovery.dht = false;
+        want.discovery.dht = Some(false);
         assert_eq!(file, want);
+    }
+
+    // Goal: the `--no-…` switches and their variables mean "turn the
+    // source off"; an option not given is not a setting at all.
+    #[test]
+    fn switches_turn_sources_off_and_absent_options_set_nothing() {
+        let none = flags(&[]);
+        assert_eq!(
+            serde_json::to_value(&none).unwrap(),
+            serde_json::json!({"network": {}, "discovery": {}, "api": {}})
+        );
+        let off = flags(&["--no-mdns", "--no-dht"]);
+        assert_eq!(
+            (off.discovery.mdns, off.discovery.dht),
+            (Some(false), Some(false))
+        );
+        assert_eq!(off.discovery.rendezvous, None);
+        for (text, setting) in [
+            ("1", false),
+            ("true", false),
+            ("ON", false),
+            ("0", true),
+            ("false", true),
+        ] {
+            assert_eq!(off_switch(text), Ok(setting), "{text}");
+        }
+        assert!(off_switch("maybe").is_err());
     }
 
     #[test]
     fn known_keys_match_the_structs() {
-        // Goal: the key list used for unknown-key errors is exactly the set
-        // of fields. Method: serialize the defaults and compare the keys.
-        let text = toml::to_string(&FileConfig::default()).unwrap();
-        let table: toml::Table = toml::from_str(&text).unwrap();
-        let got: Vec<(String, Vec<String>)> = table
-            .iter()
-            .map(|(s, v)| {
-                let mut keys: Vec<String> = v.as_table().unwrap().keys().cloned().collect();
-                keys.sort();
-                (s.clone(), keys)
-            })
-            .collect();
-        let mut want: Vec<(String, Vec<String>)> = KNOWN_KEYS
-            .iter()
-            .map(|(s, keys)| {
-                let mut keys = strings(keys);
-                keys.sort();
-                ((*s).to_owned(), keys)
-            })
-            .collect();
-        want.sort();
-        let mut got = got;
+        // Goal: the keys the file accepts (derived from the structs) are
+        // exactly the documented file format, so renaming a field cannot
+        // silently change it. Method: compare with the format as written.
+        let mut got = known_keys();
+        for (_, keys) in &mut got {
+            keys.sort();
+        }
         got.sort();
+        let want: Vec<(String, Vec<String>)> = vec![
+            ("api".into(), strings(&["listen"])),
+            (
+                "discovery".into(),
+                strings(&[
+                    "bootstrap",
+                    "dht",
+                    "known_peers",
+                    "mdns",
+                    "mdns_interfaces",
+                    "rendezvous",
+                    "rendezvous_servers",
+                ]),
+            ),
+            ("network".into(), strings(&["listen", "peers"])),
+        ];
         assert_eq!(got, want);
     }
 
@@ -1068,8 +1217,8 @@ listen = "127.0.0.1:9"
 "#
         );
         let other = "/ip4/192.0.2.9/tcp/9/p2p/12D3KooWOther";
-        let cases: Vec<(Overrides, Effective)> = vec![
-            (Overrides::default(), {
+        let cases: Vec<(Settings, Effective)> = vec![
+            (flags(&[]), {
                 Effective {
                     listen: strings(&["/ip4/127.0.0.1/tcp/1"]),
                     peers: strings(&[PEER]),
@@ -1081,18 +1230,28 @@ listen = "127.0.0.1:9"
                 }
             }),
             (
-                Overrides {
-                    listen: strings(&["/ip4/127.0.0.1/tcp/2", "/ip4/127.0.0.1/tcp/3"]),
-                    peers: strings(&[other]),
-                    no_mdns: true,
-                    mdns_interfaces: strings(&["lo"]),
-                    no_dht: true,
-                    no_rendezvous: true,
-                    no_known_peers: true,
-                    bootstrap: strings(&[other]),
-                    rendezvous: strings(&[other, PEER]),
-                    api_listen: Some("[::1]:0".to_owned()),
-                },
+                flags(&[
+                    "--listen",
+                    "/ip4/127.0.0.1/tcp/2",
+                    "--listen",
+                    "/ip4/127.0.0.1/tcp/3",
+                    "--peer",
+                    other,
+                    "--no-mdns",
+                    "--mdns-interface",
+                    "lo",
+                    "--no-dht",
+                    "--no-rendezvous",
+                    "--no-known-peers",
+                    "--bootstrap",
+                    other,
+                    "--rendezvous",
+                    other,
+                    "--rendezvous",
+                    PEER,
+                    "--api-listen",
+                    "[::1]:0",
+                ]),
                 Effective {
                     listen: strings(&["/ip4/127.0.0.1/tcp/2", "/ip4/127.0.0.1/tcp/3"]),
                     peers: strings(&[other]),
@@ -1107,11 +1266,7 @@ listen = "127.0.0.1:9"
                 },
             ),
             (
-                Overrides {
-                    no_dht: true,
-                    bootstrap: strings(&[other]),
-                    ..Overrides::default()
-                },
+                flags(&["--no-dht", "--bootstrap", other]),
                 Effective {
                     listen: strings(&["/ip4/127.0.0.1/tcp/1"]),
                     peers: strings(&[PEER]),
@@ -1136,7 +1291,7 @@ listen = "127.0.0.1:9"
         // Goal: the CLI can only switch sources off, not back on; with no
         // flags, `X = false` in the file holds. Method: resolve such a file.
         let dir = write_config("[discovery]\nmdns = false\nrendezvous = false\n");
-        let eff = resolve(load(dir.path()).unwrap(), Overrides::default()).unwrap();
+        let eff = resolve(load(dir.path()).unwrap(), flags(&[])).unwrap();
         assert!(!eff.mdns && !eff.rendezvous && eff.dht && eff.known_peers);
     }
 
@@ -1144,7 +1299,7 @@ listen = "127.0.0.1:9"
     /// error whose message contains every one of `needles`.
     fn check_err(
         file_text: &str,
-        cli: Overrides,
+        cli: Settings,
         is_expected: fn(&ConfigError) -> bool,
         needles: &[&str],
     ) {
@@ -1168,31 +1323,25 @@ listen = "127.0.0.1:9"
         let invalid: fn(&ConfigError) -> bool = |e| matches!(e, ConfigError::InvalidValue { .. });
         check_err(
             "[api]\nlisten = \"0.0.0.0:8080\"\n",
-            Overrides::default(),
+            flags(&[]),
             not_loopback,
             &["`api.listen` in", CONFIG_FILE, "0.0.0.0:8080", "loopback"],
         );
         check_err(
             "",
-            Overrides {
-                api_listen: Some("192.0.2.1:1".to_owned()),
-                ..Overrides::default()
-            },
+            flags(&["--api-listen", "192.0.2.1:1"]),
             not_loopback,
             &["--api-listen", "192.0.2.1:1"],
         );
         check_err(
             "",
-            Overrides {
-                api_listen: Some("[::]:0".to_owned()),
-                ..Overrides::default()
-            },
+            flags(&["--api-listen", "[::]:0"]),
             not_loopback,
             &["--api-listen"],
         );
         check_err(
             "[api]\nlisten = \"localhost:1\"\n",
-            Overrides::default(),
+            flags(&[]),
             invalid,
             &["`api.listen`", "\"localhost:1\"", "127.0.0.1:0"],
         );
@@ -1208,41 +1357,32 @@ listen = "127.0.0.1:9"
         for (file_text, cli, needle) in [
             (
                 format!("[discovery]\nbootstrap = [\"{PEER}\", \"{bare}\"]\n"),
-                Overrides::default(),
+                flags(&[]),
                 "`discovery.bootstrap` in",
             ),
             (
                 format!("[discovery]\nrendezvous_servers = [\"{bare}/p2p/\"]\n"),
-                Overrides::default(),
+                flags(&[]),
                 "`discovery.rendezvous_servers` in",
             ),
             (
                 format!("[network]\npeers = [\"{bare}\"]\n"),
-                Overrides::default(),
+                flags(&[]),
                 "`network.peers` in",
             ),
             (
                 String::new(),
-                Overrides {
-                    bootstrap: strings(&[bare]),
-                    ..Overrides::default()
-                },
+                flags(&["--bootstrap", bare]),
                 "command-line option --bootstrap",
             ),
             (
                 String::new(),
-                Overrides {
-                    rendezvous: strings(&[bare]),
-                    ..Overrides::default()
-                },
+                flags(&["--rendezvous", bare]),
                 "command-line option --rendezvous",
             ),
             (
                 String::new(),
-                Overrides {
-                    peers: strings(&[bare]),
-                    ..Overrides::default()
-                },
+                flags(&["--peer", bare]),
                 "command-line option --peer",
             ),
         ] {
@@ -1264,14 +1404,14 @@ listen = "127.0.0.1:9"
         ] {
             check_err(
                 &format!("[network]\nlisten = [{}]\n", toml::Value::from(addr)),
-                Overrides::default(),
+                flags(&[]),
                 invalid,
                 &["`network.listen` in", needle],
             );
         }
         // The long value is quoted back shortened.
         let dir = write_config(&format!("[network]\nlisten = [\"{long}\"]\n"));
-        let msg = resolve(load(dir.path()).unwrap(), Overrides::default())
+        let msg = resolve(load(dir.path()).unwrap(), flags(&[]))
             .unwrap_err()
             .to_string();
         assert!(msg.len() < 400 && msg.contains('…'), "{msg}");
@@ -1283,13 +1423,13 @@ listen = "127.0.0.1:9"
         // Method: resolve files holding each.
         check_err(
             "[network]\nlisten = []\n",
-            Overrides::default(),
+            flags(&[]),
             |e| matches!(e, ConfigError::NoListenAddress { .. }),
             &["`network.listen` in", "/ip4/0.0.0.0/tcp/0"],
         );
         check_err(
             "[discovery]\nmdns_interfaces = [\"lo\", \"\"]\n",
-            Overrides::default(),
+            flags(&[]),
             |e| matches!(e, ConfigError::InvalidValue { .. }),
             &["`discovery.mdns_interfaces` in", "cannot be empty"],
         );
@@ -1320,11 +1460,11 @@ listen = "127.0.0.1:9"
                 format!("[{section}]\n{key} = [{}]\n", items.join(", "))
             };
             let dir = write_config(&list(MAX_LIST_ENTRIES));
-            let ok = resolve(load(dir.path()).unwrap(), Overrides::default());
+            let ok = resolve(load(dir.path()).unwrap(), flags(&[]));
             assert!(ok.is_ok(), "{section}.{key}: {ok:?}");
             check_err(
                 &list(MAX_LIST_ENTRIES + 1),
-                Overrides::default(),
+                flags(&[]),
                 |e| {
                     matches!(
                         e,
@@ -1340,10 +1480,7 @@ listen = "127.0.0.1:9"
         }
         check_err(
             "",
-            Overrides {
-                bootstrap: vec![PEER.to_owned(); MAX_LIST_ENTRIES + 1],
-                ..Overrides::default()
-            },
+            flags(&[["--bootstrap", PEER]; MAX_LIST_ENTRIES + 1].concat()),
             |e| matches!(e, ConfigError::TooManyEntries { .. }),
             &["command-line option --bootstrap"],
         );
@@ -1360,15 +1497,12 @@ listen = "127.0.0.1:9"
         let file = load(dir.path()).unwrap();
         assert_eq!(
             file,
-            FileConfig {
+            Settings {
                 path: Some(path.clone()),
-                ..FileConfig::default()
+                ..Settings::default()
             }
         );
-        assert_eq!(
-            resolve(file, Overrides::default()).unwrap(),
-            default_effective()
-        );
+        assert_eq!(resolve(file, flags(&[])).unwrap(), default_effective());
 
         let mine = "[discovery]\nmdns = false\n";
         fs::write(&path, mine).unwrap();
@@ -1389,15 +1523,15 @@ listen = "127.0.0.1:9"
             .map(|l| format!("{l}\n"))
             .collect();
         let settings = uncommented.lines().filter(|l| l.contains(" = ")).count();
-        let all_keys: usize = KNOWN_KEYS.iter().map(|(_, keys)| keys.len()).sum();
+        let all_keys: usize = known_keys().iter().map(|(_, keys)| keys.len()).sum();
         assert_eq!(settings, all_keys, "{uncommented}");
         let dir = write_config(&uncommented);
         let file = load(dir.path()).unwrap();
         assert_eq!(
             file,
-            FileConfig {
+            Settings {
                 path: Some(dir.path().join(CONFIG_FILE)),
-                ..FileConfig::default()
+                ..Settings::default()
             }
         );
     }

@@ -82,8 +82,10 @@ enum Command {
         /// Give the initial sync this long.
         #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
         sync_timeout: std::time::Duration,
+        /// Network, discovery and API settings; each overrides its key in
+        /// HOME/config.toml, and each can come from its NUWA_ variable.
         #[command(flatten)]
-        net: NetArgs,
+        net: config::Settings,
     },
     /// Manage the agent's devices.
     Device {
@@ -95,8 +97,10 @@ enum Command {
         /// How often the lifecycle task applies x-ttl and x-retention.
         #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
         lifecycle_every: std::time::Duration,
+        /// Network, discovery and API settings; each overrides its key in
+        /// HOME/config.toml, and each can come from its NUWA_ variable.
         #[command(flatten)]
-        net: NetArgs,
+        net: config::Settings,
     },
     /// Sync headlessly (for CI): start, discover, sync every container with
     /// every reachable verified peer, and exit 0 once converged with at least
@@ -108,8 +112,10 @@ enum Command {
         /// Give up after this long, e.g. 30s, 2m, 500ms.
         #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
         timeout: std::time::Duration,
+        /// Network, discovery and API settings; each overrides its key in
+        /// HOME/config.toml, and each can come from its NUWA_ variable.
         #[command(flatten)]
-        net: NetArgs,
+        net: config::Settings,
     },
     /// Run an infrastructure node: libp2p rendezvous server, DHT server and
     /// bootstrap node, and relay. It is an untrusted introducer: it sees no
@@ -145,43 +151,6 @@ enum Command {
     },
 }
 
-/// Network and discovery options of `run` and `sync`. They override
-/// `HOME/config.toml`.
-#[derive(clap::Args, Debug)]
-struct NetArgs {
-    /// Address to listen on for peers (repeatable). Default: /ip4/0.0.0.0/tcp/0.
-    #[arg(long, value_name = "MULTIADDR")]
-    listen: Vec<String>,
-    /// Peer address to dial, e.g. /ip4/10.0.0.2/tcp/4001/p2p/12D3... (repeatable).
-    #[arg(long = "peer", value_name = "MULTIADDR")]
-    peers: Vec<String>,
-    /// Rendezvous server address with /p2p/ (repeatable).
-    #[arg(long, value_name = "MULTIADDR")]
-    rendezvous: Vec<String>,
-    /// DHT bootstrap node address with /p2p/ (repeatable).
-    #[arg(long, value_name = "MULTIADDR")]
-    bootstrap: Vec<String>,
-    /// Do not discover or announce on the LAN via mDNS.
-    #[arg(long)]
-    no_mdns: bool,
-    /// Do not use the DHT.
-    #[arg(long)]
-    no_dht: bool,
-    /// Do not use rendezvous servers.
-    #[arg(long)]
-    no_rendezvous: bool,
-    /// Do not dial (or remember) peers that verified before.
-    #[arg(long)]
-    no_known_peers: bool,
-    /// Network interface for mDNS (repeatable), e.g. `lo` for tests on one
-    /// machine. Default: every non-loopback interface.
-    #[arg(long = "mdns-interface", value_name = "NAME")]
-    mdns_interfaces: Vec<String>,
-    /// Address of the local API (loopback only). Default: 127.0.0.1:0.
-    #[arg(long, value_name = "ADDR")]
-    api_listen: Option<String>,
-}
-
 /// `30s`, `2m`, `500ms`, `1h30m` (humantime's syntax); a bare number is
 /// seconds. Overflow is an error, never a wrapped value.
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -210,25 +179,10 @@ fn parse_addrs(what: &str, list: &[String]) -> Result<Vec<Multiaddr>> {
 
 fn run_options(
     home: &std::path::Path,
-    net: NetArgs,
+    net: config::Settings,
     once: Option<std::time::Duration>,
 ) -> Result<daemon::RunOptions> {
-    let file = config::load(home)?;
-    let eff = config::resolve(
-        file,
-        config::Overrides {
-            listen: net.listen,
-            peers: net.peers,
-            no_mdns: net.no_mdns,
-            mdns_interfaces: net.mdns_interfaces,
-            no_dht: net.no_dht,
-            no_rendezvous: net.no_rendezvous,
-            no_known_peers: net.no_known_peers,
-            bootstrap: net.bootstrap,
-            rendezvous: net.rendezvous,
-            api_listen: net.api_listen,
-        },
-    )?;
+    let eff = config::resolve(config::load(home)?, net)?;
     Ok(daemon::RunOptions {
         listen: parse_addrs("--listen", &eff.listen)?,
         peers: parse_addrs("--peer", &eff.peers)?,
@@ -454,10 +408,19 @@ fn real_main(cli: Cli) -> Result<()> {
             net,
         } => {
             init_tracing_quiet();
-            let listen = parse_addrs("--listen", &net.listen)?;
-            let rendezvous_servers = parse_addrs("--rendezvous", &net.rendezvous)?;
-            let mdns = !net.no_mdns;
-            let mdns_interfaces = net.mdns_interfaces.clone();
+            let listen = parse_addrs(
+                "--listen",
+                net.network.listen.as_deref().unwrap_or_default(),
+            )?;
+            let rendezvous_servers = parse_addrs(
+                "--rendezvous",
+                net.discovery
+                    .rendezvous_servers
+                    .as_deref()
+                    .unwrap_or_default(),
+            )?;
+            let mdns = net.discovery.mdns.unwrap_or(true);
+            let mdns_interfaces = net.discovery.mdns_interfaces.clone().unwrap_or_default();
             let sync = if no_sync {
                 None
             } else {
