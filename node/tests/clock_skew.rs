@@ -25,10 +25,7 @@ fn a_device_600_s_ahead_is_reported_as_clock_skew() {
         let a = c.init("a");
         let b = c.provision(&a, "b");
         c.start(&a, &["--no-mdns"]);
-        let a_addr = status(&a).unwrap()["listen_addrs"][0]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let a_addr = listen_addr(&a);
         c.start_under(
             &["faketime", "-f", "+600s"],
             &b,

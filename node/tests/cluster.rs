@@ -393,10 +393,7 @@ fn did_log_updates_propagate_to_connected_peers() {
         let a = c.init("a");
         let b = c.provision(&a, "b");
         c.start(&a, &["--no-mdns"]);
-        let a_addr = status(&a).unwrap()["listen_addrs"][0]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let a_addr = listen_addr(&a);
         c.start(&b, &["--no-mdns", "--peer", &a_addr]);
         wait_for("a and b verified", Duration::from_secs(10), || {
             (verified(&status(&b).ok()?).len() == 1).then_some(())

@@ -23,10 +23,7 @@ fn provision_while_the_daemon_runs_then_revoke_keeps_one_log() {
             let a = c.init("a");
             let old = c.provision(&a, "old");
             c.start(&a, &["--no-mdns"]);
-            let a_addr = status(&a).unwrap()["listen_addrs"][0]
-                .as_str()
-                .unwrap()
-                .to_owned();
+            let a_addr = listen_addr(&a);
             // Through the running daemon.
             let new = c.provision(&a, "new");
             let log_len = |home: &std::path::Path| {

@@ -225,10 +225,7 @@ fn revoked_device_gets_nothing_new() {
             .as_str()
             .unwrap()
             .to_owned();
-        let a_addr = status(&a).unwrap()["listen_addrs"][0]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let a_addr = listen_addr(&a);
         let (tx, captured) = std::sync::mpsc::channel::<Vec<u8>>();
         let cancel = tokio_util::sync::CancellationToken::new();
         let key = DeviceKey::generate().unwrap();

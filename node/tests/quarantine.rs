@@ -33,10 +33,7 @@ fn a_corrupt_container_is_quarantined_and_resynced() {
         let a = c.init("a");
         let b = c.provision(&a, "b");
         c.start(&a, &["--no-mdns"]);
-        let a_addr = status(&a).unwrap()["listen_addrs"][0]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let a_addr = listen_addr(&a);
         let bd = c.start(&b, &["--no-mdns", "--peer", &a_addr]);
         cli_ok(&a, &["state", "put", "notes", "k", "\"v\""]);
         cli_ok(&a, &["state", "put", "other", "x", "1"]);

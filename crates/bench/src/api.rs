@@ -153,23 +153,8 @@ impl Api {
     /// `GET /v1/state/get?container=C[&key=K]`: the value under `key`, or
     /// the whole container rendered as JSON.
     pub async fn get(&self, container: &str, key: Option<&str>) -> Result<serde_json::Value> {
-        let mut q = vec![("container", container)];
-        if let Some(k) = key {
-            q.push(("key", k));
-        }
-        let resp = self
-            .http
-            .get(format!("{}/v1/state/get", self.url))
-            .query(&q)
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .with_context(|| format!("get from {} failed", self.url))?;
-        Self::check(resp, "get")
-            .await?
-            .json()
-            .await
-            .context("malformed get reply")
+        let bytes = self.get_raw(container, key).await?;
+        serde_json::from_slice(&bytes).context("malformed get reply")
     }
 
     /// Like [`Api::get`], the answer's bytes unparsed.

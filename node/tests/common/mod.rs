@@ -354,6 +354,15 @@ pub fn status(home: &Path) -> Result<Value, String> {
     serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
 }
 
+/// The first peer address a running daemon of `home` listens on (with
+/// its `/p2p/` id), for other daemons' `--peer`.
+pub fn listen_addr(home: &Path) -> String {
+    status(home).unwrap()["listen_addrs"][0]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// Context ids of the verified peers in a status report, sorted.
 pub fn verified(st: &Value) -> Vec<String> {
     let mut v: Vec<String> = st["peers"]
