@@ -3,8 +3,10 @@
 //!
 //! - **Cap.** At most [`Limits::max_connections`] are open. A new
 //!   connection at the cap closes the connection that has been idle the
-//!   longest (no request in flight, no response streaming), so idle sockets
-//!   can never lock out a client with work to do. When every open
+//!   longest (no authorised request in flight, no response streaming), so
+//!   idle sockets can never lock out a client with work to do. Requests
+//!   without the token never count as work: such a client cannot pin a
+//!   connection (a slow challenge body, say). When every open
 //!   connection is busy, the new one is refused (closed at once) and
 //!   counted.
 //! - **Header-read timeout.** A client must send a request's headers within
@@ -29,6 +31,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::metrics::{Event, Metrics};
+
+/// Whether a request is work the guard must not interrupt (the caller
+/// says: one with the bearer token). Other requests keep their connection
+/// evictable, so a client without the token cannot pin connections.
+pub(super) type IsWork = Arc<dyn Fn(&axum::http::HeaderMap) -> bool + Send + Sync>;
 
 /// Connection limits of the local API.
 #[derive(Debug, Clone, Copy)]
@@ -78,6 +85,7 @@ pub(super) async fn run(
     listener: TcpListener,
     app: Router,
     limits: Limits,
+    is_work: IsWork,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
@@ -139,11 +147,12 @@ pub(super) async fn run(
             (id, handle)
         };
         let app = app.clone();
+        let is_work = is_work.clone();
         let table = table.clone();
         let metrics = metrics.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {
-            serve_one(stream, app, limits, conn, epoch, &metrics, cancel).await;
+            serve_one(stream, app, limits, is_work, conn, epoch, &metrics, cancel).await;
             table
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -153,10 +162,12 @@ pub(super) async fn run(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_one(
     stream: tokio::net::TcpStream,
     app: Router,
     limits: Limits,
+    is_work: IsWork,
     (busy, last_active, mut close): (Arc<AtomicUsize>, Arc<AtomicU64>, watch::Receiver<bool>),
     epoch: Instant,
     metrics: &Metrics,
@@ -166,7 +177,9 @@ async fn serve_one(
         let busy = busy.clone();
         let last_active = last_active.clone();
         hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-            let guard = BusyGuard::new(busy.clone(), last_active.clone(), epoch);
+            last_active.store(ms_since(epoch), Ordering::Release);
+            let guard = is_work(req.headers())
+                .then(|| BusyGuard::new(busy.clone(), last_active.clone(), epoch));
             let mut app = app.clone();
             async move {
                 use tower::Service as _;
@@ -245,10 +258,10 @@ impl Drop for BusyGuard {
     }
 }
 
-/// A response body that holds a [`BusyGuard`] until it is done.
+/// A response body that holds a [`BusyGuard`] (for work) until it is done.
 struct Guarded {
     inner: axum::body::Body,
-    _guard: BusyGuard,
+    _guard: Option<BusyGuard>,
 }
 
 impl http_body::Body for Guarded {

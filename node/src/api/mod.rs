@@ -60,6 +60,11 @@ pub use wire::*;
 
 use crate::status::Status;
 
+/// Largest body of `POST /v1/challenge` (a 64-hex-digit nonce in JSON).
+const MAX_CHALLENGE_BYTES: usize = 1024;
+/// How long the challenge's body may take to arrive.
+const CHALLENGE_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Where requests go: the daemon loop owns writes and control, the reader
 /// answers reads and queries.
 #[derive(Clone)]
@@ -160,6 +165,15 @@ async fn require_token(
     }
 }
 
+/// The bearer token a request carries, or "".
+fn bearer(headers: &axum::http::HeaderMap) -> &str {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+}
+
 fn token_matches(given: &str, token: &str) -> bool {
     use subtle::ConstantTimeEq as _;
     // `ct_eq` on slices of different lengths is false (the length is not
@@ -219,8 +233,35 @@ async fn read<T>(
 
 async fn challenge(
     State(s): State<AppState>,
-    Body(body): Body,
+    req: Request,
 ) -> Result<Json<ChallengeReply>, ApiError> {
+    // No token here, so the body is tiny and must come at once: refused by
+    // its declared length before a byte is read, and read against a clock.
+    let too_large = || {
+        ApiError::new(
+            ErrorCode::BodyTooLarge,
+            format!("a challenge is at most {MAX_CHALLENGE_BYTES} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_CHALLENGE_BYTES as u64) {
+        return Err(too_large());
+    }
+    let read = axum::body::to_bytes(req.into_body(), MAX_CHALLENGE_BYTES);
+    let body = match tokio::time::timeout(CHALLENGE_READ_TIMEOUT, read).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => return Err(too_large()),
+        Err(_) => {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                "the challenge body did not arrive in time",
+            ));
+        }
+    };
     let b: ChallengeBody = json_body(&body, "challenge")?;
     let nonce = hex::decode(&b.nonce)
         .ok()
@@ -511,9 +552,17 @@ pub async fn serve(
         events: events_tx,
         metrics: metrics.clone(),
     };
+    let token_for_guard = state.token.clone();
     let app = router(state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    tokio::spawn(listener::run(listener, app, limits, metrics, cancel));
+    // Only a request with the token counts as work the connection guard
+    // must not interrupt; anyone else's connection stays evictable.
+    let is_work: listener::IsWork = Arc::new(move |headers: &axum::http::HeaderMap| {
+        token_matches(bearer(headers), &token_for_guard)
+    });
+    tokio::spawn(listener::run(
+        listener, app, limits, is_work, metrics, cancel,
+    ));
     Ok(local)
 }
