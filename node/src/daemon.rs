@@ -926,6 +926,8 @@ impl Daemon {
                         address: remote.clone(),
                         verified_at_unix_ms: *since_ms,
                         clock_offset_ms: *clock_offset_ms,
+                        transport: path_of_text(remote).transport.to_owned(),
+                        relayed: path_of_text(remote).relayed,
                     }),
                     PeerState::Pending { .. } => None,
                 })
@@ -977,4 +979,16 @@ fn misrouted() -> ApiError {
         ErrorCode::Internal,
         "a read was routed to the daemon loop instead of the reader",
     )
+}
+
+/// The path of a connection from its remote address as text (the session
+/// keeps addresses as text).
+fn path_of_text(remote: &str) -> nuwa_net::Path {
+    remote
+        .parse::<Multiaddr>()
+        .map(|a| nuwa_net::path_of(&a))
+        .unwrap_or(nuwa_net::Path {
+            transport: "other",
+            relayed: false,
+        })
 }

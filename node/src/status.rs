@@ -43,6 +43,12 @@ pub struct PeerStatus {
     /// The peer's clock minus ours, from its last Hello.
     #[serde(default)]
     pub clock_offset_ms: i64,
+    /// `tcp`, `quic`, `websocket` or `other`.
+    #[serde(default)]
+    pub transport: String,
+    /// Through a relay circuit rather than direct.
+    #[serde(default)]
+    pub relayed: bool,
 }
 
 /// A container moved aside at start because its records could not be read.
@@ -112,8 +118,12 @@ impl Status {
         out.push_str(&format!("\nverified peers ({}):\n", self.peers.len()));
         for p in &self.peers {
             out.push_str(&format!(
-                "  {}  {}  {}\n",
-                p.context_id, p.peer_id, p.address
+                "  {}  {}  {} ({} {})\n",
+                p.context_id,
+                p.peer_id,
+                p.address,
+                if p.relayed { "relayed" } else { "direct" },
+                p.transport
             ));
         }
         for c in &self.clock_skew {

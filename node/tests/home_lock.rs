@@ -57,6 +57,19 @@ fn provision_while_the_daemon_runs_then_revoke_keeps_one_log() {
             );
             let peers = verified(&st);
             assert!(peers.contains(&new_id), "{peers:?}");
+            // Status says how the peer is reached: directly, over TCP.
+            let new_peer = st["peers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["context_id"] == new_id.as_str())
+                .unwrap();
+            assert_eq!(
+                (&new_peer["transport"], &new_peer["relayed"]),
+                (&serde_json::json!("tcp"), &serde_json::json!(false)),
+                "{new_peer}"
+            );
+            assert!(cli_ok(&a, &["status"]).contains("(direct tcp)"));
             assert!(!peers.contains(&old_id), "{peers:?}");
             let new_status = status(&new).unwrap();
             assert!(

@@ -433,6 +433,33 @@ pub fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
     })
 }
 
+/// How a connection to `addr` (its remote address) travels: the transport
+/// it rides on and whether it goes through a relay circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Path {
+    /// `tcp`, `quic`, `websocket`, or `other`.
+    pub transport: &'static str,
+    /// Through a `/p2p-circuit` relay.
+    pub relayed: bool,
+}
+
+/// The [`Path`] of a connection from its remote address.
+pub fn path_of(addr: &Multiaddr) -> Path {
+    let mut transport = "other";
+    let mut relayed = false;
+    for p in addr.iter() {
+        match p {
+            Protocol::P2pCircuit => relayed = true,
+            // The first transport is the one to the relay, if any.
+            Protocol::Tcp(_) if transport == "other" => transport = "tcp",
+            Protocol::Quic | Protocol::QuicV1 if transport == "other" => transport = "quic",
+            Protocol::Ws(_) | Protocol::Wss(_) => transport = "websocket",
+            _ => {}
+        }
+    }
+    Path { transport, relayed }
+}
+
 #[derive(NetworkBehaviour)]
 struct Behaviour {
     // First, so that a refused connection gets no handler from the others.
@@ -1486,6 +1513,37 @@ impl Actor {
 
 #[cfg(test)]
 mod tests {
+
+    // Goal: status can say whether a peer is reached directly or through a
+    // relay, and over which transport, from the connection's address.
+    #[test]
+    fn paths_name_the_transport_and_the_relay() {
+        let p = |a: &str| path_of(&a.parse().unwrap());
+        assert_eq!(
+            p("/ip4/127.0.0.1/tcp/4001"),
+            Path {
+                transport: "tcp",
+                relayed: false
+            }
+        );
+        assert_eq!(
+            p("/ip4/192.0.2.1/udp/4001/quic-v1"),
+            Path {
+                transport: "quic",
+                relayed: false
+            }
+        );
+        assert_eq!(
+            p(
+                "/ip4/192.0.2.1/tcp/4001/p2p/12D3KooWRBy97UB99e3J6hiPesre1MZeuNQvfan4gBziswrRJsNK/p2p-circuit"
+            ),
+            Path {
+                transport: "tcp",
+                relayed: true
+            }
+        );
+    }
+
     use super::*;
 
     fn loopback(max_frame_bytes: usize) -> NetConfig {
