@@ -83,8 +83,8 @@ same_state_within() { # container seconds expected-keys -> 0/1
 
 bash "$NETNS" --prefix "$PREFIX" up --hosts 3 >/dev/null
 inh rv "$BIN" --home "$TMP/rv" rendezvous --listen /ip4/0.0.0.0/tcp/4001 >"$TMP/rv.out" 2>"$TMP/rv.log" &
-for _ in $(seq 1 100); do grep -q "10.77.0.2" "$TMP/rv.out" 2>/dev/null && break; sleep 0.1; done
-RV="$(grep -m1 '/ip4/10.77.0.2/' "$TMP/rv.out")"
+for _ in $(seq 1 100); do grep -q "/ip4/10.77.0.2/tcp/" "$TMP/rv.out" 2>/dev/null && break; sleep 0.1; done
+RV="$(grep -m1 '/ip4/10.77.0.2/tcp/' "$TMP/rv.out")"
 [ -n "$RV" ] && pass "rendezvous node prints its address: $RV" || { fail "rendezvous node did not start"; exit 1; }
 
 "$BIN" --home "$TMP/h1" init --name h1 >/dev/null

@@ -55,6 +55,8 @@ pub const MAX_INTERFACE_NAME_BYTES: usize = 256;
 pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
 /// Listen address used when neither the file nor the command line gives one.
 pub const DEFAULT_LISTEN: &str = "/ip4/0.0.0.0/tcp/0";
+/// QUIC next to TCP: UDP punches through more NATs (see ARCHITECTURE.md).
+pub const DEFAULT_LISTEN_QUIC: &str = "/ip4/0.0.0.0/udp/0/quic-v1";
 /// Local API address used when neither the file nor the command line gives one.
 pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:0";
 
@@ -183,7 +185,10 @@ pub struct Api {
 impl Default for Network {
     fn default() -> Self {
         Network {
-            listen: Some(vec![DEFAULT_LISTEN.to_owned()]),
+            listen: Some(vec![
+                DEFAULT_LISTEN.to_owned(),
+                DEFAULT_LISTEN_QUIC.to_owned(),
+            ]),
             peers: Some(Vec::new()),
         }
     }
@@ -899,7 +904,7 @@ mod tests {
 
     fn default_effective() -> Effective {
         Effective {
-            listen: strings(&[DEFAULT_LISTEN]),
+            listen: strings(&[DEFAULT_LISTEN, DEFAULT_LISTEN_QUIC]),
             peers: Vec::new(),
             known_peers: true,
             mdns: true,

@@ -161,8 +161,13 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
             kad: opts.dht,
             rendezvous_client: opts.rendezvous,
             gossip: true,
+            nat_traversal: true,
             infrastructure: None,
         },
+        advertise_listen: Some(nuwa_net::reach::listen_scopes(
+            wide::infra_scope(&opts),
+            &opts.listen,
+        )),
         ..NetConfig::default()
     };
     let (net, mut net_events) = nuwa_net::spawn(home.device.seed(), net_config, cancel.clone())
@@ -920,15 +925,26 @@ impl Daemon {
                         since_ms,
                         clock_offset_ms,
                         ..
-                    } => Some(PeerStatus {
-                        peer_id: p.clone(),
-                        context_id: context_id.clone(),
-                        address: remote.clone(),
-                        verified_at_unix_ms: *since_ms,
-                        clock_offset_ms: *clock_offset_ms,
-                        transport: path_of_text(remote).transport.to_owned(),
-                        relayed: path_of_text(remote).relayed,
-                    }),
+                    } => {
+                        // The connection in use now, if it changed since
+                        // (a hole punch replaced the relayed one).
+                        let remote = p
+                            .parse::<PeerId>()
+                            .ok()
+                            .and_then(|id| self.wide.paths.get(&id))
+                            .map(|a| a.to_string())
+                            .unwrap_or_else(|| remote.clone());
+                        let path = path_of_text(&remote);
+                        Some(PeerStatus {
+                            peer_id: p.clone(),
+                            context_id: context_id.clone(),
+                            address: remote,
+                            verified_at_unix_ms: *since_ms,
+                            clock_offset_ms: *clock_offset_ms,
+                            transport: path.transport.to_owned(),
+                            relayed: path.relayed,
+                        })
+                    }
                     PeerState::Pending { .. } => None,
                 })
                 .collect(),
@@ -970,6 +986,11 @@ impl Daemon {
                     changes: c.change_count(),
                 })
                 .collect(),
+            reachability: crate::status::ReachabilityStatus {
+                nat: self.wide.nat.as_str().to_owned(),
+                advertised: self.wide.advertised.iter().map(|a| a.to_string()).collect(),
+                relays: self.wide.relays.iter().map(|r| r.to_string()).collect(),
+            },
         }
     }
 }

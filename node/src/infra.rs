@@ -1,6 +1,9 @@
 //! `nuwa-node rendezvous`: an infrastructure node. It runs the stock libp2p
 //! rendezvous server, serves the private DHT (and bootstraps devices into
-//! it), and relays circuits for devices behind NAT.
+//! it), relays circuits for devices behind NAT (with the limits of
+//! [`InfraLimits::default`], reasoned in ARCHITECTURE.md), and answers
+//! AutoNAT v2 dial-back requests so devices learn whether they are
+//! reachable.
 //!
 //! It is an untrusted introducer: it holds no agent keys and sees no state.
 //! Devices verify everything it hands them against their DID document. It
@@ -55,6 +58,7 @@ pub async fn run(
             kad: true,
             rendezvous_client: false,
             gossip: false,
+            nat_traversal: false,
             infrastructure: Some(InfraLimits {
                 max_registrations_per_peer,
                 max_registrations_total: max_registrations,
@@ -75,7 +79,19 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            _ = report.tick() => info!(?counters, "rendezvous node counters"),
+            _ = report.tick() => {
+                let s = net.stats();
+                info!(
+                    ?counters,
+                    relay_reservations_accepted = s.relay_reservations_accepted,
+                    relay_reservations_denied = s.relay_reservations_denied,
+                    relay_circuits_accepted = s.relay_circuits_accepted,
+                    relay_circuits_denied = s.relay_circuits_denied,
+                    relay_circuits_cut = s.relay_circuits_cut,
+                    connections_refused = s.connections_refused,
+                    "rendezvous node counters"
+                );
+            }
             ev = events.recv() => {
                 let Some(ev) = ev else { break };
                 match ev {

@@ -127,7 +127,7 @@ enum Command {
         #[arg(
             long,
             value_name = "MULTIADDR",
-            default_value = "/ip4/0.0.0.0/tcp/4001"
+            default_values = ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"]
         )]
         listen: Vec<Multiaddr>,
         /// Most registrations one peer may hold.

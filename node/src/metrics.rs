@@ -87,6 +87,20 @@ events! {
     EventsDropped => "events_dropped", "Other network events dropped rather than wait on the daemon";
     OutboundFramesDropped => "outbound_frames_dropped", "Outbound frames dropped because the network was behind";
     ConnectionsRefused => "connections_refused", "Connections refused by the connection limits";
+    RelayReservationsLost => "relay_reservations_lost", "Relay reservations of this device that ended or were refused";
+    HolePunchesOk => "hole_punches_ok", "Relayed connections made direct by hole punching (DCUtR)";
+    HolePunchesFailed => "hole_punches_failed", "Hole punches that failed (the relay carries the link)";
+    AutonatReachable => "autonat_reachable", "AutoNAT tests that found an address of this device reachable";
+    AutonatUnreachable => "autonat_unreachable", "AutoNAT tests that found an address of this device unreachable";
+    BytesSentRelayed => "bytes_sent_relayed", "Frame bytes sent over relayed connections";
+    BytesSentDirect => "bytes_sent_direct", "Frame bytes sent over direct connections";
+    FramesDeferredForDirect => "frames_deferred_for_direct", "Frames too big for the relay held for a direct connection";
+    SelfDialsSkipped => "self_dials_skipped", "Dials not made because they pointed at this device itself";
+    RelayReservationsAccepted => "relay_reservations_accepted", "Relay reservations granted (infrastructure node)";
+    RelayReservationsDenied => "relay_reservations_denied", "Relay reservations refused by limits or rates (infrastructure node)";
+    RelayCircuitsAccepted => "relay_circuits_accepted", "Relay circuits opened (infrastructure node)";
+    RelayCircuitsDenied => "relay_circuits_denied", "Relay circuits refused by limits or rates (infrastructure node)";
+    RelayCircuitsCut => "relay_circuits_cut", "Relay circuits cut by a limit or an error (infrastructure node)";
     ApiConnectionsEvicted => "api_connections_evicted", "Idle API connections closed to make room at the connection cap";
     ApiConnectionsRefused => "api_connections_refused", "API connections refused at the cap because every open one was busy";
     ApiConnectionsIdleClosed => "api_connections_idle_closed", "API connections closed after the idle timeout";
@@ -330,6 +344,23 @@ impl Metrics {
             (Event::EventsDropped, s.events_dropped),
             (Event::OutboundFramesDropped, s.outbound_frames_dropped),
             (Event::ConnectionsRefused, s.connections_refused),
+            (Event::RelayReservationsLost, s.relay_reservations_lost),
+            (Event::HolePunchesOk, s.hole_punches_ok),
+            (Event::HolePunchesFailed, s.hole_punches_failed),
+            (Event::AutonatReachable, s.autonat_reachable),
+            (Event::AutonatUnreachable, s.autonat_unreachable),
+            (Event::BytesSentRelayed, s.bytes_sent_relayed),
+            (Event::BytesSentDirect, s.bytes_sent_direct),
+            (Event::FramesDeferredForDirect, s.frames_deferred_for_direct),
+            (Event::SelfDialsSkipped, s.self_dials_skipped),
+            (
+                Event::RelayReservationsAccepted,
+                s.relay_reservations_accepted,
+            ),
+            (Event::RelayReservationsDenied, s.relay_reservations_denied),
+            (Event::RelayCircuitsAccepted, s.relay_circuits_accepted),
+            (Event::RelayCircuitsDenied, s.relay_circuits_denied),
+            (Event::RelayCircuitsCut, s.relay_circuits_cut),
         ] {
             let now = self.get(e);
             if total > now {

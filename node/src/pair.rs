@@ -94,6 +94,10 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
                 kad: false,
                 rendezvous_client: !servers.is_empty(),
                 gossip: false,
+                // Pairing is a short session a person starts; it registers
+                // its private addresses (the approving device is expected
+                // on the same network) and does not reserve relays.
+                nat_traversal: false,
                 infrastructure: None,
             },
             ..NetConfig::default()

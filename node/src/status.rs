@@ -22,6 +22,22 @@ pub struct Status {
     pub quarantined: Vec<QuarantineStatus>,
     pub counters: BTreeMap<String, u64>,
     pub containers: Vec<ContainerStatus>,
+    /// How others reach this device.
+    #[serde(default)]
+    pub reachability: ReachabilityStatus,
+}
+
+/// How others reach this device: what it advertises, what AutoNAT found,
+/// and the relays it holds a reservation on.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReachabilityStatus {
+    /// `public` (an address was dialed back by an AutoNAT server),
+    /// `private` (tests failed and none succeeded) or `unknown`.
+    pub nat: String,
+    /// Addresses advertised to identify, rendezvous and the DHT.
+    pub advertised: Vec<String>,
+    /// Relays (PeerIds) holding a reservation for this device.
+    pub relays: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -114,6 +130,19 @@ impl Status {
         out.push_str(&format!("peer id    {}\n", self.device.peer_id));
         for a in &self.listen_addrs {
             out.push_str(&format!("listening  {a}\n"));
+        }
+        if !self.reachability.nat.is_empty() {
+            out.push_str(&format!("reachable  {}", self.reachability.nat));
+            if !self.reachability.relays.is_empty() {
+                out.push_str(&format!(
+                    " (through {} relay(s))",
+                    self.reachability.relays.len()
+                ));
+            }
+            out.push('\n');
+            for a in &self.reachability.advertised {
+                out.push_str(&format!("advertised {a}\n"));
+            }
         }
         out.push_str(&format!("\nverified peers ({}):\n", self.peers.len()));
         for p in &self.peers {

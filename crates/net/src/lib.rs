@@ -1,6 +1,6 @@
 //! The libp2p side of nuwa-sync, run as an actor behind a [`NetHandle`].
 //!
-//! One swarm (TCP, Noise, Yamux, plus relay circuits) carries:
+//! One swarm (TCP and QUIC, Noise, Yamux, plus relay circuits) carries:
 //! - `/nuwa/sync/1`: request-response of opaque, length-prefixed frames with
 //!   a hard cap (see `codec`);
 //! - identify and ping;
@@ -8,6 +8,9 @@
 //!   held back for the caller to verify before it is stored;
 //! - rendezvous (client on devices, server on infrastructure nodes);
 //! - relay (server on infrastructure nodes, client everywhere);
+//! - AutoNAT v2 (server on infrastructure nodes, client on devices) and
+//!   DCUtR hole punching (devices), with the address policy of `reach`:
+//!   only addresses a peer elsewhere can use are advertised;
 //! - gossipsub with manual validation: nothing is forwarded until the caller
 //!   accepts it.
 //!
@@ -34,21 +37,25 @@
 
 mod codec;
 mod outbox;
+pub mod reach;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
 use libp2p::core::ConnectedPoint;
+use libp2p::core::transport::ListenerId;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::swarm::{ConnectionDenied, DialError, ListenError, NetworkBehaviour, SwarmEvent};
+use libp2p::swarm::{
+    ConnectionDenied, ConnectionId, DialError, ListenError, NetworkBehaviour, SwarmEvent,
+};
 use libp2p::{
-    StreamProtocol, Swarm, connection_limits, gossipsub, identify, kad, noise, ping, relay,
-    rendezvous, tcp, yamux,
+    StreamProtocol, Swarm, autonat, connection_limits, dcutr, gossipsub, identify, kad, noise,
+    ping, relay, rendezvous, tcp, yamux,
 };
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio_util::sync::CancellationToken;
@@ -60,6 +67,7 @@ pub use libp2p::{Multiaddr, PeerId};
 
 use codec::FrameCodec;
 use outbox::{Delivery, Outbox};
+pub use reach::Scope;
 
 /// The sync protocol id.
 pub const SYNC_PROTOCOL: &str = "/nuwa/sync/1";
@@ -82,7 +90,10 @@ pub struct Features {
     pub rendezvous_client: bool,
     /// Gossipsub (devices).
     pub gossip: bool,
-    /// Infrastructure node: rendezvous server and relay server.
+    /// AutoNAT v2 client and DCUtR hole punching (devices).
+    pub nat_traversal: bool,
+    /// Infrastructure node: rendezvous server, relay server and AutoNAT v2
+    /// server.
     pub infrastructure: Option<InfraLimits>,
 }
 
@@ -92,6 +103,7 @@ impl Default for Features {
             kad: true,
             rendezvous_client: true,
             gossip: true,
+            nat_traversal: true,
             infrastructure: None,
         }
     }
@@ -106,10 +118,24 @@ pub struct InfraLimits {
     pub max_registrations_per_peer: usize,
     pub max_registrations_total: usize,
     pub max_relay_reservations: usize,
+    pub max_relay_reservations_per_peer: usize,
     pub max_relay_circuits: usize,
+    pub max_relay_circuits_per_peer: usize,
+    /// How long one relayed circuit may live.
+    pub max_circuit_duration: Duration,
+    /// Bytes one relayed circuit may carry, both directions together.
+    pub max_circuit_bytes: u64,
 }
 
 impl Default for InfraLimits {
+    /// The relay carries signalling and small deltas between two devices of
+    /// one agent until hole punching makes the link direct, and everything
+    /// for the devices that cannot punch (symmetric NATs). Sized for that
+    /// (see ARCHITECTURE.md, "Relay limits"): a circuit lives an hour, so an
+    /// idle link is not cut every 2 minutes as with libp2p's defaults; it
+    /// carries 16 MiB, twice the largest frame, so one frame always fits in
+    /// a fresh circuit, while idle traffic (Hellos, heads rounds, pings)
+    /// stays near 1 MiB an hour.
     fn default() -> Self {
         InfraLimits {
             rendezvous_min_ttl_secs: 60,
@@ -117,7 +143,11 @@ impl Default for InfraLimits {
             max_registrations_per_peer: 16,
             max_registrations_total: 100_000,
             max_relay_reservations: 1024,
+            max_relay_reservations_per_peer: 4,
             max_relay_circuits: 1024,
+            max_relay_circuits_per_peer: 8,
+            max_circuit_duration: Duration::from_secs(3600),
+            max_circuit_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -190,6 +220,16 @@ pub struct NetConfig {
     /// [`ConnectionLimits::infrastructure`] when `features.infrastructure`
     /// is set.
     pub connection_limits: Option<ConnectionLimits>,
+    /// Scopes of listen addresses advertised without confirmation (see
+    /// `reach`). `None`: [`reach::listen_scopes`] with no infrastructure.
+    /// An infrastructure node advertises every listen address it has.
+    pub advertise_listen: Option<Vec<Scope>>,
+    /// Frames bigger than this wait for a direct connection while a peer is
+    /// reachable only through a relay ...
+    pub relay_defer_bytes: usize,
+    /// ... for at most this long after the relayed connection came up
+    /// (long enough for hole punching); then they go over the relay.
+    pub relay_direct_grace: Duration,
 }
 
 impl Default for NetConfig {
@@ -202,6 +242,9 @@ impl Default for NetConfig {
             idle_connection_timeout: Duration::from_secs(120),
             features: Features::default(),
             connection_limits: None,
+            advertise_listen: None,
+            relay_defer_bytes: 64 * 1024,
+            relay_direct_grace: Duration::from_secs(20),
         }
     }
 }
@@ -323,6 +366,40 @@ pub enum NetEvent {
         peer: PeerId,
         topic: String,
     },
+    /// The addresses we advertise (identify, rendezvous, the DHT) changed;
+    /// this is the whole new set. Re-register and republish on it.
+    ExternalAddrs(Vec<Multiaddr>),
+    /// An AutoNAT v2 server tested whether `addr` is reachable from it.
+    AutonatTested {
+        server: PeerId,
+        addr: Multiaddr,
+        reachable: bool,
+        reason: String,
+    },
+    /// A relay accepted (or renewed) our reservation: we are reachable
+    /// through it.
+    RelayReserved {
+        relay: PeerId,
+        renewal: bool,
+    },
+    /// Our reservation on `relay` ended (the relay refused it, or the
+    /// connection to it closed). Reserve again to stay reachable.
+    RelayClosed {
+        relay: PeerId,
+        reason: String,
+    },
+    /// The connection used for `peer` changed (a direct one replaced a
+    /// relayed one, or the better one closed): `remote` is the one in use.
+    PathChanged {
+        peer: PeerId,
+        remote: Multiaddr,
+    },
+    /// A hole punch to `peer` (DCUtR) finished.
+    HolePunch {
+        peer: PeerId,
+        ok: bool,
+        reason: String,
+    },
 }
 
 /// Why the network could not start or a command failed.
@@ -372,6 +449,31 @@ pub struct NetStats {
     pub outbound_frames_dropped: u64,
     /// Connections refused by [`ConnectionLimits`], inbound and outbound.
     pub connections_refused: u64,
+    /// Relay server: reservations accepted and refused (limits or rates).
+    pub relay_reservations_accepted: u64,
+    pub relay_reservations_denied: u64,
+    /// Relay server: circuits opened and refused.
+    pub relay_circuits_accepted: u64,
+    pub relay_circuits_denied: u64,
+    /// Relay server: circuits cut with an error (a limit reached, or a side
+    /// went away mid-stream).
+    pub relay_circuits_cut: u64,
+    /// Relay client: reservations we held that ended or were refused.
+    pub relay_reservations_lost: u64,
+    /// DCUtR hole punches that made a direct connection, and that failed.
+    pub hole_punches_ok: u64,
+    pub hole_punches_failed: u64,
+    /// AutoNAT v2 tests of our addresses: reachable, and not.
+    pub autonat_reachable: u64,
+    pub autonat_unreachable: u64,
+    /// Frame bytes sent over relayed connections, and over direct ones.
+    pub bytes_sent_relayed: u64,
+    pub bytes_sent_direct: u64,
+    /// Frames held back for a direct connection (too big for the relay).
+    pub frames_deferred_for_direct: u64,
+    /// Dials not made because the address was one of our own listeners, or
+    /// the peer was ourselves.
+    pub self_dials_skipped: u64,
 }
 
 #[derive(Default)]
@@ -385,6 +487,20 @@ struct Counters {
     events_dropped: AtomicU64,
     outbound_frames_dropped: AtomicU64,
     connections_refused: AtomicU64,
+    relay_reservations_accepted: AtomicU64,
+    relay_reservations_denied: AtomicU64,
+    relay_circuits_accepted: AtomicU64,
+    relay_circuits_denied: AtomicU64,
+    relay_circuits_cut: AtomicU64,
+    relay_reservations_lost: AtomicU64,
+    hole_punches_ok: AtomicU64,
+    hole_punches_failed: AtomicU64,
+    autonat_reachable: AtomicU64,
+    autonat_unreachable: AtomicU64,
+    bytes_sent_relayed: AtomicU64,
+    bytes_sent_direct: AtomicU64,
+    frames_deferred_for_direct: AtomicU64,
+    self_dials_skipped: AtomicU64,
 }
 
 impl Counters {
@@ -403,6 +519,9 @@ impl Delivery for NetEvent {
                 | NetEvent::Connected { .. }
                 | NetEvent::Disconnected { .. }
                 | NetEvent::Identified { .. }
+                | NetEvent::ExternalAddrs(_)
+                | NetEvent::RelayClosed { .. }
+                | NetEvent::PathChanged { .. }
         )
     }
 }
@@ -472,6 +591,9 @@ struct Behaviour {
     rendezvous_server: Toggle<rendezvous::server::Behaviour>,
     relay_server: Toggle<relay::Behaviour>,
     relay_client: relay::client::Behaviour,
+    autonat_client: Toggle<autonat::v2::client::Behaviour>,
+    autonat_server: Toggle<autonat::v2::server::Behaviour>,
+    dcutr: Toggle<dcutr::Behaviour>,
     gossip: Toggle<gossipsub::Behaviour>,
 }
 
@@ -479,6 +601,15 @@ enum Command {
     Dial {
         peer: Option<PeerId>,
         addrs: Vec<Multiaddr>,
+        /// Dial from the listening port (see [`NetHandle::dial_infra`]).
+        reuse_port: bool,
+    },
+    ReserveRelay {
+        relay: PeerId,
+        addr: Multiaddr,
+    },
+    ReleaseRelay {
+        relay: PeerId,
     },
     Send {
         peer: PeerId,
@@ -557,6 +688,20 @@ impl NetHandle {
             events_dropped: load(&c.events_dropped),
             outbound_frames_dropped: load(&c.outbound_frames_dropped),
             connections_refused: load(&c.connections_refused),
+            relay_reservations_accepted: load(&c.relay_reservations_accepted),
+            relay_reservations_denied: load(&c.relay_reservations_denied),
+            relay_circuits_accepted: load(&c.relay_circuits_accepted),
+            relay_circuits_denied: load(&c.relay_circuits_denied),
+            relay_circuits_cut: load(&c.relay_circuits_cut),
+            relay_reservations_lost: load(&c.relay_reservations_lost),
+            hole_punches_ok: load(&c.hole_punches_ok),
+            hole_punches_failed: load(&c.hole_punches_failed),
+            autonat_reachable: load(&c.autonat_reachable),
+            autonat_unreachable: load(&c.autonat_unreachable),
+            bytes_sent_relayed: load(&c.bytes_sent_relayed),
+            bytes_sent_direct: load(&c.bytes_sent_direct),
+            frames_deferred_for_direct: load(&c.frames_deferred_for_direct),
+            self_dials_skipped: load(&c.self_dials_skipped),
         }
     }
 
@@ -607,7 +752,38 @@ impl NetHandle {
     /// not dialed again). Every command method is cancel safe: a cancelled
     /// call sends nothing.
     pub async fn dial(&self, peer: Option<PeerId>, addrs: Vec<Multiaddr>) -> Result<(), NetError> {
-        self.cmd(Command::Dial { peer, addrs }).await
+        self.cmd(Command::Dial {
+            peer,
+            addrs,
+            reuse_port: false,
+        })
+        .await
+    }
+
+    /// Dials an infrastructure node from our listening port, so that the
+    /// NAT mapping it observes (identify) is the one hole punching needs,
+    /// and over every transport in `addrs` we are not connected on yet (a
+    /// QUIC connection next to a TCP one gives a UDP mapping to punch
+    /// with).
+    pub async fn dial_infra(&self, peer: PeerId, addrs: Vec<Multiaddr>) -> Result<(), NetError> {
+        self.cmd(Command::Dial {
+            peer: Some(peer),
+            addrs,
+            reuse_port: true,
+        })
+        .await
+    }
+
+    /// Reserves a circuit on `relay` (reached at `addr`), so that peers that
+    /// cannot dial us directly reach us through it. The circuit address is
+    /// advertised once the relay accepts ([`NetEvent::RelayReserved`]).
+    pub async fn reserve_relay(&self, relay: PeerId, addr: Multiaddr) -> Result<(), NetError> {
+        self.cmd(Command::ReserveRelay { relay, addr }).await
+    }
+
+    /// Gives up our reservation on `relay`.
+    pub async fn release_relay(&self, relay: PeerId) -> Result<(), NetError> {
+        self.cmd(Command::ReleaseRelay { relay }).await
     }
 
     /// Queues `frame` for `peer` on `/nuwa/sync/1`; the same as
@@ -716,6 +892,16 @@ impl NetHandle {
 struct PeerQueue {
     queue: VecDeque<Vec<u8>>,
     in_flight: Option<OutboundRequestId>,
+    /// The head frame is waiting for a direct connection (counted once).
+    deferred: bool,
+}
+
+/// One open connection to a peer.
+struct Conn {
+    id: ConnectionId,
+    remote: Multiaddr,
+    relayed: bool,
+    since: tokio::time::Instant,
 }
 
 struct Actor {
@@ -727,7 +913,22 @@ struct Actor {
     counters: Arc<Counters>,
     pending_publishes: VecDeque<(String, Vec<u8>)>,
     /// Queries whose results carry the key we asked for.
-    get_queries: std::collections::HashMap<kad::QueryId, Vec<u8>>,
+    get_queries: HashMap<kad::QueryId, Vec<u8>>,
+    /// Open connections per peer, oldest first.
+    conns: BTreeMap<PeerId, Vec<Conn>>,
+    /// The remote address last reported for each peer (`Connected` or
+    /// `PathChanged`).
+    reported_path: BTreeMap<PeerId, Multiaddr>,
+    /// Circuit listeners (reservations) per relay, and back.
+    relay_listeners: BTreeMap<PeerId, ListenerId>,
+    listener_relays: HashMap<ListenerId, PeerId>,
+    /// Scopes of listen addresses we advertise unconfirmed (see `reach`).
+    vouched: Vec<Scope>,
+    /// Our listening sockets, never dialed.
+    own_sockets: BTreeSet<(std::net::IpAddr, u16, bool)>,
+    /// The external addresses last reported.
+    reported_external: BTreeSet<Multiaddr>,
+    infrastructure: bool,
 }
 
 fn gossip_config() -> Result<gossipsub::Config, NetError> {
@@ -791,6 +992,7 @@ pub async fn spawn(
             yamux::Config::default,
         )
         .map_err(|e| NetError::Transport(e.to_string()))?
+        .with_quic()
         .with_relay_client(noise::Config::new, yamux::Config::default)
         .map_err(|e| NetError::Transport(e.to_string()))?
         .with_behaviour(|key, relay_client| {
@@ -808,10 +1010,15 @@ pub async fn spawn(
                 };
                 let store = kad::store::MemoryStore::with_config(peer, store_cfg);
                 let mut k = kad::Behaviour::with_config(peer, store, cfg);
-                // Nodes here are reachable by the peers that learn their
-                // addresses; serve the DHT rather than waiting for an
-                // external address confirmation.
-                k.set_mode(Some(kad::Mode::Server));
+                // Client until we advertise a direct address (see
+                // `Actor::on_external_change`): a device nobody can dial
+                // must not enter others' routing tables. Infrastructure
+                // nodes serve from the start.
+                k.set_mode(Some(if features.infrastructure.is_some() {
+                    kad::Mode::Server
+                } else {
+                    kad::Mode::Client
+                }));
                 k
             });
             let infra = features.infrastructure.clone();
@@ -829,11 +1036,23 @@ pub async fn spawn(
                     peer,
                     relay::Config {
                         max_reservations: l.max_relay_reservations,
+                        max_reservations_per_peer: l.max_relay_reservations_per_peer,
                         max_circuits: l.max_relay_circuits,
+                        max_circuits_per_peer: l.max_relay_circuits_per_peer,
+                        max_circuit_duration: l.max_circuit_duration,
+                        max_circuit_bytes: l.max_circuit_bytes,
+                        // Rate limits per peer and per IP: libp2p's defaults.
                         ..relay::Config::default()
                     },
                 )
             });
+            let autonat_server = infra
+                .as_ref()
+                .map(|_| autonat::v2::server::Behaviour::default());
+            let traversal = features.nat_traversal && infra.is_none();
+            // Tests a candidate every 5 s (libp2p's default).
+            let autonat_client = traversal.then(autonat::v2::client::Behaviour::default);
+            let dcutr = traversal.then(|| dcutr::Behaviour::new(peer));
             let gossip = match gossip_cfg {
                 Some(cfg) => Some(gossipsub::Behaviour::new(
                     gossipsub::MessageAuthenticity::Signed(key.clone()),
@@ -848,9 +1067,13 @@ pub async fn spawn(
                     [(StreamProtocol::new(SYNC_PROTOCOL), ProtocolSupport::Full)],
                     rr_config,
                 ),
+                // Only the external addresses (see `reach`): listen
+                // addresses include loopback and private ones nobody
+                // elsewhere can use.
                 identify: identify::Behaviour::new(
                     identify::Config::new(IDENTIFY_VERSION.to_owned(), key.public())
-                        .with_cache_size(256),
+                        .with_cache_size(256)
+                        .with_hide_listen_addrs(true),
                 ),
                 // Detect dead links within ~15 s so partitions are noticed and
                 // healed by redialing, not hidden behind TCP retransmits.
@@ -867,6 +1090,9 @@ pub async fn spawn(
                 rendezvous_server: rendezvous_server.into(),
                 relay_server: relay_server.into(),
                 relay_client,
+                autonat_client: autonat_client.into(),
+                autonat_server: autonat_server.into(),
+                dcutr: dcutr.into(),
                 gossip: gossip.into(),
             })
         })
@@ -884,6 +1110,11 @@ pub async fn spawn(
     let local_peer_id = *swarm.local_peer_id();
     let (cmd_tx, cmd_rx) = mpsc::channel(outbox::COMMAND_QUEUE);
     let (ev_tx, ev_rx) = mpsc::channel(outbox::EVENT_QUEUE);
+    let vouched = config
+        .advertise_listen
+        .clone()
+        .unwrap_or_else(|| reach::listen_scopes(None, &config.listen));
+    let infrastructure = config.features.infrastructure.is_some();
     let actor = Actor {
         swarm,
         events: Outbox::new(ev_tx, outbox::MAX_BACKLOG),
@@ -891,7 +1122,15 @@ pub async fn spawn(
         config,
         counters: counters.clone(),
         pending_publishes: VecDeque::new(),
-        get_queries: std::collections::HashMap::new(),
+        get_queries: HashMap::new(),
+        conns: BTreeMap::new(),
+        reported_path: BTreeMap::new(),
+        relay_listeners: BTreeMap::new(),
+        listener_relays: HashMap::new(),
+        vouched,
+        own_sockets: BTreeSet::new(),
+        reported_external: BTreeSet::new(),
+        infrastructure,
     };
     tokio::spawn(tracing::Instrument::instrument(
         actor.run(cmd_rx, cancel),
@@ -909,6 +1148,10 @@ pub async fn spawn(
 
 impl Actor {
     async fn run(mut self, mut commands: mpsc::Receiver<Command>, cancel: CancellationToken) {
+        // Frames held for a direct connection are looked at again each
+        // second (their grace may have run out).
+        let mut deferred = tokio::time::interval(Duration::from_secs(1));
+        deferred.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // Nothing here awaits the owner: events leave with try_send, and
             // held ones move when `drain` finds room, polled next to the
@@ -922,6 +1165,18 @@ impl Actor {
                 ev = self.swarm.select_next_some() => {
                     for out in self.on_swarm_event(ev) {
                         self.emit(out);
+                    }
+                    self.on_external_change();
+                }
+                _ = deferred.tick() => {
+                    let waiting: Vec<PeerId> = self
+                        .queues
+                        .iter()
+                        .filter(|(_, q)| q.deferred)
+                        .map(|(p, _)| *p)
+                        .collect();
+                    for p in waiting {
+                        self.pump(p);
                     }
                 }
                 drained = self.events.drain(), if self.events.has_backlog() => {
@@ -961,12 +1216,70 @@ impl Actor {
 
     fn on_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Dial { peer, addrs } => {
-                // A fresh source port: reusing the listening port lets two
-                // devices that dial each other at the same instant end up
-                // in one TCP connection (simultaneous open) where both are
-                // the Noise initiator and both handshakes fail.
+            Command::Dial {
+                peer,
+                addrs,
+                reuse_port,
+            } => {
+                if peer == Some(*self.swarm.local_peer_id()) {
+                    Counters::bump(&self.counters.self_dials_skipped);
+                    return;
+                }
+                // Never our own listeners: a peer advertising a loopback
+                // address would make us dial ourselves.
+                let before = addrs.len();
+                let addrs: Vec<Multiaddr> = addrs
+                    .into_iter()
+                    .filter(|a| {
+                        reach::socket_of(a).is_none_or(|s| !self.own_sockets.contains(&s))
+                            && !reach::is_unspecified(a)
+                            && peer_of(a) != Some(*self.swarm.local_peer_id())
+                    })
+                    .collect();
+                if addrs.len() < before {
+                    Counters::bump(&self.counters.self_dials_skipped);
+                }
+                if addrs.is_empty() {
+                    return;
+                }
                 let opts = match peer {
+                    // Infrastructure: from the listening port, and over any
+                    // transport we have no connection on yet.
+                    Some(peer) if reuse_port => {
+                        let have: BTreeSet<&'static str> = self
+                            .conns
+                            .get(&peer)
+                            .map(|cs| {
+                                cs.iter()
+                                    .filter(|c| !c.relayed)
+                                    .map(|c| path_of(&c.remote).transport)
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        let addrs: Vec<Multiaddr> = addrs
+                            .into_iter()
+                            .filter(|a| !have.contains(path_of(a).transport))
+                            .collect();
+                        if addrs.is_empty() {
+                            return;
+                        }
+                        let condition = if have.is_empty() {
+                            PeerCondition::DisconnectedAndNotDialing
+                        } else {
+                            PeerCondition::NotDialing
+                        };
+                        DialOpts::peer_id(peer)
+                            .addresses(addrs)
+                            .condition(condition)
+                            .build()
+                    }
+                    // Devices: a fresh source port. Reusing the listening
+                    // port lets two devices that dial each other at the
+                    // same instant (both found by mDNS) end up in one TCP
+                    // connection (simultaneous open) where both are the
+                    // Noise initiator and both handshakes fail. Hole
+                    // punching (DCUtR) dials from the listening port by
+                    // itself.
                     Some(peer) => DialOpts::peer_id(peer)
                         .addresses(addrs)
                         .condition(PeerCondition::DisconnectedAndNotDialing)
@@ -1003,6 +1316,36 @@ impl Actor {
                 }
                 q.queue.push_back(frame);
                 self.pump(peer);
+            }
+            Command::ReserveRelay { relay, addr } => {
+                if self.relay_listeners.contains_key(&relay) {
+                    return;
+                }
+                let mut circuit = addr;
+                if peer_of(&circuit).is_none() {
+                    circuit.push(Protocol::P2p(relay));
+                }
+                circuit.push(Protocol::P2pCircuit);
+                match self.swarm.listen_on(circuit.clone()) {
+                    Ok(id) => {
+                        debug!(%relay, %circuit, "reserving a relay circuit");
+                        self.relay_listeners.insert(relay, id);
+                        self.listener_relays.insert(id, relay);
+                    }
+                    Err(e) => {
+                        Counters::bump(&self.counters.relay_reservations_lost);
+                        self.emit(NetEvent::RelayClosed {
+                            relay,
+                            reason: e.to_string(),
+                        });
+                    }
+                }
+            }
+            Command::ReleaseRelay { relay } => {
+                if let Some(id) = self.relay_listeners.remove(&relay) {
+                    self.listener_relays.remove(&id);
+                    self.swarm.remove_listener(id);
+                }
             }
             Command::Disconnect { peer } => {
                 self.queues.remove(&peer);
@@ -1132,49 +1475,213 @@ impl Actor {
         }
     }
 
-    /// Sends the next queued frame to `peer` if none is in flight.
+    /// Whether every connection to `peer` is relayed, and since when the
+    /// newest one is up.
+    fn relayed_only(&self, peer: &PeerId) -> Option<tokio::time::Instant> {
+        let cs = self.conns.get(peer)?;
+        if cs.is_empty() || cs.iter().any(|c| !c.relayed) {
+            return None;
+        }
+        cs.iter().map(|c| c.since).max()
+    }
+
+    /// Sends the next queued frame to `peer` if none is in flight. A frame
+    /// too big for the relay waits while the peer is reachable only through
+    /// one, for the grace that hole punching gets; then it goes anyway
+    /// (behind a symmetric NAT the relay is all there is).
     fn pump(&mut self, peer: PeerId) {
+        let relayed_since = self.relayed_only(&peer);
+        let connected = self.swarm.is_connected(&peer);
         let Some(q) = self.queues.get_mut(&peer) else {
             return;
         };
-        if q.in_flight.is_some() || !self.swarm.is_connected(&peer) {
+        if q.in_flight.is_some() || !connected {
             return;
         }
-        if let Some(frame) = q.queue.pop_front() {
-            q.in_flight = Some(self.swarm.behaviour_mut().sync.send_request(&peer, frame));
+        let Some(head) = q.queue.front() else {
+            q.deferred = false;
+            return;
+        };
+        if let Some(since) = relayed_since
+            && head.len() > self.config.relay_defer_bytes
+            && since.elapsed() < self.config.relay_direct_grace
+        {
+            if !q.deferred {
+                q.deferred = true;
+                Counters::bump(&self.counters.frames_deferred_for_direct);
+            }
+            return;
         }
+        q.deferred = false;
+        let Some(frame) = q.queue.pop_front() else {
+            return;
+        };
+        let counter = if relayed_since.is_some() {
+            &self.counters.bytes_sent_relayed
+        } else {
+            &self.counters.bytes_sent_direct
+        };
+        counter.fetch_add(frame.len() as u64, Ordering::Relaxed);
+        q.in_flight = Some(self.swarm.behaviour_mut().sync.send_request(&peer, frame));
+    }
+
+    /// The connection in use for `peer`: the oldest direct one, else the
+    /// oldest relayed one.
+    fn best_remote(&self, peer: &PeerId) -> Option<Multiaddr> {
+        let cs = self.conns.get(peer)?;
+        cs.iter()
+            .find(|c| !c.relayed)
+            .or_else(|| cs.first())
+            .map(|c| c.remote.clone())
+    }
+
+    /// Reports a change of the connection in use, and closes relayed
+    /// connections once a direct one exists (request-response spreads
+    /// requests over every connection, and the relay is for when there is
+    /// no other way).
+    fn on_paths_changed(&mut self, peer: PeerId) -> Vec<NetEvent> {
+        let mut out = Vec::new();
+        let Some(best) = self.best_remote(&peer) else {
+            return out;
+        };
+        if !reach::is_relayed(&best) {
+            let relayed: Vec<ConnectionId> = self
+                .conns
+                .get(&peer)
+                .map(|cs| cs.iter().filter(|c| c.relayed).map(|c| c.id).collect())
+                .unwrap_or_default();
+            for id in relayed {
+                debug!(%peer, "direct connection up; closing the relayed one");
+                self.swarm.close_connection(id);
+            }
+        }
+        if self.reported_path.get(&peer) != Some(&best) {
+            if self.reported_path.contains_key(&peer) {
+                info!(%peer, remote = %best, "connection path changed");
+                out.push(NetEvent::PathChanged {
+                    peer,
+                    remote: best.clone(),
+                });
+            }
+            self.reported_path.insert(peer, best);
+        }
+        out
+    }
+
+    /// Re-derives what we advertise after any swarm event: reports a
+    /// changed set, and keeps Kademlia a server only while we advertise a
+    /// direct address.
+    fn on_external_change(&mut self) {
+        let now: BTreeSet<Multiaddr> = self.swarm.external_addresses().cloned().collect();
+        if now == self.reported_external {
+            return;
+        }
+        info!(
+            addrs = ?now.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            "advertised addresses changed"
+        );
+        if !self.infrastructure {
+            let direct = now.iter().any(|a| !reach::is_relayed(a));
+            if let Some(k) = self.swarm.behaviour_mut().kad.as_mut() {
+                k.set_mode(Some(if direct {
+                    kad::Mode::Server
+                } else {
+                    kad::Mode::Client
+                }));
+            }
+        }
+        self.reported_external = now.clone();
+        self.emit(NetEvent::ExternalAddrs(now.into_iter().collect()));
     }
 
     fn on_swarm_event(&mut self, ev: SwarmEvent<BehaviourEvent>) -> Vec<NetEvent> {
         match ev {
-            SwarmEvent::NewListenAddr { address, .. } => {
+            SwarmEvent::NewListenAddr {
+                address,
+                listener_id,
+            } => {
                 info!(%address, "listening");
-                // Advertise what we listen on (rendezvous registration needs
-                // an external address; peers that cannot route to it simply
-                // fail to dial it).
-                let unspecified = address.iter().any(|p| match p {
-                    Protocol::Ip4(ip) => ip.is_unspecified(),
-                    Protocol::Ip6(ip) => ip.is_unspecified(),
-                    _ => false,
-                });
-                if !unspecified {
+                if let Some(s) = reach::socket_of(&address) {
+                    self.own_sockets.insert(s);
+                }
+                // Advertise only what a peer elsewhere can use (`reach`):
+                // a relay circuit we hold, every address of an
+                // infrastructure node, and listen addresses of a scope the
+                // owner vouched for. The rest waits for AutoNAT.
+                let relayed = reach::is_relayed(&address);
+                let advertise = !reach::is_unspecified(&address)
+                    && (relayed
+                        || self.infrastructure
+                        || reach::scope_of(&address).is_some_and(|s| self.vouched.contains(&s)));
+                if advertise {
                     self.swarm.add_external_address(address.clone());
+                }
+                if relayed && let Some(relay) = self.listener_relays.get(&listener_id) {
+                    info!(%relay, %address, "reachable through a relay");
                 }
                 vec![NetEvent::Listening(address)]
             }
+            SwarmEvent::ExpiredListenAddr { address, .. } => {
+                self.swarm.remove_external_address(&address);
+                vec![]
+            }
+            SwarmEvent::ListenerClosed {
+                listener_id,
+                addresses,
+                reason,
+            } => {
+                for a in &addresses {
+                    self.swarm.remove_external_address(a);
+                }
+                match self.listener_relays.remove(&listener_id) {
+                    Some(relay) => {
+                        self.relay_listeners.remove(&relay);
+                        Counters::bump(&self.counters.relay_reservations_lost);
+                        let reason = match reason {
+                            Ok(()) => "closed".to_owned(),
+                            Err(e) => e.to_string(),
+                        };
+                        info!(%relay, %reason, "relay reservation ended");
+                        vec![NetEvent::RelayClosed { relay, reason }]
+                    }
+                    None => vec![],
+                }
+            }
+            SwarmEvent::ExternalAddrConfirmed { address } => {
+                if reach::is_relayed(&address)
+                    || reach::confirmed_is_advertisable(&address, &self.vouched)
+                {
+                    info!(%address, "external address confirmed");
+                } else {
+                    debug!(%address, "confirmed address not advertised (loopback)");
+                    self.swarm.remove_external_address(&address);
+                }
+                vec![]
+            }
             SwarmEvent::ConnectionEstablished {
                 peer_id,
+                connection_id,
                 endpoint,
                 num_established,
                 ..
             } => {
-                if num_established.get() != 1 {
-                    return vec![];
-                }
+                let relayed = endpoint.is_relayed();
                 let remote = match endpoint {
                     ConnectedPoint::Dialer { address, .. } => address,
                     ConnectedPoint::Listener { send_back_addr, .. } => send_back_addr,
                 };
+                self.conns.entry(peer_id).or_default().push(Conn {
+                    id: connection_id,
+                    remote: remote.clone(),
+                    relayed,
+                    since: tokio::time::Instant::now(),
+                });
+                if num_established.get() != 1 {
+                    let out = self.on_paths_changed(peer_id);
+                    self.pump(peer_id);
+                    return out;
+                }
+                self.reported_path.insert(peer_id, remote.clone());
                 self.pump(peer_id);
                 vec![NetEvent::Connected {
                     peer: peer_id,
@@ -1184,12 +1691,18 @@ impl Actor {
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
+                connection_id,
                 num_established,
                 ..
             } => {
-                if num_established != 0 {
-                    return vec![];
+                if let Some(cs) = self.conns.get_mut(&peer_id) {
+                    cs.retain(|c| c.id != connection_id);
                 }
+                if num_established != 0 {
+                    return self.on_paths_changed(peer_id);
+                }
+                self.conns.remove(&peer_id);
+                self.reported_path.remove(&peer_id);
                 self.queues.remove(&peer_id);
                 vec![NetEvent::Disconnected { peer: peer_id }]
             }
@@ -1261,7 +1774,89 @@ impl Actor {
             BehaviourEvent::Kad(ev) => self.on_kad_event(ev),
             BehaviourEvent::Rendezvous(ev) => self.on_rendezvous_event(ev),
             BehaviourEvent::Gossip(ev) => self.on_gossip_event(ev),
+            BehaviourEvent::RelayServer(ev) => {
+                self.on_relay_server_event(ev);
+                vec![]
+            }
+            BehaviourEvent::RelayClient(relay::client::Event::ReservationReqAccepted {
+                relay_peer_id,
+                renewal,
+                ..
+            }) => vec![NetEvent::RelayReserved {
+                relay: relay_peer_id,
+                renewal,
+            }],
+            BehaviourEvent::AutonatClient(autonat::v2::client::Event {
+                tested_addr,
+                server,
+                result,
+                ..
+            }) => {
+                let reachable = result.is_ok();
+                Counters::bump(if reachable {
+                    &self.counters.autonat_reachable
+                } else {
+                    &self.counters.autonat_unreachable
+                });
+                debug!(%server, addr = %tested_addr, reachable, "AutoNAT test");
+                vec![NetEvent::AutonatTested {
+                    server,
+                    addr: tested_addr,
+                    reachable,
+                    reason: result.err().map(|e| e.to_string()).unwrap_or_default(),
+                }]
+            }
+            BehaviourEvent::Dcutr(dcutr::Event {
+                remote_peer_id,
+                result,
+            }) => {
+                let ok = result.is_ok();
+                Counters::bump(if ok {
+                    &self.counters.hole_punches_ok
+                } else {
+                    &self.counters.hole_punches_failed
+                });
+                let reason = result.err().map(|e| e.to_string()).unwrap_or_default();
+                info!(peer = %remote_peer_id, ok, %reason, "hole punch finished");
+                vec![NetEvent::HolePunch {
+                    peer: remote_peer_id,
+                    ok,
+                    reason,
+                }]
+            }
             _ => vec![],
+        }
+    }
+
+    /// Counts what the relay server grants and refuses.
+    fn on_relay_server_event(&mut self, ev: relay::Event) {
+        let c = &self.counters;
+        match ev {
+            relay::Event::ReservationReqAccepted { .. } => {
+                Counters::bump(&c.relay_reservations_accepted)
+            }
+            relay::Event::ReservationReqDenied { src_peer_id, .. } => {
+                debug!(peer = %src_peer_id, "relay reservation refused");
+                Counters::bump(&c.relay_reservations_denied)
+            }
+            relay::Event::CircuitReqAccepted { .. } => Counters::bump(&c.relay_circuits_accepted),
+            relay::Event::CircuitReqDenied {
+                src_peer_id,
+                dst_peer_id,
+                ..
+            } => {
+                debug!(src = %src_peer_id, dst = %dst_peer_id, "relay circuit refused");
+                Counters::bump(&c.relay_circuits_denied)
+            }
+            relay::Event::CircuitClosed {
+                src_peer_id,
+                dst_peer_id,
+                error: Some(e),
+            } => {
+                debug!(src = %src_peer_id, dst = %dst_peer_id, error = %e, "relay circuit cut");
+                Counters::bump(&c.relay_circuits_cut)
+            }
+            _ => {}
         }
     }
 
@@ -1650,6 +2245,147 @@ mod tests {
                 }) => {}
             }
         }
+    }
+
+    fn infra_config() -> NetConfig {
+        NetConfig {
+            listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
+            features: Features {
+                kad: false,
+                rendezvous_client: false,
+                gossip: false,
+                nat_traversal: false,
+                infrastructure: Some(InfraLimits::default()),
+            },
+            ..NetConfig::default()
+        }
+    }
+
+    fn device_config(advertise: Vec<Scope>) -> NetConfig {
+        NetConfig {
+            listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
+            features: Features {
+                kad: false,
+                rendezvous_client: false,
+                gossip: false,
+                ..Features::default()
+            },
+            advertise_listen: Some(advertise),
+            ..NetConfig::default()
+        }
+    }
+
+    // Goal: a device that nobody can dial is reached through its relay
+    // reservation; a big frame waits for the direct connection instead of
+    // using up the circuit; DCUtR makes the connection direct, the relayed
+    // one is closed, and the change is reported. Also: nothing private is
+    // advertised when nothing is vouched for, only the circuit.
+    // Method: three swarms on loopback: an infrastructure node (relay and
+    // AutoNAT server), device a that vouches for no scope and reserves a
+    // circuit, and device b that dials a only through the circuit. b queues
+    // a 100 KiB frame at once: it must be counted as deferred, then arrive
+    // after a hole punch, sent over a direct connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn relayed_first_then_direct_by_hole_punch() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let (infra, mut infra_rx, infra_addr) = node_with(30, infra_config()).await;
+        let infra_id = infra.local_peer_id();
+        let _infra_events = watch(std::mem::replace(&mut infra_rx, mpsc::channel(1).1), |_| {
+            false
+        });
+        let (a, mut a_rx, _) = node_with(31, device_config(vec![])).await;
+        let (b, mut b_rx, _) = node_with(32, device_config(vec![])).await;
+        a.dial_infra(infra_id, vec![infra_addr.clone()])
+            .await
+            .unwrap();
+        b.dial_infra(infra_id, vec![infra_addr.clone()])
+            .await
+            .unwrap();
+        for rx in [&mut a_rx, &mut b_rx] {
+            next_matching(rx, |e| match e {
+                NetEvent::Connected { peer, .. } if peer == infra_id => Some(()),
+                _ => None,
+            })
+            .await;
+        }
+        // Reserved over the connection just made (a reservation asked for
+        // while the dial is underway is refused: libp2p's relay client
+        // dials again and the swarm refuses a second dial).
+        a.reserve_relay(infra_id, infra_addr.clone()).await.unwrap();
+        let advertised = next_matching(&mut a_rx, |e| match e {
+            NetEvent::ExternalAddrs(v) if !v.is_empty() => Some(v),
+            _ => None,
+        })
+        .await;
+        assert!(
+            advertised.iter().all(reach::is_relayed),
+            "only the circuit is advertised: {advertised:?}"
+        );
+        // The relay client names us at the end of the circuit address.
+        let circuit = advertised[0].clone();
+        assert_eq!(
+            circuit.iter().last(),
+            Some(Protocol::P2p(a.local_peer_id())),
+            "{circuit}"
+        );
+        b.dial(Some(a.local_peer_id()), vec![circuit])
+            .await
+            .unwrap();
+        let remote = next_matching(&mut b_rx, |e| match e {
+            NetEvent::Connected { peer, remote, .. } if peer == a.local_peer_id() => Some(remote),
+            _ => None,
+        })
+        .await;
+        assert!(path_of(&remote).relayed, "first over the relay: {remote}");
+        let big = vec![7u8; 100 * 1024];
+        b.try_send(a.local_peer_id(), big.clone()).unwrap();
+        wait_until("the big frame is deferred", || {
+            b.stats().frames_deferred_for_direct == 1
+        })
+        .await;
+        assert_eq!(
+            b.stats().bytes_sent_relayed,
+            0,
+            "nothing big over the relay"
+        );
+        let got = next_matching(&mut a_rx, |e| match e {
+            NetEvent::Frame { frame, .. } => Some(frame),
+            _ => None,
+        });
+        let got = tokio::time::timeout(Duration::from_secs(30), got).await;
+        assert_eq!(got.expect("frame within 30 s").len(), big.len());
+        let (sa, sb) = (a.stats(), b.stats());
+        assert!(
+            sa.hole_punches_ok + sb.hole_punches_ok >= 1,
+            "a hole punch made the link direct: {sa:?} {sb:?}"
+        );
+        assert!(sb.bytes_sent_direct >= big.len() as u64, "{sb:?}");
+        let path = next_matching(&mut b_rx, |e| match e {
+            NetEvent::PathChanged { peer, remote } if peer == a.local_peer_id() => Some(remote),
+            _ => None,
+        })
+        .await;
+        assert!(!path_of(&path).relayed, "now direct: {path}");
+        assert!(infra.stats().relay_reservations_accepted >= 1);
+        assert!(infra.stats().relay_circuits_accepted >= 1);
+    }
+
+    // Goal: never dial ourselves, by PeerId or through one of our own
+    // listening sockets (a peer advertising a loopback address).
+    #[tokio::test]
+    async fn never_dials_itself() {
+        let (a, _a_rx, a_addr) = node(33, 1024).await;
+        a.dial(Some(a.local_peer_id()), vec![a_addr.clone()])
+            .await
+            .unwrap();
+        let other = libp2p::identity::Keypair::generate_ed25519()
+            .public()
+            .to_peer_id();
+        a.dial(Some(other), vec![a_addr.clone()]).await.unwrap();
+        wait_until("both dials skipped", || a.stats().self_dials_skipped == 2).await;
     }
 
     // Goal: the net actor never waits on its owner and the owner never waits

@@ -3,6 +3,14 @@
 //! module), the private DHT, and rendezvous. Also live deltas over the
 //! agent's gossipsub topic, and the `sync --once` progress check.
 //!
+//! Reachability across NATs (NIP-6's ladder, ARCHITECTURE.md): we dial
+//! infrastructure nodes from our listening port (TCP, and QUIC when they
+//! offer it) so that the mapping they observe is the one hole punching
+//! needs; until an AutoNAT server dialed one of our addresses back, we hold
+//! a relay reservation on each infrastructure node and advertise its
+//! circuit; every change of what we advertise re-registers at rendezvous
+//! and republishes the DHT records at once.
+//!
 //! Every source here is only a hint. A peer found through the cache, the
 //! DHT, rendezvous or gossip is dialed only if the key behind its PeerId is
 //! an active device of our DID document, and it still has to pass the Hello
@@ -37,6 +45,28 @@ const LOOKUP_SLOW_MS: u64 = 30_000;
 const FAST_PHASE_MS: u64 = 60_000;
 /// Re-publish our DHT pointer and provider record this often.
 const POINTER_REPUT_MS: u64 = 10 * 60_000;
+/// Retry a relay reservation that ended or was refused after this long.
+const RELAY_RETRY_MS: u64 = 5_000;
+
+/// What AutoNAT found about this device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nat {
+    Unknown,
+    /// An address was dialed back: peers can dial us directly.
+    Public,
+    /// Tests failed and none succeeded.
+    Private,
+}
+
+impl Nat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Nat::Unknown => "unknown",
+            Nat::Public => "public",
+            Nat::Private => "private",
+        }
+    }
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct KnownPeer {
@@ -66,6 +96,17 @@ pub struct Wide {
     identified: BTreeMap<PeerId, Vec<Multiaddr>>,
     connected_infra: BTreeSet<PeerId>,
     rv_register_due: BTreeMap<PeerId, u64>,
+    pub(super) nat: Nat,
+    /// What we advertise (the network's last report).
+    pub(super) advertised: Vec<Multiaddr>,
+    /// Relays holding a reservation for us.
+    pub(super) relays: BTreeSet<PeerId>,
+    /// Relays asked, or to ask again at the given time.
+    relay_next_ms: BTreeMap<PeerId, u64>,
+    /// The connection in use per peer, when it changed after connecting.
+    pub(super) paths: BTreeMap<PeerId, Multiaddr>,
+    /// We listen on QUIC, so infrastructure nodes are dialed over it too.
+    quic: bool,
     started_ms: u64,
     next_redial_ms: u64,
     next_lookup_ms: u64,
@@ -116,6 +157,15 @@ impl Wide {
             identified: BTreeMap::new(),
             connected_infra: BTreeSet::new(),
             rv_register_due: BTreeMap::new(),
+            nat: Nat::Unknown,
+            advertised: Vec::new(),
+            relays: BTreeSet::new(),
+            relay_next_ms: BTreeMap::new(),
+            paths: BTreeMap::new(),
+            quic: opts
+                .listen
+                .iter()
+                .any(|a| nuwa_net::path_of(a).transport == "quic"),
             started_ms: home::now_ms(),
             next_redial_ms: 0,
             next_lookup_ms: 0,
@@ -129,7 +179,34 @@ impl Wide {
 
     pub fn on_disconnected(&mut self, peer: &PeerId) {
         self.connected_infra.remove(peer);
+        self.paths.remove(peer);
     }
+
+    /// The address of an infrastructure node, as configured.
+    fn infra_addr(&self, peer: &PeerId) -> Option<Multiaddr> {
+        self.bootstrap
+            .iter()
+            .chain(self.rv_servers.iter())
+            .find(|(p, _)| p == peer)
+            .map(|(_, a)| a.clone())
+    }
+}
+
+/// The scope of the nearest infrastructure node configured, which decides
+/// which listen addresses are advertised before any confirmation (see
+/// `nuwa_net::reach`).
+pub(super) fn infra_scope(opts: &RunOptions) -> Option<nuwa_net::Scope> {
+    let mut addrs: Vec<&Multiaddr> = Vec::new();
+    if opts.dht {
+        addrs.extend(opts.bootstrap.iter());
+    }
+    if opts.rendezvous {
+        addrs.extend(opts.rendezvous_servers.iter());
+    }
+    addrs
+        .into_iter()
+        .filter_map(nuwa_net::reach::scope_of)
+        .min()
 }
 
 impl Daemon {
@@ -164,7 +241,7 @@ impl Daemon {
             .chain(self.wide.rv_servers.clone())
         {
             let _ = self.net.add_address(peer, addr.clone()).await;
-            let _ = self.net.dial(Some(peer), vec![addr]).await;
+            let _ = self.net.dial_infra(peer, vec![addr]).await;
         }
         self.redial().await;
     }
@@ -210,6 +287,7 @@ impl Daemon {
                 targets.push((*peer, vec![addr.clone()]));
             }
         }
+        let mut infra: Vec<(PeerId, Multiaddr)> = Vec::new();
         for (peer, addr) in self
             .wide
             .bootstrap
@@ -217,11 +295,14 @@ impl Daemon {
             .chain(self.wide.rv_servers.iter())
         {
             if !self.wide.connected_infra.contains(peer) {
-                targets.push((Some(*peer), vec![addr.clone()]));
+                infra.push((*peer, addr.clone()));
             }
         }
         for (peer, addrs) in targets {
             let _ = self.net.dial(peer, addrs).await;
+        }
+        for (peer, addr) in infra {
+            let _ = self.net.dial_infra(peer, vec![addr]).await;
         }
     }
 
@@ -237,6 +318,40 @@ impl Daemon {
         if self.wide.rv_servers.iter().any(|(p, _)| *p == peer) {
             self.wide.rv_register_due.insert(peer, 0);
             self.wide.next_lookup_ms = 0;
+        }
+        // Reachable through it at once, until AutoNAT says we need not be.
+        self.wide.relay_next_ms.insert(peer, 0);
+        self.relay_tick(home::now_ms()).await;
+    }
+
+    /// Holds a relay reservation on every connected infrastructure node
+    /// while AutoNAT has not found us public, and gives them up once it
+    /// has. A reservation is asked for on a connection that is up (asked
+    /// during the dial, libp2p's relay client would dial again and be
+    /// refused).
+    async fn relay_tick(&mut self, now: u64) {
+        if self.wide.nat == Nat::Public {
+            for relay in std::mem::take(&mut self.wide.relays) {
+                info!(%relay, "reachable directly; giving up the relay reservation");
+                let _ = self.net.release_relay(relay).await;
+            }
+            self.wide.relay_next_ms.clear();
+            return;
+        }
+        let due: Vec<PeerId> = self
+            .wide
+            .relay_next_ms
+            .iter()
+            .filter(|(p, t)| **t <= now && self.wide.connected_infra.contains(p))
+            .map(|(p, _)| *p)
+            .collect();
+        for relay in due {
+            let Some(addr) = self.wide.infra_addr(&relay) else {
+                continue;
+            };
+            // Asked; `RelayClosed` schedules the next try.
+            self.wide.relay_next_ms.insert(relay, u64::MAX);
+            let _ = self.net.reserve_relay(relay, addr).await;
         }
     }
 
@@ -287,6 +402,7 @@ impl Daemon {
     }
 
     pub(super) async fn wide_tick(&mut self, now: u64) {
+        self.relay_tick(now).await;
         if now >= self.wide.next_redial_ms {
             self.wide.next_redial_ms = now + REDIAL_MS;
             self.redial().await;
@@ -325,6 +441,10 @@ impl Daemon {
             .map(|(p, _)| *p)
             .collect();
         for server in due {
+            if self.wide.advertised.is_empty() {
+                // Nothing to register yet; `ExternalAddrs` brings us back.
+                break;
+            }
             // Retry in a minute unless the server confirms (which schedules
             // the TTL/2 refresh).
             self.wide.rv_register_due.insert(server, now + 60_000);
@@ -393,6 +513,19 @@ impl Daemon {
     pub(super) async fn on_wide_event(&mut self, ev: NetEvent) {
         match ev {
             NetEvent::Identified { peer, listen_addrs } => {
+                if self.wide.is_infra(&peer) && self.wide.quic {
+                    // A QUIC connection next to the TCP one, from our
+                    // listening socket: the UDP mapping hole punching uses.
+                    let quic: Vec<Multiaddr> = listen_addrs
+                        .iter()
+                        .filter(|a| nuwa_net::path_of(a).transport == "quic")
+                        .filter(|a| !nuwa_net::reach::is_relayed(a))
+                        .cloned()
+                        .collect();
+                    if !quic.is_empty() {
+                        let _ = self.net.dial_infra(peer, quic).await;
+                    }
+                }
                 if self.wide.identified.len() < 1024 || self.wide.identified.contains_key(&peer) {
                     self.wide.identified.insert(peer, listen_addrs);
                 }
@@ -498,6 +631,64 @@ impl Daemon {
             } => {
                 let accept = self.on_gossip(author, &topic, &data).await;
                 let _ = self.net.gossip_report(id, accept).await;
+            }
+            NetEvent::ExternalAddrs(addrs) => {
+                self.wide.advertised = addrs;
+                if self.wide.advertised.is_empty() {
+                    return;
+                }
+                // Tell rendezvous and the DHT at once: a reservation made
+                // after the last registration is otherwise never published.
+                for (server, _) in self.wide.rv_servers.clone() {
+                    if self.wide.connected_infra.contains(&server) {
+                        self.wide.rv_register_due.insert(server, 0);
+                    }
+                }
+                self.wide.next_pointer_ms = 0;
+            }
+            NetEvent::AutonatTested {
+                server,
+                addr,
+                reachable,
+                reason,
+            } => {
+                if nuwa_net::reach::is_relayed(&addr) {
+                    return;
+                }
+                let before = self.wide.nat;
+                if reachable {
+                    self.wide.nat = Nat::Public;
+                } else if before == Nat::Unknown {
+                    self.wide.nat = Nat::Private;
+                }
+                if self.wide.nat != before {
+                    info!(%server, %addr, %reason, nat = self.wide.nat.as_str(), "reachability found by AutoNAT");
+                }
+            }
+            NetEvent::RelayReserved { relay, renewal } => {
+                if !renewal {
+                    info!(%relay, "relay reservation accepted");
+                }
+                self.wide.relays.insert(relay);
+            }
+            NetEvent::RelayClosed { relay, reason } => {
+                self.wide.relays.remove(&relay);
+                if self.wide.nat != Nat::Public {
+                    debug!(%relay, %reason, "relay reservation ended; asking again soon");
+                    self.wide
+                        .relay_next_ms
+                        .insert(relay, home::now_ms() + RELAY_RETRY_MS);
+                }
+            }
+            NetEvent::PathChanged { peer, remote } => {
+                self.wide.paths.insert(peer, remote);
+            }
+            NetEvent::HolePunch { peer, ok, reason } => {
+                if ok {
+                    info!(%peer, "hole punch made the connection direct");
+                } else {
+                    debug!(%peer, %reason, "hole punch failed; the relay carries the link");
+                }
             }
             _ => {}
         }
