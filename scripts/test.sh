@@ -4,12 +4,13 @@
 # testnet, and the multi-host namespace suite. CI (.ci/run) runs exactly this.
 #
 # Needs: the Rust toolchain, iproute2 (`ip`), util-linux (`unshare`),
-# python3, and root (or unprivileged user namespaces) for the network
+# python3, nftables (the NAT lab), and root (or unprivileged user namespaces) for the network
 # namespaces that keep mDNS off real networks.
 #
 # Slower suites run only when asked:
 #   SIM_SEEDS=5000     more seeds for the sync simulator (default 150)
 #   NUWA_CRASH_RUNS=100  more kill -9 rounds in the store crash test (default 10)
+#   NAT_IDLE_SECS=300    the NAT lab's idle watch (default 20 s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +35,13 @@ fi
 step "multi-host network-namespace suite (rendezvous, DHT, partitions, sync --once)"
 if [ "$(id -u)" = 0 ]; then
   ./testnet/netns-suite.sh
+else
+  echo "skipped: needs root for network namespaces"
+fi
+
+step "NAT lab (hole punching behind port-preserving NATs, the relay behind symmetric ones)"
+if [ "$(id -u)" = 0 ]; then
+  ./testnet/nat-suite.sh
 else
   echo "skipped: needs root for network namespaces"
 fi

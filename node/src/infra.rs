@@ -123,6 +123,17 @@ pub async fn run(
             }
         }
     }
+    let s = net.stats();
+    info!(
+        ?counters,
+        relay_reservations_accepted = s.relay_reservations_accepted,
+        relay_reservations_denied = s.relay_reservations_denied,
+        relay_circuits_accepted = s.relay_circuits_accepted,
+        relay_circuits_denied = s.relay_circuits_denied,
+        relay_circuits_cut = s.relay_circuits_cut,
+        connections_refused = s.connections_refused,
+        "rendezvous node counters at exit"
+    );
     cancel.cancel();
     info!("rendezvous node stopped");
     Ok(())

@@ -221,8 +221,8 @@ pub struct NetConfig {
     /// is set.
     pub connection_limits: Option<ConnectionLimits>,
     /// Scopes of listen addresses advertised without confirmation (see
-    /// `reach`). `None`: [`reach::listen_scopes`] with no infrastructure.
-    /// An infrastructure node advertises every listen address it has.
+    /// `reach`). `None`: [`reach::listen_scopes`] with no infrastructure,
+    /// plus public addresses on an infrastructure node.
     pub advertise_listen: Option<Vec<Scope>>,
     /// Frames bigger than this wait for a direct connection while a peer is
     /// reachable only through a relay ...
@@ -929,7 +929,14 @@ struct Actor {
     /// The external addresses last reported.
     reported_external: BTreeSet<Multiaddr>,
     infrastructure: bool,
+    /// Peers with a direct connection whose relayed ones close once
+    /// nothing is in flight (or at the latest at the given time).
+    relayed_to_close: BTreeMap<PeerId, tokio::time::Instant>,
 }
+
+/// How long relayed connections stay open next to a new direct one at most:
+/// frames already under way on them finish first.
+const RELAYED_CLOSE_GRACE: Duration = Duration::from_secs(10);
 
 fn gossip_config() -> Result<gossipsub::Config, NetError> {
     // Sized for the 2-20 devices of one agent: a small mesh, fast
@@ -1110,11 +1117,16 @@ pub async fn spawn(
     let local_peer_id = *swarm.local_peer_id();
     let (cmd_tx, cmd_rx) = mpsc::channel(outbox::COMMAND_QUEUE);
     let (ev_tx, ev_rx) = mpsc::channel(outbox::EVENT_QUEUE);
-    let vouched = config
-        .advertise_listen
-        .clone()
-        .unwrap_or_else(|| reach::listen_scopes(None, &config.listen));
     let infrastructure = config.features.infrastructure.is_some();
+    let vouched = config.advertise_listen.clone().unwrap_or_else(|| {
+        let mut v = reach::listen_scopes(None, &config.listen);
+        // An infrastructure node is placed where devices reach it: every
+        // address it listens on, but loopback only on a one-host testnet.
+        if infrastructure {
+            v.push(Scope::Public);
+        }
+        v
+    });
     let actor = Actor {
         swarm,
         events: Outbox::new(ev_tx, outbox::MAX_BACKLOG),
@@ -1131,6 +1143,7 @@ pub async fn spawn(
         own_sockets: BTreeSet::new(),
         reported_external: BTreeSet::new(),
         infrastructure,
+        relayed_to_close: BTreeMap::new(),
     };
     tokio::spawn(tracing::Instrument::instrument(
         actor.run(cmd_rx, cancel),
@@ -1178,6 +1191,7 @@ impl Actor {
                     for p in waiting {
                         self.pump(p);
                     }
+                    self.close_relayed();
                 }
                 drained = self.events.drain(), if self.events.has_backlog() => {
                     if drained.is_err() {
@@ -1544,16 +1558,15 @@ impl Actor {
         let Some(best) = self.best_remote(&peer) else {
             return out;
         };
-        if !reach::is_relayed(&best) {
-            let relayed: Vec<ConnectionId> = self
-                .conns
-                .get(&peer)
-                .map(|cs| cs.iter().filter(|c| c.relayed).map(|c| c.id).collect())
-                .unwrap_or_default();
-            for id in relayed {
-                debug!(%peer, "direct connection up; closing the relayed one");
-                self.swarm.close_connection(id);
-            }
+        let has_relayed = self
+            .conns
+            .get(&peer)
+            .is_some_and(|cs| cs.iter().any(|c| c.relayed));
+        if !reach::is_relayed(&best) && has_relayed {
+            self.relayed_to_close
+                .entry(peer)
+                .or_insert_with(|| tokio::time::Instant::now() + RELAYED_CLOSE_GRACE);
+            self.close_relayed();
         }
         if self.reported_path.get(&peer) != Some(&best) {
             if self.reported_path.contains_key(&peer) {
@@ -1566,6 +1579,34 @@ impl Actor {
             self.reported_path.insert(peer, best);
         }
         out
+    }
+
+    /// Closes relayed connections of peers that have a direct one, once no
+    /// frame of ours is in flight to them (request-response may have put
+    /// it on the relayed connection), or when the grace is over.
+    fn close_relayed(&mut self) {
+        let now = tokio::time::Instant::now();
+        let peers: Vec<(PeerId, tokio::time::Instant)> = self
+            .relayed_to_close
+            .iter()
+            .map(|(p, t)| (*p, *t))
+            .collect();
+        for (peer, deadline) in peers {
+            let idle = self.queues.get(&peer).is_none_or(|q| q.in_flight.is_none());
+            if !idle && now < deadline {
+                continue;
+            }
+            self.relayed_to_close.remove(&peer);
+            let relayed: Vec<ConnectionId> = self
+                .conns
+                .get(&peer)
+                .map(|cs| cs.iter().filter(|c| c.relayed).map(|c| c.id).collect())
+                .unwrap_or_default();
+            for id in relayed {
+                debug!(%peer, "direct connection up; closing the relayed one");
+                self.swarm.close_connection(id);
+            }
+        }
     }
 
     /// Re-derives what we advertise after any swarm event: reports a
@@ -1608,10 +1649,11 @@ impl Actor {
                 // a relay circuit we hold, every address of an
                 // infrastructure node, and listen addresses of a scope the
                 // owner vouched for. The rest waits for AutoNAT.
+                // A circuit is as far-reaching as its relay's address (the
+                // relay hands us all of its own, loopback included).
                 let relayed = reach::is_relayed(&address);
                 let advertise = !reach::is_unspecified(&address)
-                    && (relayed
-                        || self.infrastructure
+                    && ((relayed && reach::confirmed_is_advertisable(&address, &self.vouched))
                         || reach::scope_of(&address).is_some_and(|s| self.vouched.contains(&s)));
                 if advertise {
                     self.swarm.add_external_address(address.clone());
@@ -1648,9 +1690,7 @@ impl Actor {
                 }
             }
             SwarmEvent::ExternalAddrConfirmed { address } => {
-                if reach::is_relayed(&address)
-                    || reach::confirmed_is_advertisable(&address, &self.vouched)
-                {
+                if reach::confirmed_is_advertisable(&address, &self.vouched) {
                     info!(%address, "external address confirmed");
                 } else {
                     debug!(%address, "confirmed address not advertised (loopback)");
@@ -1668,6 +1708,10 @@ impl Actor {
                 let relayed = endpoint.is_relayed();
                 let remote = match endpoint {
                     ConnectedPoint::Dialer { address, .. } => address,
+                    // An inbound circuit's send-back address is only the
+                    // peer's id; our circuit address names the relay and
+                    // its transport.
+                    ConnectedPoint::Listener { local_addr, .. } if relayed => local_addr,
                     ConnectedPoint::Listener { send_back_addr, .. } => send_back_addr,
                 };
                 self.conns.entry(peer_id).or_default().push(Conn {
@@ -1703,6 +1747,7 @@ impl Actor {
                 }
                 self.conns.remove(&peer_id);
                 self.reported_path.remove(&peer_id);
+                self.relayed_to_close.remove(&peer_id);
                 self.queues.remove(&peer_id);
                 vec![NetEvent::Disconnected { peer: peer_id }]
             }
