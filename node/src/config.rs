@@ -17,7 +17,7 @@
 //!
 //! ```toml
 //! [network]
-//! listen = ["/ip4/0.0.0.0/tcp/0"]   # multiaddrs to listen on
+//! listen = ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"]   # multiaddrs to listen on
 //! peers = []                        # static peers to dial (multiaddrs with /p2p/)
 //! [discovery]
 //! known_peers = true
@@ -91,7 +91,7 @@ pub struct Settings {
 #[derive(clap::Args, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Network {
-    /// Address to listen on for peers (repeatable). Default: /ip4/0.0.0.0/tcp/0.
+    /// Address to listen on for peers (repeatable). Default: /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1.
     #[arg(
         id = "network.listen",
         long = "listen",
@@ -825,7 +825,7 @@ const DEFAULT_FILE: &str = r#"# nuwa-node configuration. Every key is optional; 
 
 [network]
 # Addresses to listen on for peers (multiaddrs).
-#listen = ["/ip4/0.0.0.0/tcp/0"]
+#listen = ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"]
 # Peers to dial at start; each address includes /p2p/<peer id>,
 # e.g. "/ip4/192.0.2.1/tcp/4001/p2p/12D3KooW...".
 #peers = []

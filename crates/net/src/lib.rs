@@ -892,6 +892,10 @@ impl NetHandle {
 struct PeerQueue {
     queue: VecDeque<Vec<u8>>,
     in_flight: Option<OutboundRequestId>,
+    /// A copy of the frame in flight, sent again once if the connection it
+    /// went on closes while another one to the peer stays up (a relayed
+    /// connection closed next to a new direct one).
+    in_flight_frame: Option<(Vec<u8>, bool)>,
     /// The head frame is waiting for a direct connection (counted once).
     deferred: bool,
 }
@@ -1536,6 +1540,9 @@ impl Actor {
             &self.counters.bytes_sent_direct
         };
         counter.fetch_add(frame.len() as u64, Ordering::Relaxed);
+        // (frame, may it be sent again): not if this is already the retry.
+        let is_retry = matches!(q.in_flight_frame.take(), Some((f, false)) if f == frame);
+        q.in_flight_frame = Some((frame.clone(), !is_retry));
         q.in_flight = Some(self.swarm.behaviour_mut().sync.send_request(&peer, frame));
     }
 
@@ -2117,6 +2124,12 @@ impl Actor {
             request_response::Event::OutboundFailure {
                 peer,
                 request_id,
+                error: request_response::OutboundFailure::ConnectionClosed,
+                ..
+            } if self.retry_closed(peer, request_id) => None,
+            request_response::Event::OutboundFailure {
+                peer,
+                request_id,
                 error,
                 ..
             } => {
@@ -2146,8 +2159,37 @@ impl Actor {
             && q.in_flight == Some(request_id)
         {
             q.in_flight = None;
+            q.in_flight_frame = None;
         }
         self.pump(peer);
+    }
+
+    /// The connection a frame went on closed under it. If the peer is still
+    /// connected (another connection is up), the frame goes again, once;
+    /// whether the frame is retried.
+    fn retry_closed(&mut self, peer: PeerId, request_id: OutboundRequestId) -> bool {
+        let connected = self.swarm.is_connected(&peer);
+        let Some(q) = self.queues.get_mut(&peer) else {
+            return false;
+        };
+        if q.in_flight != Some(request_id) {
+            return false;
+        }
+        q.in_flight = None;
+        match q.in_flight_frame.take() {
+            Some((frame, true)) if connected => {
+                debug!(%peer, "connection closed under a frame; sending it again");
+                q.queue.push_front(frame.clone());
+                // Marked as retried: a second failure reports it.
+                q.in_flight_frame = Some((frame, false));
+                self.pump(peer);
+                true
+            }
+            _ => {
+                self.pump(peer);
+                false
+            }
+        }
     }
 }
 
@@ -2320,11 +2362,11 @@ mod tests {
         }
     }
 
-    // Goal: a device that nobody can dial is reached through its relay
-    // reservation; a big frame waits for the direct connection instead of
-    // using up the circuit; DCUtR makes the connection direct, the relayed
-    // one is closed, and the change is reported. Also: nothing private is
-    // advertised when nothing is vouched for, only the circuit.
+    // Goal: a device is reached through its relay reservation; a big frame
+    // waits for the direct connection instead of using up the circuit;
+    // DCUtR makes the connection direct, the relayed one is closed, and the
+    // change is reported. (What is advertised where: `reach`'s tests and
+    // the NAT lab.)
     // Method: three swarms on loopback: an infrastructure node (relay and
     // AutoNAT server), device a that vouches for no scope and reserves a
     // circuit, and device b that dials a only through the circuit. b queues
@@ -2341,6 +2383,9 @@ mod tests {
         let _infra_events = watch(std::mem::replace(&mut infra_rx, mpsc::channel(1).1), |_| {
             false
         });
+        // Nothing vouched for: a advertises no direct address, so its
+        // observed one is a hole-punching candidate (on loopback the circuit
+        // itself is not advertised either; b is given it below).
         let (a, mut a_rx, _) = node_with(31, device_config(vec![])).await;
         let (b, mut b_rx, _) = node_with(32, device_config(vec![])).await;
         a.dial_infra(infra_id, vec![infra_addr.clone()])
@@ -2360,22 +2405,16 @@ mod tests {
         // while the dial is underway is refused: libp2p's relay client
         // dials again and the swarm refuses a second dial).
         a.reserve_relay(infra_id, infra_addr.clone()).await.unwrap();
-        let advertised = next_matching(&mut a_rx, |e| match e {
-            NetEvent::ExternalAddrs(v) if !v.is_empty() => Some(v),
+        next_matching(&mut a_rx, |e| match e {
+            NetEvent::RelayReserved { relay, .. } if relay == infra_id => Some(()),
             _ => None,
         })
         .await;
-        assert!(
-            advertised.iter().all(reach::is_relayed),
-            "only the circuit is advertised: {advertised:?}"
-        );
-        // The relay client names us at the end of the circuit address.
-        let circuit = advertised[0].clone();
-        assert_eq!(
-            circuit.iter().last(),
-            Some(Protocol::P2p(a.local_peer_id())),
-            "{circuit}"
-        );
+        let circuit = infra_addr
+            .clone()
+            .with(Protocol::P2p(infra_id))
+            .with(Protocol::P2pCircuit)
+            .with(Protocol::P2p(a.local_peer_id()));
         b.dial(Some(a.local_peer_id()), vec![circuit])
             .await
             .unwrap();
