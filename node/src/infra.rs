@@ -79,19 +79,7 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            _ = report.tick() => {
-                let s = net.stats();
-                info!(
-                    ?counters,
-                    relay_reservations_accepted = s.relay_reservations_accepted,
-                    relay_reservations_denied = s.relay_reservations_denied,
-                    relay_circuits_accepted = s.relay_circuits_accepted,
-                    relay_circuits_denied = s.relay_circuits_denied,
-                    relay_circuits_cut = s.relay_circuits_cut,
-                    connections_refused = s.connections_refused,
-                    "rendezvous node counters"
-                );
-            }
+            _ = report.tick() => log_counters(&counters, &net.stats(), "rendezvous node counters"),
             ev = events.recv() => {
                 let Some(ev) = ev else { break };
                 match ev {
@@ -123,7 +111,15 @@ pub async fn run(
             }
         }
     }
-    let s = net.stats();
+    log_counters(&counters, &net.stats(), "rendezvous node counters at exit");
+    cancel.cancel();
+    info!("rendezvous node stopped");
+    Ok(())
+}
+
+/// One log line with the node's own counters and the relay's grants and
+/// refusals (operators and the NAT lab read it).
+fn log_counters(counters: &BTreeMap<&'static str, u64>, s: &nuwa_net::NetStats, what: &str) {
     info!(
         ?counters,
         relay_reservations_accepted = s.relay_reservations_accepted,
@@ -132,11 +128,8 @@ pub async fn run(
         relay_circuits_denied = s.relay_circuits_denied,
         relay_circuits_cut = s.relay_circuits_cut,
         connections_refused = s.connections_refused,
-        "rendezvous node counters at exit"
+        "{what}"
     );
-    cancel.cancel();
-    info!("rendezvous node stopped");
-    Ok(())
 }
 
 async fn super_shutdown() {
