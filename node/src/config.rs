@@ -27,6 +27,7 @@
 //! rendezvous = true
 //! bootstrap = []                    # DHT bootstrap multiaddrs (with /p2p/)
 //! rendezvous_servers = []           # rendezvous multiaddrs (with /p2p/)
+//! keepers = []                      # keeper multiaddrs (with /p2p/)
 //! [api]
 //! listen = "127.0.0.1:0"            # loopback only
 //! ```
@@ -164,6 +165,18 @@ pub struct Discovery {
     )]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rendezvous_servers: Option<Vec<String>>,
+    /// Keeper address with /p2p/ (repeatable): an infrastructure node run
+    /// with `rendezvous --keeper`, which stores this agent's sealed changes
+    /// for devices that are not online at the same time.
+    #[arg(
+        id = "discovery.keepers",
+        long = "keeper",
+        value_name = "MULTIADDR",
+        env = "NUWA_KEEPERS",
+        value_delimiter = ','
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keepers: Option<Vec<String>>,
 }
 
 /// `[api]`: the local HTTP API.
@@ -204,6 +217,7 @@ impl Default for Discovery {
             rendezvous: Some(true),
             bootstrap: Some(Vec::new()),
             rendezvous_servers: Some(Vec::new()),
+            keepers: Some(Vec::new()),
         }
     }
 }
@@ -325,6 +339,7 @@ pub struct Effective {
     pub rendezvous: bool,
     pub bootstrap: Vec<String>,
     pub rendezvous_servers: Vec<String>,
+    pub keepers: Vec<String>,
     pub api_listen: SocketAddr,
 }
 
@@ -647,6 +662,7 @@ pub fn resolve(file: Settings, cli: Settings) -> Result<Effective, ConfigError> 
         rendezvous,
         bootstrap,
         rendezvous_servers,
+        keepers,
     } = merged.discovery;
     // Every field is set: the file's defaults fill what it leaves out.
     let or_default = |v: Option<bool>| v.unwrap_or(true);
@@ -671,6 +687,8 @@ pub fn resolve(file: Settings, cli: Settings) -> Result<Effective, ConfigError> 
         &setting("discovery.rendezvous_servers"),
         true,
     )?;
+    let keepers = list(keepers);
+    check_addrs(&keepers, &setting("discovery.keepers"), true)?;
     let api_text = merged
         .api
         .listen
@@ -688,6 +706,7 @@ pub fn resolve(file: Settings, cli: Settings) -> Result<Effective, ConfigError> 
         rendezvous: or_default(rendezvous),
         bootstrap,
         rendezvous_servers,
+        keepers,
         api_listen,
     })
 }
@@ -844,6 +863,9 @@ const DEFAULT_FILE: &str = r#"# nuwa-node configuration. Every key is optional; 
 #bootstrap = []
 # Rendezvous servers; each address includes /p2p/<peer id>.
 #rendezvous_servers = []
+# Keepers (rendezvous --keeper nodes, with /p2p/) that hold this agent's
+# sealed changes for devices that are never online together.
+#keepers = []
 
 [api]
 # Address of the local HTTP API the CLI talks to. Loopback only
@@ -913,6 +935,7 @@ mod tests {
             rendezvous: true,
             bootstrap: Vec::new(),
             rendezvous_servers: Vec::new(),
+            keepers: Vec::new(),
             api_listen: "127.0.0.1:0".parse().unwrap(),
         }
     }
@@ -945,6 +968,7 @@ dht = false
 rendezvous = false
 bootstrap = ["{PEER}", "/dnsaddr/bootstrap.example/p2p/12D3KooWOther"]
 rendezvous_servers = ["{PEER}"]
+keepers = ["{PEER}"]
 [api]
 listen = "[::1]:7000"
 "#
@@ -969,6 +993,7 @@ listen = "[::1]:7000"
                         "/dnsaddr/bootstrap.example/p2p/12D3KooWOther"
                     ])),
                     rendezvous_servers: Some(strings(&[PEER])),
+                    keepers: Some(strings(&[PEER])),
                 },
                 api: Api {
                     listen: Some("[::1]:7000".to_owned()),
@@ -989,6 +1014,7 @@ listen = "[::1]:7000"
                 rendezvous: false,
                 bootstrap: strings(&[PEER, "/dnsaddr/bootstrap.example/p2p/12D3KooWOther"]),
                 rendezvous_servers: strings(&[PEER]),
+                keepers: strings(&[PEER]),
                 api_listen: "[::1]:7000".parse().unwrap(),
             }
         );
@@ -1052,6 +1078,7 @@ listen = "[::1]:7000"
                 strings(&[
                     "bootstrap",
                     "dht",
+                    "keepers",
                     "known_peers",
                     "mdns",
                     "mdns_interfaces",
@@ -1267,6 +1294,7 @@ listen = "127.0.0.1:9"
                     rendezvous: false,
                     bootstrap: strings(&[other]),
                     rendezvous_servers: strings(&[other, PEER]),
+                    keepers: Vec::new(),
                     api_listen: "[::1]:0".parse().unwrap(),
                 },
             ),

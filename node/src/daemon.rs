@@ -38,6 +38,7 @@ use crate::status::{ContainerStatus, DeviceStatus, PeerStatus, RejectionStatus, 
 mod approve;
 mod asm;
 mod exec;
+mod keeper;
 mod lifecycle;
 mod meta;
 pub(crate) mod reader;
@@ -63,6 +64,8 @@ pub struct RunOptions {
     pub bootstrap: Vec<Multiaddr>,
     pub rendezvous: bool,
     pub rendezvous_servers: Vec<Multiaddr>,
+    /// Keepers: store-and-forward nodes for devices never online together.
+    pub keepers: Vec<Multiaddr>,
     pub api_listen: SocketAddr,
     /// `sync --once`: stop when converged with every verified peer (Ok) or
     /// when this much time has passed (Err with the reason).
@@ -135,6 +138,8 @@ struct Daemon {
     /// Clock offsets already warned about, per peer (so redials do not
     /// repeat the warning every few seconds).
     skew_warned: BTreeMap<String, i64>,
+    /// Keepers: what was pushed to and pulled from each.
+    keepers: keeper::Keepers,
 }
 
 pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
@@ -327,6 +332,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                 d.metrics.containers.set(d.session.engine().containers().count() as i64);
                 d.metrics.envelopes_held.set(d.session.held_len() as i64);
                 d.wide_tick(now).await;
+                d.keeper_tick(now).await;
                 if let Some(deadline) = once_deadline {
                     match d.once_progress(now, deadline, &mut once_last_line) {
                         None => {}
@@ -487,6 +493,12 @@ impl Daemon {
             asm: asm::Asm::new(opts.lifecycle_every),
             events,
             skew_warned: BTreeMap::new(),
+            keepers: keeper::Keepers::new(
+                opts.keepers
+                    .iter()
+                    .filter_map(|a| nuwa_net::peer_of(a).map(|p| (p, a.clone())))
+                    .collect(),
+            ),
         }
     }
 }
@@ -660,6 +672,7 @@ impl Daemon {
             }
             NetEvent::Disconnected { peer } => {
                 self.wide.on_disconnected(&peer);
+                self.keepers.on_disconnected(&peer);
                 let effects = self.session.disconnected(&peer.to_string());
                 self.execute(effects, Vec::new()).await;
             }
@@ -701,6 +714,15 @@ impl Daemon {
             }
             Frame::Hello(hello) => self.session.on_hello(&key, &hello, now),
             Frame::Envelope(env) => self.session.on_envelope(&key, env, now),
+            Frame::KeeperResponse(resp) => {
+                self.on_keeper_response(peer, *resp).await;
+                return;
+            }
+            Frame::KeeperRequest(_) => {
+                // Devices are not keepers.
+                self.count(Event::KeeperResponsesUnexpected);
+                return;
+            }
         };
         self.execute(effects, Vec::new()).await;
     }
@@ -991,6 +1013,7 @@ impl Daemon {
                 advertised: self.wide.advertised.iter().map(|a| a.to_string()).collect(),
                 relays: self.wide.relays.iter().map(|r| r.to_string()).collect(),
             },
+            keepers: self.keeper_status(),
         }
     }
 }

@@ -19,10 +19,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use nuwa_identity::keys::DeviceKey;
-use nuwa_net::{Features, InfraLimits, Multiaddr, NetConfig, NetEvent};
+use nuwa_net::{Features, InfraLimits, Multiaddr, NetConfig, NetEvent, NetHandle, PeerId};
+use nuwa_proto::Frame;
+use nuwa_proto::keeper::KeeperRequest;
 use nuwa_sync::pointer::AgentPointer;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::home;
 
@@ -47,6 +49,7 @@ pub async fn run(
     listen: Vec<Multiaddr>,
     max_registrations_per_peer: usize,
     max_registrations: usize,
+    keeper: Option<nuwa_keeper::KeeperConfig>,
 ) -> Result<()> {
     let key = load_or_create_key(dir)?;
     let cancel = CancellationToken::new();
@@ -71,6 +74,14 @@ pub async fn run(
         .await
         .context("cannot start the network")?;
     let me = net.local_peer_id();
+    let keeper = match keeper {
+        Some(config) => Some(KeeperThread::start(
+            &dir.join("keeper"),
+            config,
+            net.clone(),
+        )?),
+        None => None,
+    };
     let mut counters: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut report = tokio::time::interval(Duration::from_secs(60));
     report.tick().await;
@@ -101,10 +112,21 @@ pub async fn run(
                             }
                         }
                     }
-                    NetEvent::Frame { peer, .. } => {
-                        *counters.entry("sync_frames_ignored").or_default() += 1;
-                        debug!(%peer, "sync frame sent to an infrastructure node ignored");
-                    }
+                    NetEvent::Frame { peer, frame } => match (&keeper, Frame::decode(&frame)) {
+                        (Some(k), Ok(Frame::KeeperRequest(req))) => {
+                            if !k.submit(peer, *req) {
+                                *counters.entry("keeper_requests_dropped_busy").or_default() += 1;
+                            }
+                        }
+                        (_, Err(e)) => {
+                            *counters.entry("malformed_frames").or_default() += 1;
+                            debug!(%peer, error = %e, "malformed frame");
+                        }
+                        _ => {
+                            *counters.entry("sync_frames_ignored").or_default() += 1;
+                            debug!(%peer, "sync frame sent to an infrastructure node ignored");
+                        }
+                    },
                     NetEvent::Connected { peer, .. } => debug!(%peer, "connected"),
                     _ => {}
                 }
@@ -112,9 +134,76 @@ pub async fn run(
         }
     }
     log_counters(&counters, &net.stats(), "rendezvous node counters at exit");
+    if let Some(k) = keeper {
+        k.stop();
+    }
     cancel.cancel();
     info!("rendezvous node stopped");
     Ok(())
+}
+
+/// The keeper on a thread of its own: sled writes and flushes never hold
+/// the network loop. Requests wait in a bounded queue (a full one drops the
+/// request, which the device asks again); answers go straight to the
+/// network.
+struct KeeperThread {
+    tx: Option<std::sync::mpsc::SyncSender<(PeerId, KeeperRequest)>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl KeeperThread {
+    fn start(path: &Path, config: nuwa_keeper::KeeperConfig, net: NetHandle) -> Result<Self> {
+        let mut keeper = nuwa_keeper::Keeper::open(path, config)
+            .with_context(|| format!("cannot open the keeper's store in {}", path.display()))?;
+        info!(path = %path.display(), agents = keeper.stats().agents, "keeper store opened");
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(PeerId, KeeperRequest)>(1024);
+        let handle = std::thread::Builder::new()
+            .name("keeper".into())
+            .spawn(move || {
+                let mut last_prune = 0u64;
+                let mut last_report = home::now_ms();
+                while let Ok((peer, req)) = rx.recv() {
+                    let now = home::now_ms();
+                    let resp = keeper.handle(req, now);
+                    let bytes = Frame::KeeperResponse(Box::new(resp)).encode();
+                    if net.try_send(peer, bytes).is_err() {
+                        debug!(%peer, "keeper answer not sent (network behind)");
+                    }
+                    if now.saturating_sub(last_prune) > 3_600_000 {
+                        last_prune = now;
+                        if let Err(e) = keeper.prune(now) {
+                            warn!(error = %e, "keeper retention pass failed");
+                        }
+                    }
+                    if now.saturating_sub(last_report) > 60_000 {
+                        last_report = now;
+                        let s = keeper.stats();
+                        info!(pushes = s.pushes, pulls = s.pulls, stored = s.envelopes_stored, served = s.envelopes_served, refused = ?s.refused, agents = s.agents, "keeper counters");
+                    }
+                }
+                let s = keeper.stats();
+                info!(pushes = s.pushes, pulls = s.pulls, stored = s.envelopes_stored, served = s.envelopes_served, refused = ?s.refused, agents = s.agents, "keeper counters at exit");
+            })
+            .context("cannot start the keeper thread")?;
+        Ok(KeeperThread {
+            tx: Some(tx),
+            handle: Some(handle),
+        })
+    }
+
+    /// Queues a request; false if the queue is full.
+    fn submit(&self, peer: PeerId, req: KeeperRequest) -> bool {
+        self.tx
+            .as_ref()
+            .is_some_and(|tx| tx.try_send((peer, req)).is_ok())
+    }
+
+    fn stop(mut self) {
+        self.tx = None;
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 /// One log line with the node's own counters and the relay's grants and

@@ -118,10 +118,10 @@ enum Command {
         net: config::Settings,
     },
     /// Run an infrastructure node: libp2p rendezvous server, DHT server and
-    /// bootstrap node, and relay. It is an untrusted introducer: it sees no
-    /// state, verifies DHT records before storing them, and bounds
-    /// registrations per peer and in total. Prints each listen address with
-    /// its /p2p/ id on start.
+    /// bootstrap node, relay and AutoNAT server, and with --keeper a keeper.
+    /// It is untrusted: it sees no state, verifies DHT records and keeper
+    /// pushes before storing them, and bounds what each peer and agent may
+    /// take. Prints each listen address with its /p2p/ id on start.
     Rendezvous {
         /// Address to listen on (repeatable).
         #[arg(
@@ -136,6 +136,21 @@ enum Command {
         /// Most registrations in total.
         #[arg(long, default_value_t = 100_000)]
         max_registrations: usize,
+        /// Also be a keeper: store the sealed changes that agents' devices
+        /// push (in HOME/keeper), for devices that are never online
+        /// together. It never holds a key; it checks every push against the
+        /// agent's DID log and serves only the agent's active devices.
+        #[arg(long)]
+        keeper: bool,
+        /// Keeper quota per agent, in MiB.
+        #[arg(long, value_name = "MIB", default_value_t = 64)]
+        keeper_quota_mib: u64,
+        /// Keeper quota per agent, in envelopes.
+        #[arg(long, value_name = "N", default_value_t = 100_000)]
+        keeper_quota_envelopes: u64,
+        /// How long a keeper keeps an envelope, in days.
+        #[arg(long, value_name = "DAYS", default_value_t = 30)]
+        keeper_retention_days: u64,
     },
     /// Show this device, the agent DID, verified peers, rejections and
     /// containers (asks the running daemon).
@@ -193,6 +208,7 @@ fn run_options(
         bootstrap: parse_addrs("--bootstrap", &eff.bootstrap)?,
         rendezvous: eff.rendezvous,
         rendezvous_servers: parse_addrs("--rendezvous", &eff.rendezvous_servers)?,
+        keepers: parse_addrs("--keeper", &eff.keepers)?,
         api_listen: eff.api_listen,
         once,
         lifecycle_every: std::time::Duration::from_millis(crate::daemon::LIFECYCLE_EVERY_MS),
@@ -477,7 +493,19 @@ fn real_main(cli: Cli) -> Result<()> {
             listen,
             max_registrations_per_peer,
             max_registrations,
+            keeper,
+            keeper_quota_mib,
+            keeper_quota_envelopes,
+            keeper_retention_days,
         } => {
+            let keeper = keeper.then(|| nuwa_keeper::KeeperConfig {
+                max_bytes_per_agent: keeper_quota_mib.saturating_mul(1024 * 1024),
+                max_envelopes_per_agent: keeper_quota_envelopes,
+                retention: std::time::Duration::from_secs(
+                    keeper_retention_days.saturating_mul(86_400),
+                ),
+                ..nuwa_keeper::KeeperConfig::default()
+            });
             init_tracing();
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             rt.block_on(infra::run(
@@ -485,6 +513,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 listen,
                 max_registrations_per_peer,
                 max_registrations,
+                keeper,
             ))
         }
         Command::Status { json } => client::status(&home_dir, json),

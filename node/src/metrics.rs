@@ -87,6 +87,11 @@ events! {
     EventsDropped => "events_dropped", "Other network events dropped rather than wait on the daemon";
     OutboundFramesDropped => "outbound_frames_dropped", "Outbound frames dropped because the network was behind";
     ConnectionsRefused => "connections_refused", "Connections refused by the connection limits";
+    KeeperPushes => "keeper_pushes", "Pushes a keeper acknowledged (durable there)";
+    KeeperEnvelopesApplied => "keeper_envelopes_applied", "Envelopes pulled from a keeper and applied (or already held)";
+    KeeperEnvelopesRefused => "keeper_envelopes_refused", "Envelopes pulled from a keeper that did not verify or open";
+    KeeperRefusals => "keeper_refusals", "Requests a keeper refused";
+    KeeperResponsesUnexpected => "keeper_responses_unexpected", "Keeper responses nobody asked for (dropped)";
     RelayReservationsLost => "relay_reservations_lost", "Relay reservations of this device that ended or were refused";
     HolePunchesOk => "hole_punches_ok", "Relayed connections made direct by hole punching (DCUtR)";
     HolePunchesFailed => "hole_punches_failed", "Hole punches that failed (the relay carries the link)";

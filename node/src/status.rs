@@ -25,6 +25,22 @@ pub struct Status {
     /// How others reach this device.
     #[serde(default)]
     pub reachability: ReachabilityStatus,
+    /// Keepers configured for this device.
+    #[serde(default)]
+    pub keepers: Vec<KeeperStatus>,
+}
+
+/// One keeper, as this device sees it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct KeeperStatus {
+    pub peer_id: String,
+    pub connected: bool,
+    /// Everything this device holds has been acknowledged by the keeper.
+    pub pushed_all: bool,
+    /// The last pull reached the end of what the keeper holds.
+    pub pulled_all: bool,
+    /// The keeper's sequence number this device has applied up to.
+    pub cursor: u64,
 }
 
 /// How others reach this device: what it advertises, what AutoNAT found,
@@ -143,6 +159,27 @@ impl Status {
             for a in &self.reachability.advertised {
                 out.push_str(&format!("advertised {a}\n"));
             }
+        }
+        for k in &self.keepers {
+            out.push_str(&format!(
+                "keeper     {} {}{}{}\n",
+                k.peer_id,
+                if k.connected {
+                    "connected"
+                } else {
+                    "not connected"
+                },
+                if k.pushed_all {
+                    ", everything pushed"
+                } else {
+                    ""
+                },
+                if k.pulled_all {
+                    ", everything pulled"
+                } else {
+                    ""
+                },
+            ));
         }
         out.push_str(&format!("\nverified peers ({}):\n", self.peers.len()));
         for p in &self.peers {

@@ -12,6 +12,8 @@
 use nuwa_crypto::Envelope;
 use prost::Message as _;
 
+pub mod keeper;
+
 mod pb {
     #![allow(clippy::all, missing_docs)]
     include!(concat!(env!("OUT_DIR"), "/nuwa.sync.v1.rs"));
@@ -114,6 +116,10 @@ impl Hello {
 pub enum Frame {
     Hello(Hello),
     Envelope(Envelope),
+    /// A device's request to a keeper (see [`keeper`]).
+    KeeperRequest(Box<keeper::KeeperRequest>),
+    /// A keeper's answer.
+    KeeperResponse(Box<keeper::KeeperResponse>),
     /// A step of pairing a new device; see `sync.proto`.
     Pairing {
         step: PairingStep,
@@ -312,14 +318,9 @@ impl Frame {
                 nonce: h.nonce.to_vec(),
                 signature: h.signature.to_vec(),
             }),
-            Frame::Envelope(e) => pb::frame::Kind::Envelope(pb::Envelope {
-                sender: e.sender.clone(),
-                epoch: e.epoch,
-                timestamp_ms: e.timestamp_ms,
-                nonce: e.nonce.to_vec(),
-                ciphertext: e.ciphertext.clone(),
-                signature: e.signature.to_vec(),
-            }),
+            Frame::Envelope(e) => pb::frame::Kind::Envelope(envelope_to_pb(e)),
+            Frame::KeeperRequest(r) => pb::frame::Kind::KeeperRequest(keeper::request_to_pb(r)),
+            Frame::KeeperResponse(r) => pb::frame::Kind::KeeperResponse(keeper::response_to_pb(r)),
             Frame::Pairing { step, body } => pb::frame::Kind::Pairing(pb::Pairing {
                 step: step.to_pb() as i32,
                 body: body.clone(),
@@ -339,6 +340,12 @@ impl Frame {
             None => Err(invalid("frame", "no message kind")),
             Some(pb::frame::Kind::Hello(h)) => Ok(Frame::Hello(h.try_into()?)),
             Some(pb::frame::Kind::Envelope(e)) => Ok(Frame::Envelope(envelope_from_pb(e)?)),
+            Some(pb::frame::Kind::KeeperRequest(r)) => {
+                Ok(Frame::KeeperRequest(Box::new(keeper::request_from_pb(r)?)))
+            }
+            Some(pb::frame::Kind::KeeperResponse(r)) => Ok(Frame::KeeperResponse(Box::new(
+                keeper::response_from_pb(r)?,
+            ))),
             Some(pb::frame::Kind::Pairing(p)) => {
                 if p.body.len() > MAX_PAIRING_BODY_BYTES {
                     return Err(invalid(
@@ -390,6 +397,17 @@ impl TryFrom<pb::Hello> for Hello {
             nonce: fixed("hello nonce", &h.nonce)?,
             signature: fixed("hello signature", &h.signature)?,
         })
+    }
+}
+
+fn envelope_to_pb(e: &Envelope) -> pb::Envelope {
+    pb::Envelope {
+        sender: e.sender.clone(),
+        epoch: e.epoch,
+        timestamp_ms: e.timestamp_ms,
+        nonce: e.nonce.to_vec(),
+        ciphertext: e.ciphertext.clone(),
+        signature: e.signature.to_vec(),
     }
 }
 

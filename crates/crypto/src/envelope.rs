@@ -214,6 +214,33 @@ pub fn open(
         })
 }
 
+/// Checks only the sender's signature over `env` for `agent_did`, without
+/// any key to decrypt: what an untrusted store (a keeper) can check.
+///
+/// # Errors
+/// [`EnvelopeError::InvalidSenderKey`] or [`EnvelopeError::BadSignature`].
+pub fn verify(
+    env: &Envelope,
+    sender_public: &[u8; 32],
+    agent_did: &str,
+) -> Result<(), EnvelopeError> {
+    let verifying_key =
+        VerifyingKey::from_bytes(sender_public).map_err(|_| EnvelopeError::InvalidSenderKey)?;
+    let digest = signing_digest(
+        agent_did,
+        &env.sender,
+        env.epoch,
+        env.timestamp_ms,
+        &env.nonce,
+        &env.ciphertext,
+    );
+    verifying_key
+        .verify_strict(&digest, &Signature::from_bytes(&env.signature))
+        .map_err(|_| EnvelopeError::BadSignature {
+            sender: env.sender.clone(),
+        })
+}
+
 fn associated_data(agent_did: &str, sender: &str, epoch: u64, timestamp_ms: u64) -> Vec<u8> {
     let mut aad = Vec::with_capacity(AAD_DOMAIN.len() + 32 + agent_did.len() + sender.len());
     aad.extend_from_slice(AAD_DOMAIN);

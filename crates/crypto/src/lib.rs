@@ -22,7 +22,7 @@ mod sync_key;
 pub use at_rest::{AT_REST_BLOB_VERSION, AT_REST_OVERHEAD_BYTES, AtRestKey};
 pub use envelope::{
     ENVELOPE_HEADER_BYTES, ENVELOPE_OVERHEAD_BYTES, Envelope, EnvelopeError, NONCE_BYTES,
-    SIGNATURE_BYTES, TAG_BYTES, open, seal,
+    SIGNATURE_BYTES, TAG_BYTES, open, seal, verify as verify_envelope,
 };
 pub use sync_key::SyncKey;
 

@@ -698,6 +698,22 @@ impl Container {
         self.doc.save()
     }
 
+    /// The raw changes made after `heads` (all of them for no heads, or
+    /// when some of `heads` are unknown here), in causal order: what a
+    /// holder of `heads` lacks.
+    pub fn changes_since(&self, heads: &[Hash]) -> Vec<Vec<u8>> {
+        let have: Vec<ChangeHash> = if self.has_all(heads) {
+            heads.iter().map(|h| ChangeHash(*h)).collect()
+        } else {
+            Vec::new()
+        };
+        self.doc
+            .get_changes(&have)
+            .iter()
+            .map(|c| c.raw_bytes().to_vec())
+            .collect()
+    }
+
     /// Whether this document already contains every change in `heads`.
     pub fn has_all(&self, heads: &[Hash]) -> bool {
         heads

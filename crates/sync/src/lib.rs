@@ -23,4 +23,4 @@ pub mod session;
 pub use engine::{Action, Config, Engine, EngineError, LocalEditError, PeerKey};
 pub use membership::{Membership, Rejection, VerifiedPeer};
 pub use secure::{OpenError, SecureChannel};
-pub use session::{Count, Door, Effect, Origin, PeerState, Session, SessionConfig};
+pub use session::{Count, Door, Effect, Origin, PeerState, Session, SessionConfig, Stored};

@@ -155,6 +155,25 @@ impl SecureChannel {
     }
 }
 
+impl SecureChannel {
+    /// Opens an envelope that came from storage (a keeper) rather than
+    /// from its sender: the signature and the epoch are checked as usual,
+    /// but not the replay window, which stored envelopes outlive by design.
+    /// Replaying one is harmless: it carries CRDT changes, applied once.
+    pub fn open_stored(
+        &self,
+        env: &Envelope,
+        sender_public: &[u8; 32],
+    ) -> Result<SyncPayload, OpenError> {
+        let key = self.keys.get(env.epoch).ok_or(OpenError::UnknownEpoch {
+            epoch: env.epoch,
+            newest: self.keys.current().epoch(),
+        })?;
+        let plaintext = nuwa_crypto::open(env, key, sender_public, &self.agent_did)?;
+        Ok(SyncPayload::decode(&plaintext)?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,6 +76,8 @@ impl Origin {
 pub enum Door {
     Connection,
     Gossip,
+    /// Envelopes pulled from a keeper.
+    Keeper,
 }
 
 impl Door {
@@ -83,8 +85,21 @@ impl Door {
         match self {
             Door::Connection => "connection",
             Door::Gossip => "gossip",
+            Door::Keeper => "keeper",
         }
     }
+}
+
+/// What became of an envelope pulled from a keeper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Opened and applied (or ours, or nothing new).
+    Applied,
+    /// Sealed under an epoch newer than any key we hold: keep it for later
+    /// (its grant comes with a peer's Hello).
+    Later,
+    /// Refused (counted); skip it.
+    Refused,
 }
 
 /// Plain events the runtime counts.
@@ -657,6 +672,52 @@ impl Session {
             Err(e) => {
                 self.engine_error(e, &mut out);
                 (false, out)
+            }
+        }
+    }
+
+    /// An envelope pulled from a keeper. The sender must be an active
+    /// device of the current document, the envelope must open under a key
+    /// we hold, and it must carry a delta; then it is applied like a peer's.
+    pub fn on_stored(&mut self, env: Envelope, now_ms: u64) -> (Stored, Vec<Effect>) {
+        let mut out = Vec::new();
+        if env.sender == self.membership.context_id() {
+            return (Stored::Applied, out);
+        }
+        let who = format!("keeper:{}", env.sender);
+        let public = match self.membership.key_of_context(&env.sender, now_ms) {
+            Ok(p) => p,
+            Err(rejection) => {
+                out.push(Effect::Rejected {
+                    peer: who,
+                    door: Door::Keeper,
+                    rejection,
+                });
+                return (Stored::Refused, out);
+            }
+        };
+        let payload = match self.secure.open_stored(&env, &public) {
+            Ok(p) => p,
+            Err(OpenError::UnknownEpoch { epoch, newest }) if epoch > newest => {
+                return (Stored::Later, out);
+            }
+            Err(e) => {
+                out.push(Effect::EnvelopeRejected {
+                    peer: who,
+                    label: e.label(),
+                    reason: e.to_string(),
+                });
+                return (Stored::Refused, out);
+            }
+        };
+        match self.engine.handle_gossip(payload) {
+            Ok(actions) => {
+                self.engine_actions_sealed(actions, Some(env.timestamp_ms), &mut out);
+                (Stored::Applied, out)
+            }
+            Err(e) => {
+                self.engine_error(e, &mut out);
+                (Stored::Refused, out)
             }
         }
     }

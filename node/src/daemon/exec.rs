@@ -278,6 +278,9 @@ impl Daemon {
                 match door {
                     Door::Connection => info!(%peer, reason = %rejection, "peer rejected"),
                     Door::Gossip => debug!(%peer, reason = %rejection, "gossip rejected"),
+                    Door::Keeper => {
+                        debug!(%peer, reason = %rejection, "envelope from the keeper rejected")
+                    }
                 }
                 self.reject(door.as_str(), peer, &rejection);
             }
@@ -536,6 +539,7 @@ mod tests {
             bootstrap: Vec::new(),
             rendezvous: false,
             rendezvous_servers: Vec::new(),
+            keepers: Vec::new(),
             api_listen: "127.0.0.1:0".parse().unwrap(),
             once: None,
             lifecycle_every: Duration::from_secs(3600),

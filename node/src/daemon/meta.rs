@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 const QUEUE: usize = 64;
 
 enum Msg {
-    Put(&'static str, Vec<u8>),
+    Put(String, Vec<u8>),
     /// Answered once everything handed over before it is written.
     Flush(tokio::sync::oneshot::Sender<()>),
 }
@@ -33,7 +33,7 @@ impl MetaWriter {
         let (tx, mut rx) = mpsc::channel::<Msg>(QUEUE);
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
-                let mut batch: BTreeMap<&'static str, Vec<u8>> = BTreeMap::new();
+                let mut batch: BTreeMap<String, Vec<u8>> = BTreeMap::new();
                 let mut flushes = Vec::new();
                 let mut next = Some(first);
                 while let Some(msg) = next {
@@ -47,11 +47,12 @@ impl MetaWriter {
                 }
                 for (key, value) in batch {
                     let store = store.clone();
-                    let r = tokio::task::spawn_blocking(move || store.put_meta(key, &value)).await;
+                    let k = key.clone();
+                    let r = tokio::task::spawn_blocking(move || store.put_meta(&k, &value)).await;
                     match r {
                         Ok(Ok(())) => {}
-                        Ok(Err(e)) => warn!(key, error = %e, "cannot persist metadata"),
-                        Err(e) => warn!(key, error = %e, "metadata writer panicked"),
+                        Ok(Err(e)) => warn!(%key, error = %e, "cannot persist metadata"),
+                        Err(e) => warn!(%key, error = %e, "metadata writer panicked"),
                     }
                 }
                 for done in flushes {
@@ -63,9 +64,10 @@ impl MetaWriter {
     }
 
     /// Hands `value` over for `key`; never waits.
-    pub(super) fn put(&self, key: &'static str, value: Vec<u8>) {
-        if self.tx.try_send(Msg::Put(key, value)).is_err() {
-            debug!(key, "metadata writer busy; dropped a cache update");
+    pub(super) fn put(&self, key: impl Into<String>, value: Vec<u8>) {
+        let key = key.into();
+        if self.tx.try_send(Msg::Put(key.clone(), value)).is_err() {
+            debug!(%key, "metadata writer busy; dropped a cache update");
         }
     }
 

@@ -83,6 +83,8 @@ pub struct Wide {
     use_known: bool,
     bootstrap: Vec<(PeerId, Multiaddr)>,
     rv_servers: Vec<(PeerId, Multiaddr)>,
+    /// Keepers (also infrastructure: dialed, no Hello, relays).
+    keepers: Vec<(PeerId, Multiaddr)>,
     infra: BTreeSet<PeerId>,
     static_peers: Vec<(Option<PeerId>, Multiaddr)>,
     known: BTreeMap<PeerId, Vec<Multiaddr>>,
@@ -136,9 +138,11 @@ impl Wide {
         } else {
             Vec::new()
         };
+        let keepers = with_peer(&opts.keepers);
         let infra = bootstrap
             .iter()
             .chain(rv_servers.iter())
+            .chain(keepers.iter())
             .map(|(p, _)| *p)
             .collect();
         Wide {
@@ -150,6 +154,7 @@ impl Wide {
             use_known: opts.known_peers,
             bootstrap,
             rv_servers,
+            keepers,
             infra,
             static_peers: opts.peers.iter().map(|a| (peer_of(a), a.clone())).collect(),
             known: BTreeMap::new(),
@@ -187,6 +192,7 @@ impl Wide {
         self.bootstrap
             .iter()
             .chain(self.rv_servers.iter())
+            .chain(self.keepers.iter())
             .find(|(p, _)| p == peer)
             .map(|(_, a)| a.clone())
     }
@@ -196,7 +202,7 @@ impl Wide {
 /// which listen addresses are advertised before any confirmation (see
 /// `nuwa_net::reach`).
 pub(super) fn infra_scope(opts: &RunOptions) -> Option<nuwa_net::Scope> {
-    let mut addrs: Vec<&Multiaddr> = Vec::new();
+    let mut addrs: Vec<&Multiaddr> = opts.keepers.iter().collect();
     if opts.dht {
         addrs.extend(opts.bootstrap.iter());
     }
@@ -239,6 +245,7 @@ impl Daemon {
             .clone()
             .into_iter()
             .chain(self.wide.rv_servers.clone())
+            .chain(self.wide.keepers.clone())
         {
             let _ = self.net.add_address(peer, addr.clone()).await;
             let _ = self.net.dial_infra(peer, vec![addr]).await;
@@ -293,6 +300,7 @@ impl Daemon {
             .bootstrap
             .iter()
             .chain(self.wide.rv_servers.iter())
+            .chain(self.wide.keepers.iter())
         {
             if !self.wide.connected_infra.contains(peer) {
                 infra.push((*peer, addr.clone()));
@@ -318,6 +326,9 @@ impl Daemon {
         if self.wide.rv_servers.iter().any(|(p, _)| *p == peer) {
             self.wide.rv_register_due.insert(peer, 0);
             self.wide.next_lookup_ms = 0;
+        }
+        if self.keepers.is_keeper(&peer) {
+            self.keeper_connected(peer);
         }
         // Reachable through it at once, until AutoNAT says we need not be.
         self.wide.relay_next_ms.insert(peer, 0);
@@ -747,6 +758,15 @@ impl Daemon {
             }
             *last_line = line;
         }
+        if verified.is_empty() && self.keepers.caught_up() {
+            if std::io::stderr().is_terminal() {
+                eprintln!();
+            }
+            eprintln!(
+                "converged through the keeper (no other device online); {containers} container(s)"
+            );
+            return Some(Ok(()));
+        }
         if !verified.is_empty() && in_sync == verified.len() {
             if std::io::stderr().is_terminal() {
                 eprintln!();
@@ -770,8 +790,8 @@ impl Daemon {
                     )
                 } else {
                     "no peer reachable before the timeout: no device of this agent was found by \
-                     known peers, mDNS, the DHT or rendezvous. Start another device, or pass \
-                     --peer, --bootstrap or --rendezvous"
+                     known peers, mDNS, the DHT, rendezvous or a keeper. Start another device, or pass \
+                     --peer, --bootstrap, --rendezvous or --keeper"
                         .to_owned()
                 }
             } else {

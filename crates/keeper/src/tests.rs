@@ -1,0 +1,351 @@
+use super::*;
+use nuwa_crypto::SyncKey;
+use nuwa_identity::keys::context_id_for;
+
+const NOW_S: i64 = 1_750_000_100;
+const NOW: u64 = NOW_S as u64 * 1000;
+
+fn key(n: u8) -> DeviceKey {
+    DeviceKey::from_seed(&[n; 32])
+}
+
+fn ctx(dev: &DeviceKey) -> String {
+    context_id_for(&dev.public())
+}
+
+/// An agent (master `m`) with the devices `devs` listed, then the devices
+/// `revoked` removed again.
+fn agent(m: u8, devs: &[u8], revoked: &[u8]) -> DidLog {
+    let master = key(m);
+    let mut log = DidLog::genesis(&master, NOW_S - 100).unwrap();
+    let mut t = NOW_S - 99;
+    for d in devs {
+        let mut doc = log.current().clone();
+        doc.add_key(
+            &ctx(&key(*d)),
+            &key(*d).public(),
+            &[Relationship::Authentication],
+            None,
+        )
+        .unwrap();
+        let id = log.current().capability_delegation[0].clone();
+        log.append(doc, &master, &id, t).unwrap();
+        t += 1;
+    }
+    for d in revoked {
+        let mut doc = log.current().clone();
+        doc.remove_key(&ctx(&key(*d))).unwrap();
+        let id = log.current().capability_delegation[0].clone();
+        log.append(doc, &master, &id, t).unwrap();
+        t += 1;
+    }
+    log
+}
+
+fn sealed(log: &DidLog, dev: u8, marker: &[u8]) -> Envelope {
+    let k = SyncKey::generate(0).unwrap();
+    nuwa_crypto::seal(
+        &k,
+        key(dev).signing_key(),
+        log.did(),
+        &ctx(&key(dev)),
+        NOW,
+        marker,
+    )
+    .unwrap()
+}
+
+fn push(log: &DidLog, dev: u8, with_log: bool, envs: Vec<Envelope>) -> KeeperRequest {
+    let body = KeeperBody::Push {
+        did_log_json: if with_log {
+            serde_json::to_vec(log).unwrap()
+        } else {
+            Vec::new()
+        },
+        envelopes: envs,
+    };
+    sign_request(&key(dev), &ctx(&key(dev)), log.did(), 7, body, NOW).unwrap()
+}
+
+fn pull(log: &DidLog, dev: u8, since: u64, max_bytes: u32) -> KeeperRequest {
+    sign_request(
+        &key(dev),
+        &ctx(&key(dev)),
+        log.did(),
+        8,
+        KeeperBody::Pull { since, max_bytes },
+        NOW,
+    )
+    .unwrap()
+}
+
+fn open(dir: &tempfile::TempDir) -> Keeper {
+    Keeper::open(dir.path(), KeeperConfig::default()).unwrap()
+}
+
+fn code(r: &KeeperResponse) -> Option<RefusalCode> {
+    match r {
+        KeeperResponse::Refused { code, .. } => Some(*code),
+        _ => None,
+    }
+}
+
+fn batch(r: KeeperResponse) -> (Vec<(u64, Envelope)>, u64, bool) {
+    match r {
+        KeeperResponse::Batch {
+            entries,
+            next,
+            more,
+            ..
+        } => (entries, next, more),
+        other => panic!("expected a batch, got {other:?}"),
+    }
+}
+
+// Goal: what one device pushes, another pulls, in order, by cursor and in
+// pages; and it is still there after the keeper reopens its store.
+#[test]
+fn push_then_pull_by_cursor_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = agent(1, &[2, 3], &[]);
+    {
+        let mut k = open(&dir);
+        let envs: Vec<Envelope> = (0..10u8).map(|i| sealed(&log, 2, &[i; 100])).collect();
+        let r = k.handle(push(&log, 2, true, envs.clone()), NOW);
+        assert!(
+            matches!(
+                r,
+                KeeperResponse::Pushed {
+                    first_seq: 1,
+                    last_seq: 10,
+                    used_envelopes: 10,
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
+        let (got, next, more) = batch(k.handle(pull(&log, 3, 0, u32::MAX), NOW));
+        assert_eq!(got.len(), 10);
+        assert_eq!((next, more), (10, false));
+        assert_eq!(got.iter().map(|(_, e)| e.clone()).collect::<Vec<_>>(), envs);
+    }
+    let mut k = open(&dir);
+    assert_eq!(k.usage(log.did()).map(|u| u.1), Some(10));
+    // Paging: each envelope is ~250 bytes; 600 bytes give two per page.
+    let (page, next, more) = batch(k.handle(pull(&log, 3, 4, 600), NOW));
+    assert_eq!(page.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![5, 6]);
+    assert_eq!((next, more), (6, true));
+    // A later push continues the sequence, with the log already known.
+    let r = k.handle(push(&log, 3, false, vec![sealed(&log, 3, b"x")]), NOW);
+    assert!(
+        matches!(r, KeeperResponse::Pushed { first_seq: 11, .. }),
+        "{r:?}"
+    );
+}
+
+// Goal: nothing unauthorised is stored or served; each refusal has its own
+// code and is counted. Method: one bad request per kind.
+#[test]
+fn forged_replayed_stale_unknown_and_foreign_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = open(&dir);
+    let log = agent(1, &[2, 3], &[]);
+    // Unknown agent without its log.
+    let r = k.handle(push(&log, 2, false, vec![sealed(&log, 2, b"a")]), NOW);
+    assert_eq!(code(&r), Some(RefusalCode::UnknownAgent));
+    // A forged envelope: the signature is over other bytes.
+    let mut forged = sealed(&log, 2, b"b");
+    forged.ciphertext[0] ^= 1;
+    let r = k.handle(
+        push(&log, 2, true, vec![sealed(&log, 2, b"ok"), forged]),
+        NOW,
+    );
+    assert_eq!(code(&r), Some(RefusalCode::BadEnvelopeSignature));
+    assert_eq!(k.usage(log.did()), None, "all or nothing: nothing stored");
+    // A forged request signature.
+    let mut req = push(&log, 2, true, vec![sealed(&log, 2, b"c")]);
+    req.auth.signature[0] ^= 1;
+    assert_eq!(code(&k.handle(req, NOW)), Some(RefusalCode::BadAuth));
+    // A good push, then the same request again.
+    let req = push(&log, 2, true, vec![sealed(&log, 2, b"d")]);
+    assert!(matches!(
+        k.handle(req.clone(), NOW),
+        KeeperResponse::Pushed { .. }
+    ));
+    assert_eq!(code(&k.handle(req, NOW)), Some(RefusalCode::Replayed));
+    // Stale: signed 11 minutes ago.
+    let old = sign_request(
+        &key(2),
+        &ctx(&key(2)),
+        log.did(),
+        9,
+        KeeperBody::Pull {
+            since: 0,
+            max_bytes: 1000,
+        },
+        NOW - 11 * 60_000,
+    )
+    .unwrap();
+    assert_eq!(code(&k.handle(old, NOW)), Some(RefusalCode::Stale));
+    // A key the document does not list.
+    assert_eq!(
+        code(&k.handle(pull(&log, 5, 0, 1000), NOW)),
+        Some(RefusalCode::UnknownKey)
+    );
+    // An envelope sealed by a device of another agent.
+    let other = agent(4, &[6], &[]);
+    let r = k.handle(push(&log, 2, false, vec![sealed(&other, 6, b"e")]), NOW);
+    assert_eq!(code(&r), Some(RefusalCode::UnknownKey));
+    // Another agent's log under our DID.
+    let mut req = push(&other, 6, true, vec![]);
+    req.agent_did = log.did().to_owned();
+    req.auth.signature = key(6).sign(&request_digest(&req));
+    assert_eq!(code(&k.handle(req, NOW)), Some(RefusalCode::ForeignAgent));
+    assert_eq!(k.usage(log.did()).map(|u| u.1), Some(1));
+    let s = k.stats();
+    for c in [
+        "unknown_agent",
+        "bad_envelope_signature",
+        "bad_auth",
+        "replayed",
+        "stale",
+        "unknown_key",
+        "foreign_agent",
+    ] {
+        assert!(
+            s.refused.get(c).copied().unwrap_or(0) >= 1,
+            "{c} counted: {s:?}"
+        );
+    }
+}
+
+// Goal: once the log revokes a device, the keeper serves it nothing and
+// stores nothing from it. Method: device 3 pulls fine; a push carrying the
+// log that revokes it arrives; its next pull and push are refused.
+#[test]
+fn a_revoked_device_can_neither_pull_nor_push() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = open(&dir);
+    let before = agent(1, &[2, 3], &[]);
+    assert!(matches!(
+        k.handle(push(&before, 2, true, vec![sealed(&before, 2, b"a")]), NOW),
+        KeeperResponse::Pushed { .. }
+    ));
+    assert!(matches!(
+        k.handle(pull(&before, 3, 0, 1000), NOW),
+        KeeperResponse::Batch { .. }
+    ));
+    let mut after = before.clone();
+    {
+        let master = key(1);
+        let mut doc = after.current().clone();
+        doc.remove_key(&ctx(&key(3))).unwrap();
+        let id = after.current().capability_delegation[0].clone();
+        after.append(doc, &master, &id, NOW_S - 10).unwrap();
+    }
+    let r = k.handle(
+        push(&after, 2, true, vec![sealed(&after, 2, b"sealed after")]),
+        NOW,
+    );
+    assert!(matches!(r, KeeperResponse::Pushed { .. }), "{r:?}");
+    assert_eq!(
+        code(&k.handle(pull(&before, 3, 0, 1000), NOW)),
+        Some(RefusalCode::RevokedKey)
+    );
+    let r = k.handle(push(&before, 3, false, vec![sealed(&before, 3, b"b")]), NOW);
+    assert_eq!(code(&r), Some(RefusalCode::RevokedKey));
+    // Its old log cannot roll the keeper's back either.
+    let r = k.handle(push(&before, 3, true, vec![]), NOW);
+    assert_eq!(code(&r), Some(RefusalCode::RevokedKey));
+}
+
+// Goal: one agent's flood cannot take another's room. Method: a small
+// quota; agent A fills it and is refused; agent B pushes and pulls as usual.
+#[test]
+fn a_quota_flood_of_one_agent_leaves_others_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = Keeper::open(
+        dir.path(),
+        KeeperConfig {
+            max_envelopes_per_agent: 20,
+            ..KeeperConfig::default()
+        },
+    )
+    .unwrap();
+    let a = agent(1, &[2], &[]);
+    let b = agent(4, &[5], &[]);
+    let mut last = None;
+    for i in 0..30u8 {
+        last = Some(k.handle(push(&a, 2, i == 0, vec![sealed(&a, 2, &[i])]), NOW));
+        if let Some(KeeperResponse::Pushed {
+            used_envelopes: 17,
+            quota_near,
+            ..
+        }) = &last
+        {
+            assert!(quota_near, "over 80 %");
+        }
+    }
+    assert_eq!(
+        code(last.as_ref().unwrap()),
+        Some(RefusalCode::QuotaExceeded)
+    );
+    assert_eq!(k.usage(a.did()).map(|u| u.1), Some(20));
+    assert!(matches!(
+        k.handle(push(&b, 5, true, vec![sealed(&b, 5, b"b")]), NOW),
+        KeeperResponse::Pushed { .. }
+    ));
+    let (got, _, _) = batch(k.handle(pull(&b, 5, 0, 10_000), NOW));
+    assert_eq!(got.len(), 1);
+}
+
+// Goal: retention drops old envelopes and frees their quota.
+#[test]
+fn retention_prunes_old_envelopes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = open(&dir);
+    let log = agent(1, &[2], &[]);
+    assert!(matches!(
+        k.handle(push(&log, 2, true, vec![sealed(&log, 2, b"a")]), NOW),
+        KeeperResponse::Pushed { .. }
+    ));
+    assert_eq!(k.prune(NOW + 1000).unwrap(), 0);
+    let later = NOW + KeeperConfig::default().retention.as_millis() as u64 + 1;
+    assert_eq!(k.prune(later).unwrap(), 1);
+    assert_eq!(k.usage(log.did()), Some((0, 0)));
+}
+
+// Goal: the keeper's files hold no plaintext. Method: push envelopes whose
+// plaintext carries a unique marker, reopen, scan every file.
+#[test]
+fn the_store_holds_no_plaintext() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = b"PLAINTEXT-MARKER-5d2c0f6e";
+    {
+        let mut k = open(&dir);
+        let log = agent(1, &[2], &[]);
+        let envs = (0..50).map(|_| sealed(&log, 2, marker)).collect();
+        assert!(matches!(
+            k.handle(push(&log, 2, true, envs), NOW),
+            KeeperResponse::Pushed { .. }
+        ));
+    }
+    let mut files = vec![dir.path().to_path_buf()];
+    let mut scanned = 0;
+    while let Some(p) = files.pop() {
+        if p.is_dir() {
+            files.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        } else {
+            let bytes = std::fs::read(&p).unwrap();
+            scanned += bytes.len();
+            assert!(
+                !bytes.windows(marker.len()).any(|w| w == marker),
+                "marker in {p:?}"
+            );
+        }
+    }
+    assert!(
+        scanned > 50 * marker.len(),
+        "the store was written ({scanned} bytes)"
+    );
+}

@@ -1,0 +1,437 @@
+//! Keepers, from the device's side: push what the keeper lacks, pull what
+//! others left there.
+//!
+//! - **Push.** Per keeper, we remember the heads of each container it has
+//!   acknowledged. Whenever a container's heads differ (a durable local
+//!   write, or changes from a peer), the changes after the acknowledged
+//!   heads are sealed as deltas under the current epoch and pushed; the
+//!   heads are recorded only when the keeper acknowledges (after its own
+//!   flush), so a lost push is pushed again. The first push on a connection
+//!   carries the DID log.
+//! - **Pull.** From a persisted cursor, on connecting and then every 2 s
+//!   while no device is verified (every 30 s otherwise), page by page. Each
+//!   envelope is opened and applied as a peer's delta would be, persisted by
+//!   the executor before anything else; the cursor moves only after that.
+//!   An envelope sealed under an epoch we do not hold yet stops the pull
+//!   there until a grant arrives.
+//!
+//! The keeper is untrusted: what it returns is checked like anything from
+//! the network (signature by an active device, an epoch we hold).
+
+use std::collections::BTreeMap;
+
+use nuwa_net::{Multiaddr, PeerId};
+use nuwa_proto::Frame;
+use nuwa_proto::SyncPayload;
+use nuwa_proto::keeper::{KeeperBody, KeeperResponse, RefusalCode};
+use nuwa_sync::Stored;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+
+use super::Daemon;
+use crate::home;
+use crate::metrics::Event;
+
+/// Bytes of sealed changes per push (the frame cap is 8 MiB).
+const PUSH_BYTES: usize = 2 * 1024 * 1024;
+/// Changes per envelope, and bytes of changes per envelope.
+const ENVELOPE_CHANGES: usize = 1024;
+const ENVELOPE_BYTES: usize = 512 * 1024;
+/// Bytes asked for per pull.
+const PULL_BYTES: u32 = 4 * 1024 * 1024;
+const PULL_IDLE_MS: u64 = 2_000;
+const PULL_BUSY_MS: u64 = 30_000;
+/// A request unanswered this long is given up (and made again).
+const REQUEST_TIMEOUT_MS: u64 = 30_000;
+/// After a refusal, wait this long before asking again.
+const REFUSED_BACKOFF_MS: u64 = 30_000;
+
+/// What we persist per keeper (meta `keeper/<peer>`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Persisted {
+    /// Pull cursor: the last sequence number applied.
+    cursor: u64,
+    /// Heads the keeper acknowledged, per container (hex).
+    pushed: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Default)]
+struct Link {
+    connected: bool,
+    loaded: bool,
+    state: Persisted,
+    knows_log: bool,
+    push_in_flight: Option<(u64, u64, BTreeMap<String, Vec<String>>)>,
+    pull_in_flight: Option<(u64, u64)>,
+    next_push_ms: u64,
+    next_pull_ms: u64,
+    /// The last pull returned everything there was.
+    caught_up: bool,
+}
+
+pub struct Keepers {
+    links: BTreeMap<PeerId, Link>,
+    next_request_id: u64,
+}
+
+impl Keepers {
+    pub fn new(addrs: Vec<(PeerId, Multiaddr)>) -> Self {
+        Keepers {
+            links: addrs.iter().map(|(p, _)| (*p, Link::default())).collect(),
+            next_request_id: 1,
+        }
+    }
+
+    pub fn is_keeper(&self, peer: &PeerId) -> bool {
+        self.links.contains_key(peer)
+    }
+
+    /// Whether a keeper is configured and every connected one has been
+    /// pulled to the end (for `sync --once`).
+    pub fn caught_up(&self) -> bool {
+        let connected: Vec<&Link> = self.links.values().filter(|l| l.connected).collect();
+        !connected.is_empty()
+            && connected
+                .iter()
+                .all(|l| l.caught_up && l.push_in_flight.is_none())
+    }
+
+    pub fn on_disconnected(&mut self, peer: &PeerId) {
+        if let Some(l) = self.links.get_mut(peer) {
+            l.connected = false;
+            l.knows_log = false;
+            l.push_in_flight = None;
+            l.pull_in_flight = None;
+            l.caught_up = false;
+        }
+    }
+
+    fn request_id(&mut self) -> u64 {
+        self.next_request_id += 1;
+        self.next_request_id
+    }
+}
+
+impl Daemon {
+    pub(super) fn keeper_status(&self) -> Vec<crate::status::KeeperStatus> {
+        self.keepers
+            .links
+            .iter()
+            .map(|(peer, l)| {
+                let pushed_all = l.connected
+                    && l.knows_log
+                    && self.session.engine().containers().all(|(name, c)| {
+                        let heads: Vec<String> = c.heads().iter().map(hex::encode).collect();
+                        l.state.pushed.get(name) == Some(&heads)
+                    });
+                crate::status::KeeperStatus {
+                    peer_id: peer.to_string(),
+                    connected: l.connected,
+                    pushed_all,
+                    pulled_all: l.caught_up,
+                    cursor: l.state.cursor,
+                }
+            })
+            .collect()
+    }
+}
+
+fn meta_key(peer: &PeerId) -> String {
+    format!("keeper/{peer}")
+}
+
+impl Daemon {
+    pub(super) fn keeper_connected(&mut self, peer: PeerId) {
+        let stored = self.store.get_meta(&meta_key(&peer));
+        let Some(link) = self.keepers.links.get_mut(&peer) else {
+            return;
+        };
+        if !link.loaded {
+            match stored {
+                Ok(Some(bytes)) => {
+                    link.state = serde_json::from_slice(&bytes).unwrap_or_default();
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(error = %e, "cannot read the keeper cursor; pulling from the start")
+                }
+            }
+            link.loaded = true;
+        }
+        link.connected = true;
+        link.next_pull_ms = 0;
+        link.next_push_ms = 0;
+        info!(%peer, cursor = link.state.cursor, "keeper connected");
+    }
+
+    fn save_keeper(&self, peer: &PeerId) {
+        if let Some(l) = self.keepers.links.get(peer)
+            && let Ok(bytes) = serde_json::to_vec(&l.state)
+        {
+            self.meta.put(meta_key(peer), bytes);
+        }
+    }
+
+    pub(super) async fn keeper_tick(&mut self, now: u64) {
+        let peers: Vec<PeerId> = self.keepers.links.keys().copied().collect();
+        let idle = self.session.verified().next().is_none();
+        for peer in peers {
+            let Some(link) = self.keepers.links.get_mut(&peer) else {
+                continue;
+            };
+            if !link.connected {
+                continue;
+            }
+            if link
+                .pull_in_flight
+                .is_some_and(|(_, at)| now.saturating_sub(at) > REQUEST_TIMEOUT_MS)
+            {
+                link.pull_in_flight = None;
+            }
+            if link
+                .push_in_flight
+                .as_ref()
+                .is_some_and(|(_, at, _)| now.saturating_sub(*at) > REQUEST_TIMEOUT_MS)
+            {
+                link.push_in_flight = None;
+            }
+            // The first push of a connection carries our DID log (the
+            // keeper may not know this device yet); pulls wait for it.
+            if link.knows_log && link.pull_in_flight.is_none() && now >= link.next_pull_ms {
+                let since = link.state.cursor;
+                let id = self.keepers.request_id();
+                if self
+                    .keeper_send(
+                        peer,
+                        id,
+                        KeeperBody::Pull {
+                            since,
+                            max_bytes: PULL_BYTES,
+                        },
+                    )
+                    .await
+                    && let Some(link) = self.keepers.links.get_mut(&peer)
+                {
+                    link.pull_in_flight = Some((id, now));
+                    link.next_pull_ms = now + if idle { PULL_IDLE_MS } else { PULL_BUSY_MS };
+                }
+            }
+            let due = self
+                .keepers
+                .links
+                .get(&peer)
+                .is_some_and(|l| l.push_in_flight.is_none() && now >= l.next_push_ms);
+            if due {
+                self.keeper_push(peer, now).await;
+            }
+        }
+    }
+
+    /// Pushes what `peer` lacks, if anything.
+    async fn keeper_push(&mut self, peer: PeerId, now: u64) {
+        let Some(link) = self.keepers.links.get(&peer) else {
+            return;
+        };
+        let knows_log = link.knows_log;
+        let mut envelopes = Vec::new();
+        let mut covered: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut bytes = 0usize;
+        for (name, c) in self.session.engine().containers() {
+            let heads: Vec<String> = c.heads().iter().map(hex::encode).collect();
+            let acked = link.state.pushed.get(name);
+            if acked == Some(&heads) {
+                continue;
+            }
+            if bytes >= PUSH_BYTES || envelopes.len() >= nuwa_proto::keeper::MAX_PUSH_ENVELOPES {
+                break;
+            }
+            let have: Vec<[u8; 32]> = acked
+                .map(|hs| {
+                    hs.iter()
+                        .filter_map(|h| hex::decode(h).ok()?.try_into().ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let changes = c.changes_since(&have);
+            let mut chunk: Vec<Vec<u8>> = Vec::new();
+            let mut chunk_bytes = 0usize;
+            let mut payloads = Vec::new();
+            for ch in changes {
+                if !chunk.is_empty()
+                    && (chunk.len() >= ENVELOPE_CHANGES || chunk_bytes + ch.len() > ENVELOPE_BYTES)
+                {
+                    payloads.push(std::mem::take(&mut chunk));
+                    chunk_bytes = 0;
+                }
+                chunk_bytes += ch.len();
+                chunk.push(ch);
+            }
+            if !chunk.is_empty() {
+                payloads.push(chunk);
+            }
+            for changes in payloads {
+                let payload = SyncPayload::Delta {
+                    container: name.clone(),
+                    changes,
+                };
+                match self.session.seal(&payload, now) {
+                    Ok(env) => {
+                        bytes += env.ciphertext.len();
+                        envelopes.push(env);
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "cannot seal for the keeper");
+                        return;
+                    }
+                }
+            }
+            covered.insert(name.clone(), heads);
+        }
+        if envelopes.is_empty() && knows_log {
+            return;
+        }
+        let did_log_json = if knows_log {
+            Vec::new()
+        } else {
+            serde_json::to_vec(self.session.log()).unwrap_or_default()
+        };
+        let count = envelopes.len();
+        let id = self.keepers.request_id();
+        if self
+            .keeper_send(
+                peer,
+                id,
+                KeeperBody::Push {
+                    did_log_json,
+                    envelopes,
+                },
+            )
+            .await
+            && let Some(link) = self.keepers.links.get_mut(&peer)
+        {
+            debug!(%peer, envelopes = count, "pushed to the keeper");
+            link.push_in_flight = Some((id, now, covered));
+        }
+    }
+
+    async fn keeper_send(&mut self, peer: PeerId, id: u64, body: KeeperBody) -> bool {
+        let m = self.session.membership();
+        let req = match nuwa_keeper::sign_request(
+            m.device(),
+            m.context_id(),
+            m.did(),
+            id,
+            body,
+            home::now_ms(),
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, "cannot sign a keeper request");
+                return false;
+            }
+        };
+        let bytes = Frame::KeeperRequest(Box::new(req)).encode();
+        if bytes.len() > nuwa_proto::MAX_FRAME_BYTES {
+            warn!(
+                len = bytes.len(),
+                "keeper request over the frame cap; not sent"
+            );
+            return false;
+        }
+        self.add(Event::BytesSent, bytes.len() as u64);
+        self.net.try_send(peer, bytes).is_ok()
+    }
+
+    pub(super) async fn on_keeper_response(&mut self, peer: PeerId, resp: KeeperResponse) {
+        let now = home::now_ms();
+        let id = resp.request_id();
+        let Some(link) = self.keepers.links.get_mut(&peer) else {
+            self.count(Event::KeeperResponsesUnexpected);
+            return;
+        };
+        let is_push = link
+            .push_in_flight
+            .as_ref()
+            .is_some_and(|(p, _, _)| *p == id);
+        let is_pull = link.pull_in_flight.is_some_and(|(p, _)| p == id);
+        if !is_push && !is_pull {
+            self.count(Event::KeeperResponsesUnexpected);
+            return;
+        }
+        match resp {
+            KeeperResponse::Pushed {
+                used_bytes,
+                used_envelopes,
+                quota_near,
+                last_seq,
+                ..
+            } => {
+                if let Some((_, _, covered)) = link.push_in_flight.take() {
+                    link.state.pushed.extend(covered);
+                }
+                link.knows_log = true;
+                if quota_near {
+                    warn!(%peer, used_bytes, used_envelopes, "the keeper's quota for this agent is nearly used");
+                }
+                debug!(%peer, last_seq, "keeper acknowledged a push");
+                self.count(Event::KeeperPushes);
+                self.save_keeper(&peer);
+            }
+            KeeperResponse::Batch {
+                entries,
+                next,
+                more,
+                ..
+            } => {
+                link.pull_in_flight = None;
+                let mut cursor = link.state.cursor;
+                let mut stopped = false;
+                let n = entries.len();
+                for (seq, env) in entries {
+                    let (outcome, effects) = self.session.on_stored(env, now);
+                    self.execute(effects, Vec::new()).await;
+                    match outcome {
+                        Stored::Later => {
+                            stopped = true;
+                            break;
+                        }
+                        Stored::Refused => self.count(Event::KeeperEnvelopesRefused),
+                        Stored::Applied => self.count(Event::KeeperEnvelopesApplied),
+                    }
+                    cursor = seq;
+                }
+                debug!(%peer, entries = n, next, more, "pulled from the keeper");
+                let Some(link) = self.keepers.links.get_mut(&peer) else {
+                    return;
+                };
+                link.state.cursor = cursor;
+                if stopped {
+                    link.caught_up = false;
+                    link.next_pull_ms = now + PULL_BUSY_MS;
+                } else if more {
+                    link.next_pull_ms = 0;
+                } else {
+                    link.caught_up = true;
+                }
+                self.save_keeper(&peer);
+            }
+            KeeperResponse::Refused { code, detail, .. } => {
+                if is_push {
+                    link.push_in_flight = None;
+                    link.next_push_ms = now + REFUSED_BACKOFF_MS;
+                } else {
+                    link.pull_in_flight = None;
+                    link.next_pull_ms = now + REFUSED_BACKOFF_MS;
+                }
+                if matches!(code, RefusalCode::UnknownAgent | RefusalCode::UnknownKey) {
+                    // It lost our log, or holds an older one that does not
+                    // list this device yet: send ours with the next push.
+                    link.knows_log = false;
+                    link.next_push_ms = now + PULL_IDLE_MS;
+                }
+                self.count(Event::KeeperRefusals);
+                warn!(%peer, code = code.as_str(), %detail, "the keeper refused a request");
+            }
+        }
+    }
+}
