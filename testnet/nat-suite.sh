@@ -20,7 +20,14 @@
 #      write within 5 s, and no disconnect while idle;
 #   2. both behind symmetric NATs (masquerade random,fully-random): punching
 #      must fail, the relay carries the sync: a write within 5 s, a 1 MiB
-#      write, no disconnect while idle, the relay's limits respected.
+#      write, no disconnect while idle, the relay's limits respected;
+#   3. not online together, through the keeper (`rendezvous --keeper`): A
+#      writes 1,000 changes, the keeper acknowledges them, A stops; the
+#      keeper is killed with -9 and restarted; B starts behind its NAT with
+#      only the keeper up and has all 1,000 within 5 s; a fresh `sync
+#      --once` home converges from the keeper alone and exits 0; a revoked
+#      device gets nothing written after its revocation; the keeper's files
+#      hold no plaintext (a marker scan).
 #
 # Usage: testnet/nat-suite.sh [--case N]... Needs root and nftables; skips
 # (exit 0, with the reason) where the kernel lacks NAT in namespaces.
@@ -40,7 +47,7 @@ while [ $# -gt 0 ]; do
     *) echo "nat-suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ ${#CASES[@]} -gt 0 ] || CASES=(1 2)
+[ ${#CASES[@]} -gt 0 ] || CASES=(1 2 3)
 
 if [ "$(id -u)" != 0 ]; then
   echo "testnet/nat-suite.sh needs root (network namespaces); skipping" >&2
@@ -230,9 +237,9 @@ run_case() { # NAME MODE1 MODE2 EXPECT(direct|relayed)
   local name="$1" expect="$4"
   lab_up "$2" "$3"
   rm -rf "$TMP/infra"
-  # `ip netns exec` execs the node, so TERM reaches it and it logs its
-  # counters at exit.
-  RUST_LOG="${NAT_INFRA_LOG:-info}" inh infra "$BIN" --home "$TMP/infra" rendezvous \
+  # `ip netns exec` execs the node (a shell function would put a subshell
+  # in between), so TERM reaches it and it logs its counters at exit.
+  RUST_LOG="${NAT_INFRA_LOG:-info}" ip netns exec "$(ns infra)" "$BIN" --home "$TMP/infra" rendezvous \
     --listen /ip4/0.0.0.0/tcp/4001 --listen /ip4/0.0.0.0/udp/4001/quic-v1 \
     >"$TMP/$name-infra.out" 2>"$TMP/$name-infra.log" &
   PIDS+=($!)
@@ -246,7 +253,7 @@ run_case() { # NAME MODE1 MODE2 EXPECT(direct|relayed)
   local t0 h; t0=$(now)
   for h in d1 d2; do
     rm -f "$TMP/$h/api.json"
-    RUST_LOG="${NAT_LOG:-info,nuwa_net=debug}" inh "$h" "$BIN" --home "$TMP/$h" run \
+    RUST_LOG="${NAT_LOG:-info,nuwa_net=debug}" ip netns exec "$(ns "$h")" "$BIN" --home "$TMP/$h" run \
       --listen /ip4/0.0.0.0/tcp/4001 --listen /ip4/0.0.0.0/udp/4001/quic-v1 \
       --no-mdns --rendezvous "$rv" --bootstrap "$rv" >/dev/null 2>"$TMP/$name-$h.log" &
     PIDS+=($!)
@@ -326,10 +333,170 @@ run_case() { # NAME MODE1 MODE2 EXPECT(direct|relayed)
   lab_down
 }
 
+# count_keys HOME CONTAINER: keys in a container of a home whose daemon is
+# not running (starts it offline for a moment, in the namespace of d2).
+count_keys() {
+  rm -f "$1/api.json"
+  ip netns exec "$(ns d2)" "$BIN" --home "$1" run --listen /ip4/127.0.0.1/tcp/0 --no-mdns --no-dht \
+    --no-rendezvous --no-known-peers >/dev/null 2>&1 &
+  local p=$! n=0 _
+  for _ in $(seq 1 100); do [ -f "$1/api.json" ] && break; sleep 0.05; done
+  n=$(cli d2 "$1" state get "$2" --json 2>/dev/null | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))' 2>/dev/null || echo 0)
+  kill -TERM "$p" 2>/dev/null || true
+  wait "$p" 2>/dev/null || true
+  echo "$n"
+}
+# keeper_state HOST HOME FIELD -> the first keeper's FIELD in status
+keeper_state() {
+  status_json "$1" "$2" | python3 -c "
+import json,sys
+k=json.load(sys.stdin).get('keepers') or []
+print(str(k[0]['$3']).lower() if k else '')" 2>/dev/null || true
+}
+INFRA_PID="" DEV_PID="" RV=""
+start_infra() { # NAME
+  RUST_LOG="${NAT_INFRA_LOG:-info}" ip netns exec "$(ns infra)" "$BIN" --home "$TMP/infra-keeper" rendezvous --keeper \
+    --listen /ip4/0.0.0.0/tcp/4001 --listen /ip4/0.0.0.0/udp/4001/quic-v1 \
+    >"$TMP/$1-infra.out" 2>>"$TMP/$1-infra.log" &
+  INFRA_PID=$!
+  PIDS+=("$INFRA_PID")
+  local _
+  RV=""
+  for _ in $(seq 1 100); do
+    RV="$(grep -m1 '/ip4/198.51.100.2/tcp/' "$TMP/$1-infra.out" 2>/dev/null || true)"
+    [ -n "$RV" ] && break
+    sleep 0.1
+  done
+}
+start_device() { # HOST HOME LOG
+  rm -f "$2/api.json"
+  RUST_LOG="${NAT_LOG:-info}" ip netns exec "$(ns "$1")" "$BIN" --home "$2" run \
+    --listen /ip4/0.0.0.0/tcp/4001 --listen /ip4/0.0.0.0/udp/4001/quic-v1 \
+    --no-mdns --keeper "$RV" --rendezvous "$RV" --bootstrap "$RV" >/dev/null 2>>"$3" &
+  DEV_PID=$!
+  PIDS+=("$DEV_PID")
+  local _
+  for _ in $(seq 1 100); do [ -f "$2/api.json" ] && break; sleep 0.05; done
+}
+stop_device() {
+  kill -TERM "$DEV_PID" 2>/dev/null || true
+  wait "$DEV_PID" 2>/dev/null || true
+}
+wait_pushed() { # HOST HOME SECS -> 0/1
+  local t0; t0=$(now)
+  while [ "$(keeper_state "$1" "$2" pushed_all)" != true ]; do
+    older_than "$t0" "$3" && return 1
+    sleep 0.1
+  done
+}
+
+run_keeper_case() {
+  local name=keeper t0 n
+  lab_up preserving preserving
+  rm -rf "$TMP/infra-keeper" "$TMP/d3" "$TMP/d4"
+  "$BIN" --home "$TMP/d1" device provision --out "$TMP/d3" --name d3 >/dev/null
+  "$BIN" --home "$TMP/d1" device provision --out "$TMP/d4" --name d4 >/dev/null
+  start_infra "$name"
+  [ -n "$RV" ] || { fail "$name: the keeper did not start"; stop_all; lab_down; return; }
+
+  # A writes 1,000 changes, the keeper acknowledges them, A stops.
+  start_device d1 "$TMP/d1" "$TMP/$name-d1.log"
+  inh d1 python3 - "$TMP/d1" <<'PY'
+import json, sys, urllib.request
+api = json.load(open(sys.argv[1] + "/api.json"))
+for i in range(1000):
+    body = json.dumps({"container": "offline", "key": f"k{i}", "value": i}).encode()
+    req = urllib.request.Request(api["url"] + "/v1/state/put", data=body, method="POST",
+        headers={"Authorization": "Bearer " + api["token"], "Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=30).read()
+PY
+  t0=$(now)
+  if wait_pushed d1 "$TMP/d1" 30; then
+    pass "$name: A wrote 1,000 changes; the keeper acknowledged them $(since "$t0") s after the last write"
+  else
+    fail "$name: the keeper did not acknowledge A's changes within 30 s"
+  fi
+  stop_device
+
+  # kill -9 of the keeper between push and pull, then back up.
+  kill -9 "$INFRA_PID" 2>/dev/null || true
+  wait "$INFRA_PID" 2>/dev/null || true
+  start_infra "$name"
+
+  # B, behind the other NAT, with only the keeper up.
+  t0=$(now)
+  start_device d2 "$TMP/d2" "$TMP/$name-d2.log"
+  n=0
+  while :; do
+    n=$(cli d2 "$TMP/d2" state get offline --json 2>/dev/null | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))' 2>/dev/null || echo 0)
+    [ "$n" = 1000 ] && break
+    older_than "$t0" 5 && break
+    sleep 0.1
+  done
+  if [ "$n" = 1000 ]; then
+    pass "$name: B (never online with A) has all 1,000 changes $(since "$t0") s after starting, after a kill -9 of the keeper"
+  else
+    fail "$name: B has $n of 1,000 changes 5 s after starting"
+  fi
+  stop_device
+
+  # A fresh home converges from the keeper alone with sync --once.
+  t0=$(now)
+  if inh d2 "$BIN" --home "$TMP/d3" sync --once --timeout 30s \
+    --listen /ip4/0.0.0.0/tcp/0 --no-mdns --no-dht --no-rendezvous --keeper "$RV" 2>"$TMP/$name-d3.err"; then
+    local took; took=$(since "$t0")
+    n=$(count_keys "$TMP/d3" offline)
+    if [ "$n" = 1000 ]; then
+      pass "$name: a fresh sync --once home converged from the keeper alone in $took s (1,000 keys): $(tail -1 "$TMP/$name-d3.err")"
+    else
+      fail "$name: sync --once exited 0 but the home holds $n of 1,000 keys"
+    fi
+  else
+    fail "$name: sync --once from the keeper failed: $(tail -2 "$TMP/$name-d3.err")"
+  fi
+
+  # 4. Revocation: d4 is revoked (offline, on A's home, which holds the
+  # master key); A then writes a marker, which reaches the keeper sealed
+  # under the new epoch. d4 asks the keeper and must get nothing of it.
+  local d4ctx marker refusals=0
+  d4ctx=$(python3 -c "import json; print(json.load(open('$TMP/d4/device.json'))['context_id'])")
+  "$BIN" --home "$TMP/d1" device revoke "$d4ctx" >/dev/null 2>&1 || true
+  marker="REVOKED-MUST-NOT-READ-$$-$RANDOM"
+  start_device d1 "$TMP/d1" "$TMP/$name-d1.log"
+  cli d1 "$TMP/d1" state put secrets after "\"$marker\"" >/dev/null
+  wait_pushed d1 "$TMP/d1" 30 || true
+  stop_device
+  start_device d2 "$TMP/d4" "$TMP/$name-d4.log"
+  t0=$(now)
+  while :; do
+    refusals=$(counter d2 "$TMP/d4" keeper_refusals)
+    [ "${refusals:-0}" -ge 1 ] && break
+    older_than "$t0" 10 && break
+    sleep 0.2
+  done
+  n=$(value_len d2 "$TMP/d4" secrets after)
+  stop_device
+  if [ "$n" = 0 ] && [ "${refusals:-0}" -ge 1 ]; then
+    pass "$name: the revoked device was refused by the keeper ($refusals refusals) and holds nothing written after its revocation"
+  else
+    fail "$name: the revoked device holds the secret ($n) or was not refused ($refusals)"
+  fi
+  stop_all
+  if grep -rqa "$marker" "$TMP/infra-keeper"; then
+    fail "$name: the keeper's files hold the plaintext marker"
+  elif grep -rqa '"k999"' "$TMP/infra-keeper"; then
+    fail "$name: the keeper's files hold a plaintext key name"
+  else
+    pass "$name: the keeper's files hold no plaintext (marker and key names scanned, $(du -sk "$TMP/infra-keeper" | cut -f1) KiB)"
+  fi
+  lab_down
+}
+
 for c in "${CASES[@]}"; do
   case "$c" in
     1) run_case preserving preserving preserving direct ;;
     2) run_case symmetric symmetric symmetric relayed ;;
+    3) run_keeper_case ;;
     *) echo "nat-suite.sh: no case $c" >&2; exit 2 ;;
   esac
 done
