@@ -149,7 +149,14 @@ pub async fn run(
 struct KeeperThread {
     tx: Option<std::sync::mpsc::SyncSender<(PeerId, KeeperRequest)>>,
     handle: Option<std::thread::JoinHandle<()>>,
+    /// Requests queued per peer: one device has at most a push and a pull
+    /// under way, so a peer past [`MAX_QUEUED_PER_PEER`] is flooding, and its
+    /// extra requests are dropped before they can fill the queue that every
+    /// other agent's devices share.
+    queued: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<PeerId, usize>>>,
 }
+
+const MAX_QUEUED_PER_PEER: usize = 8;
 
 impl KeeperThread {
     fn start(path: &Path, config: nuwa_keeper::KeeperConfig, net: NetHandle) -> Result<Self> {
@@ -157,6 +164,9 @@ impl KeeperThread {
             .with_context(|| format!("cannot open the keeper's store in {}", path.display()))?;
         info!(path = %path.display(), agents = keeper.stats().agents, "keeper store opened");
         let (tx, rx) = std::sync::mpsc::sync_channel::<(PeerId, KeeperRequest)>(1024);
+        let queued: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<PeerId, usize>>> =
+            Default::default();
+        let done = queued.clone();
         let handle = std::thread::Builder::new()
             .name("keeper".into())
             .spawn(move || {
@@ -165,6 +175,14 @@ impl KeeperThread {
                 while let Ok((peer, req)) = rx.recv() {
                     let now = home::now_ms();
                     let resp = keeper.handle(req, now);
+                    if let Ok(mut q) = done.lock()
+                        && let Some(n) = q.get_mut(&peer)
+                    {
+                        *n = n.saturating_sub(1);
+                        if *n == 0 {
+                            q.remove(&peer);
+                        }
+                    }
                     let bytes = Frame::KeeperResponse(Box::new(resp)).encode();
                     if net.try_send(peer, bytes).is_err() {
                         debug!(%peer, "keeper answer not sent (network behind)");
@@ -188,14 +206,28 @@ impl KeeperThread {
         Ok(KeeperThread {
             tx: Some(tx),
             handle: Some(handle),
+            queued,
         })
     }
 
-    /// Queues a request; false if the queue is full.
+    /// Queues a request; false if the peer has too many queued already or
+    /// the queue is full (the device asks again).
     fn submit(&self, peer: PeerId, req: KeeperRequest) -> bool {
-        self.tx
+        let Ok(mut q) = self.queued.lock() else {
+            return false;
+        };
+        let n = q.entry(peer).or_default();
+        if *n >= MAX_QUEUED_PER_PEER {
+            return false;
+        }
+        let sent = self
+            .tx
             .as_ref()
-            .is_some_and(|tx| tx.try_send((peer, req)).is_ok())
+            .is_some_and(|tx| tx.try_send((peer, req)).is_ok());
+        if sent {
+            *n += 1;
+        }
+        sent
     }
 
     fn stop(mut self) {

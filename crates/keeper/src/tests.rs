@@ -349,3 +349,26 @@ fn the_store_holds_no_plaintext() {
         "the store was written ({scanned} bytes)"
     );
 }
+
+// Goal: an oversized push never reaches the keeper: the wire decoder
+// refuses more envelopes than a push may carry, and the frame cap bounds
+// the bytes. Method: encode a request with one envelope too many and decode
+// it as a frame.
+#[test]
+fn an_oversized_push_is_refused_by_the_decoder() {
+    use nuwa_proto::Frame;
+    use nuwa_proto::keeper::MAX_PUSH_ENVELOPES;
+    let log = agent(1, &[2], &[]);
+    let env = sealed(&log, 2, b"x");
+    let req = push(&log, 2, true, vec![env; MAX_PUSH_ENVELOPES + 1]);
+    let bytes = Frame::KeeperRequest(Box::new(req)).encode();
+    let err = Frame::decode(&bytes).unwrap_err().to_string();
+    assert!(err.contains("envelopes"), "{err}");
+    let ok = push(
+        &log,
+        2,
+        true,
+        vec![sealed(&log, 2, b"x"); MAX_PUSH_ENVELOPES],
+    );
+    assert!(Frame::decode(&Frame::KeeperRequest(Box::new(ok)).encode()).is_ok());
+}
