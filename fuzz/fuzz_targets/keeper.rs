@@ -33,6 +33,7 @@ fn keeper() -> &'static Mutex<Keeper> {
         let body = KeeperBody::Push {
             did_log_json: serde_json::to_vec(&log_with_device()).expect("log json"),
             envelopes: Vec::new(),
+            replaces_through: 0,
         };
         let req = sign_request(&device(), &device_context_id(), &agent_did(), 1, body, NOW_MS)
             .expect("randomness");
@@ -74,6 +75,7 @@ fuzz_target!(|data: &[u8]| {
         KeeperBody::Push {
             did_log_json,
             envelopes,
+            replaces_through: rest.len() as u64 % 4,
         }
     };
     if let Ok(req) = sign_request(&device(), &device_context_id(), &agent_did(), 2, body, NOW_MS) {

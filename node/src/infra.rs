@@ -196,11 +196,11 @@ impl KeeperThread {
                     if now.saturating_sub(last_report) > 60_000 {
                         last_report = now;
                         let s = keeper.stats();
-                        info!(pushes = s.pushes, pulls = s.pulls, stored = s.envelopes_stored, served = s.envelopes_served, refused = ?s.refused, agents = s.agents, "keeper counters");
+                        info!(pushes = s.pushes, pulls = s.pulls, stored = s.envelopes_stored, served = s.envelopes_served, compacted = s.envelopes_compacted, refused = ?s.refused, agents = s.agents, "keeper counters");
                     }
                 }
                 let s = keeper.stats();
-                info!(pushes = s.pushes, pulls = s.pulls, stored = s.envelopes_stored, served = s.envelopes_served, refused = ?s.refused, agents = s.agents, "keeper counters at exit");
+                info!(pushes = s.pushes, pulls = s.pulls, stored = s.envelopes_stored, served = s.envelopes_served, compacted = s.envelopes_compacted, refused = ?s.refused, agents = s.agents, "keeper counters at exit");
             })
             .context("cannot start the keeper thread")?;
         Ok(KeeperThread {

@@ -29,6 +29,9 @@ pub enum KeeperBody {
     Push {
         did_log_json: Vec<u8>,
         envelopes: Vec<Envelope>,
+        /// A compacted snapshot: 0, or the sequence number up to which the
+        /// keeper may drop the agent's entries in the same write.
+        replaces_through: u64,
     },
     /// Everything stored after `since`, up to about `max_bytes`.
     Pull { since: u64, max_bytes: u32 },
@@ -150,9 +153,11 @@ pub(crate) fn request_to_pb(r: &KeeperRequest) -> pb::KeeperRequest {
         KeeperBody::Push {
             did_log_json,
             envelopes,
+            replaces_through,
         } => pb::keeper_request::Kind::Push(pb::KeeperPush {
             did_log_json: did_log_json.clone(),
             envelopes: envelopes.iter().map(envelope_to_pb).collect(),
+            replaces_through: *replaces_through,
         }),
         KeeperBody::Pull { since, max_bytes } => pb::keeper_request::Kind::Pull(pb::KeeperPull {
             since: *since,
@@ -204,6 +209,7 @@ pub(crate) fn request_from_pb(r: pb::KeeperRequest) -> Result<KeeperRequest, Wir
                     .into_iter()
                     .map(envelope_from_pb)
                     .collect::<Result<_, _>>()?,
+                replaces_through: p.replaces_through,
             }
         }
         Some(pb::keeper_request::Kind::Pull(p)) => KeeperBody::Pull {

@@ -74,6 +74,7 @@ fn main() {
                 Vec::new()
             },
             envelopes: chunk.to_vec(),
+            replaces_through: 0,
         };
         let req = sign_request(&dev, &ctx, &did, i as u64, body, now).unwrap();
         let r = keeper.handle(req, now);
@@ -176,6 +177,7 @@ fn push_req(a: &Agent, now: u64, with_log: bool, n: usize) -> nuwa_proto::keeper
             Vec::new()
         },
         envelopes,
+        replaces_through: 0,
     };
     sign_request(&a.dev, &a.ctx, a.log.did(), 0, body, now).unwrap()
 }

@@ -100,6 +100,8 @@ pub struct KeeperStats {
     pub envelopes_stored: u64,
     pub envelopes_served: u64,
     pub envelopes_pruned: u64,
+    /// Entries dropped because a compacted snapshot replaced them.
+    pub envelopes_compacted: u64,
     /// Refused requests by code.
     pub refused: BTreeMap<&'static str, u64>,
     pub agents: usize,
@@ -169,8 +171,10 @@ pub fn request_digest(req: &KeeperRequest) -> [u8; 32] {
         KeeperBody::Push {
             did_log_json,
             envelopes,
+            replaces_through,
         } => {
             m.push(1);
+            m.extend_from_slice(&replaces_through.to_be_bytes());
             put_field(&mut m, did_log_json);
             m.extend_from_slice(&(envelopes.len() as u64).to_be_bytes());
             let mut h = Sha256::new();
@@ -415,12 +419,16 @@ impl Keeper {
         )?;
 
         match req.body {
-            KeeperBody::Push { envelopes, .. } => self.push(
+            KeeperBody::Push {
+                envelopes,
+                replaces_through,
+                ..
+            } => self.push(
                 hash,
                 &req.agent_did,
                 log,
-                log_changed,
                 envelopes,
+                replaces_through,
                 now_ms,
                 req.request_id,
             ),
@@ -518,8 +526,8 @@ impl Keeper {
         hash: [u8; 32],
         did: &str,
         log: DidLog,
-        _log_changed: bool,
         envelopes: Vec<Envelope>,
+        replaces_through: u64,
         now_ms: u64,
         request_id: u64,
     ) -> Result<KeeperResponse, Refusal> {
@@ -544,7 +552,31 @@ impl Keeper {
             self.agents.get(&hash).map_or((0, 0, 1), |a| {
                 (a.used_bytes, a.used_envelopes, a.record.next_seq)
             });
-        let (new_bytes, new_count) = (used_bytes + bytes, used_envelopes + encoded.len() as u64);
+        // A compacted snapshot drops what it covers in the same write.
+        let mut batch = sled::Batch::default();
+        let (mut freed_bytes, mut freed) = (0u64, 0u64);
+        if replaces_through > 0 {
+            if replaces_through >= next_seq {
+                return Err(refuse(
+                    RefusalCode::Malformed,
+                    format!(
+                        "a snapshot cannot replace entries up to {replaces_through}: the newest is {}",
+                        next_seq.saturating_sub(1)
+                    ),
+                ));
+            }
+            let end = entry_key(&hash, replaces_through);
+            for item in self.entries.range(entry_key(&hash, 0)..=end) {
+                let (k, v) = item.map_err(|e| refuse(RefusalCode::Internal, e.to_string()))?;
+                freed_bytes += v.len() as u64;
+                freed += 1;
+                batch.remove(k);
+            }
+        }
+        let (new_bytes, new_count) = (
+            (used_bytes + bytes).saturating_sub(freed_bytes),
+            (used_envelopes + encoded.len() as u64).saturating_sub(freed),
+        );
         if new_bytes > self.config.max_bytes_per_agent
             || new_count > self.config.max_envelopes_per_agent
         {
@@ -558,7 +590,6 @@ impl Keeper {
                 ),
             ));
         }
-        let mut batch = sled::Batch::default();
         let first_seq = next_seq;
         for (i, rec) in encoded.iter().enumerate() {
             batch.insert(&entry_key(&hash, first_seq + i as u64)[..], rec.as_slice());
@@ -580,6 +611,7 @@ impl Keeper {
         self.stats.agents = self.agents.len();
         self.stats.pushes += 1;
         self.stats.envelopes_stored += encoded.len() as u64;
+        self.stats.envelopes_compacted += freed;
         let near = |used: u64, max: u64| used.saturating_mul(10) > max.saturating_mul(8);
         Ok(KeeperResponse::Pushed {
             request_id,

@@ -63,6 +63,7 @@ fn push(log: &DidLog, dev: u8, with_log: bool, envs: Vec<Envelope>) -> KeeperReq
             Vec::new()
         },
         envelopes: envs,
+        replaces_through: 0,
     };
     sign_request(&key(dev), &ctx(&key(dev)), log.did(), 7, body, NOW).unwrap()
 }
@@ -371,4 +372,58 @@ fn an_oversized_push_is_refused_by_the_decoder() {
         vec![sealed(&log, 2, b"x"); MAX_PUSH_ENVELOPES],
     );
     assert!(Frame::decode(&Frame::KeeperRequest(Box::new(ok)).encode()).is_ok());
+}
+
+// Goal: a compacted snapshot drops what it covers in the same write, frees
+// the quota, and cannot claim entries that do not exist yet. Method: ten
+// envelopes, then a two-envelope snapshot replacing them; a third device
+// pulling from the start gets the snapshot only.
+#[test]
+fn a_snapshot_replaces_what_it_covers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = open(&dir);
+    let log = agent(1, &[2, 3], &[]);
+    let envs: Vec<Envelope> = (0..10u8).map(|i| sealed(&log, 2, &[i; 50])).collect();
+    assert!(matches!(
+        k.handle(push(&log, 2, true, envs), NOW),
+        KeeperResponse::Pushed { last_seq: 10, .. }
+    ));
+    let snapshot = |through: u64| {
+        let body = KeeperBody::Push {
+            did_log_json: Vec::new(),
+            envelopes: vec![sealed(&log, 3, b"all of it"), sealed(&log, 3, b"and more")],
+            replaces_through: through,
+        };
+        sign_request(&key(3), &ctx(&key(3)), log.did(), 9, body, NOW).unwrap()
+    };
+    assert_eq!(
+        code(&k.handle(snapshot(11), NOW)),
+        Some(RefusalCode::Malformed)
+    );
+    let r = k.handle(snapshot(10), NOW);
+    assert!(
+        matches!(
+            r,
+            KeeperResponse::Pushed {
+                first_seq: 11,
+                last_seq: 12,
+                used_envelopes: 2,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    let (got, next, more) = batch(k.handle(pull(&log, 2, 0, u32::MAX), NOW));
+    assert_eq!(
+        got.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        vec![11, 12]
+    );
+    assert_eq!((next, more), (12, false));
+    assert_eq!(k.stats().envelopes_compacted, 10);
+    drop(k);
+    assert_eq!(
+        open(&dir).usage(log.did()).map(|u| u.1),
+        Some(2),
+        "after reopen too"
+    );
 }

@@ -15,6 +15,14 @@
 //!   An envelope sealed under an epoch we do not hold yet stops the pull
 //!   there until a grant arrives.
 //!
+//! - **Compaction.** When the keeper says our agent's quota is nearly used
+//!   (or refuses a push for it), the next time this device has pulled
+//!   everything, it pushes a snapshot: every change of every container,
+//!   once, sealed under the current epoch, with `replaces_through` set to
+//!   its cursor, so the keeper drops the duplicates and envelope overhead
+//!   that pushes from several devices piled up. A snapshot too big for one
+//!   push goes in parts; only the last one replaces.
+//!
 //! The keeper is untrusted: what it returns is checked like anything from
 //! the network (signature by an active device, an epoch we hold).
 
@@ -67,6 +75,17 @@ struct Link {
     next_pull_ms: u64,
     /// The last pull returned everything there was.
     caught_up: bool,
+    /// The keeper asked for room (quota nearly used, or a push refused).
+    compact: bool,
+    /// A snapshot under way: the parts still to push, the cursor it
+    /// replaces through, and the heads it covers.
+    snapshot: Option<Snapshot>,
+}
+
+struct Snapshot {
+    parts: std::collections::VecDeque<Vec<nuwa_crypto::Envelope>>,
+    through: u64,
+    covered: BTreeMap<String, Vec<String>>,
 }
 
 pub struct Keepers {
@@ -221,7 +240,13 @@ impl Daemon {
                 .links
                 .get(&peer)
                 .is_some_and(|l| l.push_in_flight.is_none() && now >= l.next_push_ms);
-            if due {
+            let compact = self.keepers.links.get(&peer).is_some_and(|l| {
+                (l.compact && l.caught_up && l.knows_log && l.pull_in_flight.is_none())
+                    || l.snapshot.is_some()
+            });
+            if due && compact {
+                self.keeper_snapshot(peer, now).await;
+            } else if due {
                 self.keeper_push(peer, now).await;
             }
         }
@@ -304,6 +329,7 @@ impl Daemon {
                 KeeperBody::Push {
                     did_log_json,
                     envelopes,
+                    replaces_through: 0,
                 },
             )
             .await
@@ -311,6 +337,124 @@ impl Daemon {
         {
             debug!(%peer, envelopes = count, "pushed to the keeper");
             link.push_in_flight = Some((id, now, covered));
+        }
+    }
+
+    /// Pushes the next part of a compacted snapshot, building it first.
+    async fn keeper_snapshot(&mut self, peer: PeerId, now: u64) {
+        let Some(link) = self.keepers.links.get(&peer) else {
+            return;
+        };
+        if link.snapshot.is_none() {
+            let through = link.state.cursor;
+            if through == 0 {
+                // Nothing stored that we have applied: nothing to replace.
+                if let Some(l) = self.keepers.links.get_mut(&peer) {
+                    l.compact = false;
+                }
+                return;
+            }
+            let mut parts = std::collections::VecDeque::new();
+            let mut part = Vec::new();
+            let mut part_bytes = 0usize;
+            let mut covered = BTreeMap::new();
+            for (name, c) in self.session.engine().containers() {
+                let mut chunk: Vec<Vec<u8>> = Vec::new();
+                let mut chunk_bytes = 0usize;
+                let mut payloads = Vec::new();
+                for ch in c.changes_since(&[]) {
+                    if !chunk.is_empty()
+                        && (chunk.len() >= ENVELOPE_CHANGES
+                            || chunk_bytes + ch.len() > ENVELOPE_BYTES)
+                    {
+                        payloads.push(std::mem::take(&mut chunk));
+                        chunk_bytes = 0;
+                    }
+                    chunk_bytes += ch.len();
+                    chunk.push(ch);
+                }
+                if !chunk.is_empty() {
+                    payloads.push(chunk);
+                }
+                for changes in payloads {
+                    let payload = SyncPayload::Delta {
+                        container: name.clone(),
+                        changes,
+                    };
+                    let env = match self.session.seal(&payload, now) {
+                        Ok(env) => env,
+                        Err(e) => {
+                            warn!(error = %e, "cannot seal a snapshot for the keeper");
+                            return;
+                        }
+                    };
+                    if !part.is_empty()
+                        && (part_bytes + env.ciphertext.len() > PUSH_BYTES
+                            || part.len() >= nuwa_proto::keeper::MAX_PUSH_ENVELOPES)
+                    {
+                        parts.push_back(std::mem::take(&mut part));
+                        part_bytes = 0;
+                    }
+                    part_bytes += env.ciphertext.len();
+                    part.push(env);
+                }
+                covered.insert(
+                    name.clone(),
+                    c.heads().iter().map(hex::encode).collect::<Vec<_>>(),
+                );
+            }
+            parts.push_back(part);
+            info!(%peer, parts = parts.len(), through, "pushing a compacted snapshot to the keeper");
+            if let Some(l) = self.keepers.links.get_mut(&peer) {
+                l.snapshot = Some(Snapshot {
+                    parts,
+                    through,
+                    covered,
+                });
+            }
+        }
+        let Some(snap) = self
+            .keepers
+            .links
+            .get_mut(&peer)
+            .and_then(|l| l.snapshot.as_mut())
+        else {
+            return;
+        };
+        let Some(envelopes) = snap.parts.pop_front() else {
+            return;
+        };
+        let last = snap.parts.is_empty();
+        let replaces_through = if last { snap.through } else { 0 };
+        let covered = if last {
+            snap.covered.clone()
+        } else {
+            BTreeMap::new()
+        };
+        let id = self.keepers.request_id();
+        let sent = self
+            .keeper_send(
+                peer,
+                id,
+                KeeperBody::Push {
+                    did_log_json: Vec::new(),
+                    envelopes,
+                    replaces_through,
+                },
+            )
+            .await;
+        if let Some(l) = self.keepers.links.get_mut(&peer) {
+            if sent {
+                l.push_in_flight = Some((id, now, covered));
+                if last {
+                    l.snapshot = None;
+                    l.compact = false;
+                }
+            } else {
+                // Start over later.
+                l.snapshot = None;
+                l.next_push_ms = now + REFUSED_BACKOFF_MS;
+            }
         }
     }
 
@@ -370,8 +514,10 @@ impl Daemon {
                     link.state.pushed.extend(covered);
                 }
                 link.knows_log = true;
-                if quota_near {
-                    warn!(%peer, used_bytes, used_envelopes, "the keeper's quota for this agent is nearly used");
+                if quota_near && !link.compact && link.snapshot.is_none() {
+                    info!(%peer, used_bytes, used_envelopes, "the keeper's quota for this agent is nearly used; compacting");
+                    link.compact = true;
+                    link.next_pull_ms = 0;
                 }
                 debug!(%peer, last_seq, "keeper acknowledged a push");
                 self.count(Event::KeeperPushes);
@@ -422,6 +568,16 @@ impl Daemon {
                 } else {
                     link.pull_in_flight = None;
                     link.next_pull_ms = now + REFUSED_BACKOFF_MS;
+                }
+                if code == RefusalCode::QuotaExceeded && is_push {
+                    // Refused after our signature checked out: the keeper
+                    // knows our log, so pull (and then make room with a
+                    // snapshot once everything is pulled).
+                    link.knows_log = true;
+                    link.compact = true;
+                    link.snapshot = None;
+                    link.next_pull_ms = 0;
+                    link.next_push_ms = now + PULL_IDLE_MS;
                 }
                 if matches!(code, RefusalCode::UnknownAgent | RefusalCode::UnknownKey) {
                     // It lost our log, or holds an older one that does not
