@@ -21,6 +21,8 @@
 #   2. both behind symmetric NATs (masquerade random,fully-random): punching
 #      must fail, the relay carries the sync: a write within 5 s, a 1 MiB
 #      write, no disconnect while idle, the relay's limits respected;
+#   4. one behind a port-preserving NAT, one public (on the core): a write
+#      within 5 s and a direct connection;
 #   3. not online together, through the keeper (`rendezvous --keeper`): A
 #      writes 1,000 changes, the keeper acknowledges them, A stops; the
 #      keeper is killed with -9 and restarted; B starts behind its NAT with
@@ -47,7 +49,7 @@ while [ $# -gt 0 ]; do
     *) echo "nat-suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ ${#CASES[@]} -gt 0 ] || CASES=(1 2 3)
+[ ${#CASES[@]} -gt 0 ] || CASES=(1 4 2 3)
 
 if [ "$(id -u)" != 0 ]; then
   echo "testnet/nat-suite.sh needs root (network namespaces); skipping" >&2
@@ -102,7 +104,8 @@ link() { # NS1 DEV1 ADDR1 NS2 DEV2 ADDR2
   inh "$4" ip link set "$5" up
 }
 
-# lab_up MODE1 MODE2: MODE is "preserving" or "symmetric".
+# lab_up MODE1 MODE2: MODE is "preserving" or "symmetric"; MODE2 may be
+# "public": then d2 sits on the core at 198.51.100.18, with no NAT.
 lab_up() {
   local n
   for n in core infra r1 r2 d1 d2; do
@@ -113,12 +116,17 @@ lab_up() {
   link core c-r1 198.51.100.9/30 r1 wan 198.51.100.10/30
   link core c-r2 198.51.100.13/30 r2 wan 198.51.100.14/30
   link r1 lan 192.168.11.1/24 d1 eth0 192.168.11.10/24
-  link r2 lan 192.168.12.1/24 d2 eth0 192.168.12.10/24
   inh infra ip route add default via 198.51.100.1
   inh r1 ip route add default via 198.51.100.9
   inh r2 ip route add default via 198.51.100.13
   inh d1 ip route add default via 192.168.11.1
-  inh d2 ip route add default via 192.168.12.1
+  if [ "$2" = public ]; then
+    link core c-d2 198.51.100.17/30 d2 eth0 198.51.100.18/30
+    inh d2 ip route add default via 198.51.100.17
+  else
+    link r2 lan 192.168.12.1/24 d2 eth0 192.168.12.10/24
+    inh d2 ip route add default via 192.168.12.1
+  fi
   for n in core r1 r2; do inh "$n" sysctl -qw net.ipv4.ip_forward=1; done
   # The internet drops private destinations (and sources) before routing.
   inh core nft -f - <<'EOF'
@@ -133,6 +141,7 @@ EOF
   local i mode flags
   for i in 1 2; do
     mode="$1"; shift
+    [ "$mode" = public ] && continue
     flags=""
     [ "$mode" = symmetric ] && flags=" random,fully-random"
     inh "r$i" nft -f - <<EOF
@@ -498,6 +507,7 @@ PY
 for c in "${CASES[@]}"; do
   case "$c" in
     1) run_case preserving preserving preserving direct ;;
+    4) run_case public preserving public direct ;;
     2) run_case symmetric symmetric symmetric relayed ;;
     3) run_keeper_case ;;
     *) echo "nat-suite.sh: no case $c" >&2; exit 2 ;;
