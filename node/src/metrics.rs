@@ -91,6 +91,7 @@ events! {
     KeeperEnvelopesApplied => "keeper_envelopes_applied", "Envelopes pulled from a keeper and applied (or already held)";
     KeeperEnvelopesRefused => "keeper_envelopes_refused", "Envelopes pulled from a keeper that did not verify or open";
     KeeperRefusals => "keeper_refusals", "Requests a keeper refused";
+    KeeperCompactionsTooBig => "keeper_compactions_too_big", "Snapshots not pushed because the history exceeds one push";
     KeeperResponsesUnexpected => "keeper_responses_unexpected", "Keeper responses nobody asked for (dropped)";
     RelayReservationsLost => "relay_reservations_lost", "Relay reservations of this device that ended or were refused";
     HolePunchesOk => "hole_punches_ok", "Relayed connections made direct by hole punching (DCUtR)";

@@ -427,3 +427,48 @@ fn a_snapshot_replaces_what_it_covers() {
         "after reopen too"
     );
 }
+
+// Goal: what a revoked device could capture from a keeper (its disk, or the
+// wire to another device) is of no use to it: after a revocation the
+// devices seal under a new epoch, whose key the revoked device never got.
+// Method: device 2 pushes one envelope under epoch 0 and one under epoch 1
+// (the epoch opened by revoking device 3); device 3 still holds epoch 0's
+// key. Everything the keeper serves is fetched as device 2 would get it;
+// device 3 opens the epoch-0 envelope (written before its revocation) and
+// nothing of epoch 1.
+#[test]
+fn captured_bytes_sealed_after_a_revocation_do_not_open_for_the_revoked() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = open(&dir);
+    let log = agent(1, &[2, 3], &[3]);
+    let (k0, k1) = (SyncKey::generate(0).unwrap(), SyncKey::generate(1).unwrap());
+    let seal = |sk: &SyncKey, text: &[u8]| {
+        nuwa_crypto::seal(
+            sk,
+            key(2).signing_key(),
+            log.did(),
+            &ctx(&key(2)),
+            NOW,
+            text,
+        )
+        .unwrap()
+    };
+    let before = seal(&k0, b"written before the revocation");
+    let after = seal(&k1, b"SECRET written after the revocation");
+    assert!(matches!(
+        k.handle(push(&log, 2, true, vec![before, after]), NOW),
+        KeeperResponse::Pushed { .. }
+    ));
+    let (got, _, _) = batch(k.handle(pull(&log, 2, 0, u32::MAX), NOW));
+    assert_eq!(got.len(), 2);
+    let revoked_ring = [&k0];
+    let mut opened = Vec::new();
+    for (_, env) in &got {
+        for ring_key in revoked_ring {
+            if let Ok(p) = nuwa_crypto::open(env, ring_key, &key(2).public(), log.did()) {
+                opened.push(p.to_vec());
+            }
+        }
+    }
+    assert_eq!(opened, vec![b"written before the revocation".to_vec()]);
+}

@@ -20,8 +20,9 @@
 //!   everything, it pushes a snapshot: every change of every container,
 //!   once, sealed under the current epoch, with `replaces_through` set to
 //!   its cursor, so the keeper drops the duplicates and envelope overhead
-//!   that pushes from several devices piled up. A snapshot too big for one
-//!   push goes in parts; only the last one replaces.
+//!   that pushes from several devices piled up. The snapshot is one push
+//!   (at most 6 MiB), so the replacement is atomic and frees the room it
+//!   needs; a bigger history is not compacted (logged and counted).
 //!
 //! The keeper is untrusted: what it returns is checked like anything from
 //! the network (signature by an active device, an epoch we hold).
@@ -45,6 +46,10 @@ const PUSH_BYTES: usize = 2 * 1024 * 1024;
 /// Changes per envelope, and bytes of changes per envelope.
 const ENVELOPE_CHANGES: usize = 1024;
 const ENVELOPE_BYTES: usize = 512 * 1024;
+/// At most one snapshot per keeper this often.
+const COMPACT_EVERY_MS: u64 = 60_000;
+/// Largest snapshot push (the frame cap is 8 MiB).
+const SNAPSHOT_BYTES: usize = 6 * 1024 * 1024;
 /// Bytes asked for per pull.
 const PULL_BYTES: u32 = 4 * 1024 * 1024;
 const PULL_IDLE_MS: u64 = 2_000;
@@ -77,15 +82,8 @@ struct Link {
     caught_up: bool,
     /// The keeper asked for room (quota nearly used, or a push refused).
     compact: bool,
-    /// A snapshot under way: the parts still to push, the cursor it
-    /// replaces through, and the heads it covers.
-    snapshot: Option<Snapshot>,
-}
-
-struct Snapshot {
-    parts: std::collections::VecDeque<Vec<nuwa_crypto::Envelope>>,
-    through: u64,
-    covered: BTreeMap<String, Vec<String>>,
+    /// Snapshots are tried at most this often (each seals everything).
+    next_compact_ms: u64,
 }
 
 pub struct Keepers {
@@ -241,8 +239,11 @@ impl Daemon {
                 .get(&peer)
                 .is_some_and(|l| l.push_in_flight.is_none() && now >= l.next_push_ms);
             let compact = self.keepers.links.get(&peer).is_some_and(|l| {
-                (l.compact && l.caught_up && l.knows_log && l.pull_in_flight.is_none())
-                    || l.snapshot.is_some()
+                l.compact
+                    && l.caught_up
+                    && l.knows_log
+                    && l.pull_in_flight.is_none()
+                    && now >= l.next_compact_ms
             });
             if due && compact {
                 self.keeper_snapshot(peer, now).await;
@@ -340,97 +341,78 @@ impl Daemon {
         }
     }
 
-    /// Pushes the next part of a compacted snapshot, building it first.
+    /// Pushes a compacted snapshot: every change once, replacing what the
+    /// keeper holds up to our cursor, in one push (so the replacement is
+    /// atomic and frees the quota it needs). A history too big for one push
+    /// is not compacted (logged and counted); pushes then wait for room.
     async fn keeper_snapshot(&mut self, peer: PeerId, now: u64) {
-        let Some(link) = self.keepers.links.get(&peer) else {
+        let Some(link) = self.keepers.links.get_mut(&peer) else {
             return;
         };
-        if link.snapshot.is_none() {
-            let through = link.state.cursor;
-            if through == 0 {
-                // Nothing stored that we have applied: nothing to replace.
-                if let Some(l) = self.keepers.links.get_mut(&peer) {
-                    l.compact = false;
-                }
-                return;
+        link.next_compact_ms = now + COMPACT_EVERY_MS;
+        let through = link.state.cursor;
+        let mut envelopes = Vec::new();
+        let mut bytes = 0usize;
+        let mut covered = BTreeMap::new();
+        let mut too_big = through == 0;
+        'containers: for (name, c) in self.session.engine().containers() {
+            if too_big {
+                break;
             }
-            let mut parts = std::collections::VecDeque::new();
-            let mut part = Vec::new();
-            let mut part_bytes = 0usize;
-            let mut covered = BTreeMap::new();
-            for (name, c) in self.session.engine().containers() {
-                let mut chunk: Vec<Vec<u8>> = Vec::new();
-                let mut chunk_bytes = 0usize;
-                let mut payloads = Vec::new();
-                for ch in c.changes_since(&[]) {
-                    if !chunk.is_empty()
-                        && (chunk.len() >= ENVELOPE_CHANGES
-                            || chunk_bytes + ch.len() > ENVELOPE_BYTES)
-                    {
-                        payloads.push(std::mem::take(&mut chunk));
-                        chunk_bytes = 0;
+            let mut chunk: Vec<Vec<u8>> = Vec::new();
+            let mut chunk_bytes = 0usize;
+            let mut payloads = Vec::new();
+            for ch in c.changes_since(&[]) {
+                if !chunk.is_empty()
+                    && (chunk.len() >= ENVELOPE_CHANGES || chunk_bytes + ch.len() > ENVELOPE_BYTES)
+                {
+                    payloads.push(std::mem::take(&mut chunk));
+                    chunk_bytes = 0;
+                }
+                chunk_bytes += ch.len();
+                chunk.push(ch);
+            }
+            if !chunk.is_empty() {
+                payloads.push(chunk);
+            }
+            for changes in payloads {
+                let payload = SyncPayload::Delta {
+                    container: name.clone(),
+                    changes,
+                };
+                let env = match self.session.seal(&payload, now) {
+                    Ok(env) => env,
+                    Err(e) => {
+                        warn!(error = %e, "cannot seal a snapshot for the keeper");
+                        return;
                     }
-                    chunk_bytes += ch.len();
-                    chunk.push(ch);
+                };
+                bytes += env.ciphertext.len() + 256;
+                envelopes.push(env);
+                if bytes > SNAPSHOT_BYTES
+                    || envelopes.len() > nuwa_proto::keeper::MAX_PUSH_ENVELOPES
+                {
+                    too_big = true;
+                    break 'containers;
                 }
-                if !chunk.is_empty() {
-                    payloads.push(chunk);
-                }
-                for changes in payloads {
-                    let payload = SyncPayload::Delta {
-                        container: name.clone(),
-                        changes,
-                    };
-                    let env = match self.session.seal(&payload, now) {
-                        Ok(env) => env,
-                        Err(e) => {
-                            warn!(error = %e, "cannot seal a snapshot for the keeper");
-                            return;
-                        }
-                    };
-                    if !part.is_empty()
-                        && (part_bytes + env.ciphertext.len() > PUSH_BYTES
-                            || part.len() >= nuwa_proto::keeper::MAX_PUSH_ENVELOPES)
-                    {
-                        parts.push_back(std::mem::take(&mut part));
-                        part_bytes = 0;
-                    }
-                    part_bytes += env.ciphertext.len();
-                    part.push(env);
-                }
-                covered.insert(
-                    name.clone(),
-                    c.heads().iter().map(hex::encode).collect::<Vec<_>>(),
-                );
             }
-            parts.push_back(part);
-            info!(%peer, parts = parts.len(), through, "pushing a compacted snapshot to the keeper");
-            if let Some(l) = self.keepers.links.get_mut(&peer) {
-                l.snapshot = Some(Snapshot {
-                    parts,
-                    through,
-                    covered,
-                });
-            }
+            covered.insert(
+                name.clone(),
+                c.heads().iter().map(hex::encode).collect::<Vec<_>>(),
+            );
         }
-        let Some(snap) = self
-            .keepers
-            .links
-            .get_mut(&peer)
-            .and_then(|l| l.snapshot.as_mut())
-        else {
+        if too_big {
+            if through > 0 {
+                self.count(Event::KeeperCompactionsTooBig);
+                warn!(%peer, "this agent's history is too big for one snapshot push; not compacting (pushes wait for room at the keeper)");
+            }
+            if let Some(l) = self.keepers.links.get_mut(&peer) {
+                l.compact = false;
+                l.next_push_ms = now + REFUSED_BACKOFF_MS;
+            }
             return;
-        };
-        let Some(envelopes) = snap.parts.pop_front() else {
-            return;
-        };
-        let last = snap.parts.is_empty();
-        let replaces_through = if last { snap.through } else { 0 };
-        let covered = if last {
-            snap.covered.clone()
-        } else {
-            BTreeMap::new()
-        };
+        }
+        info!(%peer, envelopes = envelopes.len(), bytes, through, "pushing a compacted snapshot to the keeper");
         let id = self.keepers.request_id();
         let sent = self
             .keeper_send(
@@ -439,20 +421,15 @@ impl Daemon {
                 KeeperBody::Push {
                     did_log_json: Vec::new(),
                     envelopes,
-                    replaces_through,
+                    replaces_through: through,
                 },
             )
             .await;
         if let Some(l) = self.keepers.links.get_mut(&peer) {
+            l.compact = false;
             if sent {
                 l.push_in_flight = Some((id, now, covered));
-                if last {
-                    l.snapshot = None;
-                    l.compact = false;
-                }
             } else {
-                // Start over later.
-                l.snapshot = None;
                 l.next_push_ms = now + REFUSED_BACKOFF_MS;
             }
         }
@@ -514,7 +491,7 @@ impl Daemon {
                     link.state.pushed.extend(covered);
                 }
                 link.knows_log = true;
-                if quota_near && !link.compact && link.snapshot.is_none() {
+                if quota_near && !link.compact {
                     info!(%peer, used_bytes, used_envelopes, "the keeper's quota for this agent is nearly used; compacting");
                     link.compact = true;
                     link.next_pull_ms = 0;
@@ -575,7 +552,6 @@ impl Daemon {
                     // snapshot once everything is pulled).
                     link.knows_log = true;
                     link.compact = true;
-                    link.snapshot = None;
                     link.next_pull_ms = 0;
                     link.next_push_ms = now + PULL_IDLE_MS;
                 }
