@@ -182,21 +182,7 @@ pub fn open(
             want: key.epoch(),
         });
     }
-    let verifying_key =
-        VerifyingKey::from_bytes(sender_public).map_err(|_| EnvelopeError::InvalidSenderKey)?;
-    let digest = signing_digest(
-        agent_did,
-        &env.sender,
-        env.epoch,
-        env.timestamp_ms,
-        &env.nonce,
-        &env.ciphertext,
-    );
-    verifying_key
-        .verify_strict(&digest, &Signature::from_bytes(&env.signature))
-        .map_err(|_| EnvelopeError::BadSignature {
-            sender: env.sender.clone(),
-        })?;
+    verify(env, sender_public, agent_did)?;
     let aad = associated_data(agent_did, &env.sender, env.epoch, env.timestamp_ms);
     let cipher = XChaCha20Poly1305::new(key.expose_secret().into());
     cipher

@@ -34,17 +34,8 @@ fn main() {
         .unwrap()
         .as_secs() as i64;
     let now = now_s as u64 * 1000;
-    let master = DeviceKey::generate().unwrap();
-    let dev = DeviceKey::generate().unwrap();
-    let ctx = context_id_for(&dev.public());
-    let mut log = DidLog::genesis(&master, now_s - 10).unwrap();
-    let mut doc = log.current().clone();
-    doc.add_key(&ctx, &dev.public(), &[Relationship::Authentication], None)
-        .unwrap();
-    let id = log.current().capability_delegation[0].clone();
-    log.append(doc, &master, &id, now_s - 9).unwrap();
+    let Agent { dev, ctx, log, key } = agent(now_s);
     let did = log.did().to_owned();
-    let key = SyncKey::generate(0).unwrap();
     let plaintext = vec![0x5a; size.saturating_sub(120)];
     let envelopes: Vec<_> = (0..total)
         .map(|_| nuwa_crypto::seal(&key, dev.signing_key(), &did, &ctx, now, &plaintext).unwrap())

@@ -153,6 +153,29 @@ impl Daemon {
     }
 }
 
+/// Splits changes into the batches one envelope carries: at most
+/// [`ENVELOPE_CHANGES`] changes and about [`ENVELOPE_BYTES`] (a bigger
+/// change goes alone).
+fn chunked(changes: Vec<Vec<u8>>) -> Vec<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    let mut chunk: Vec<Vec<u8>> = Vec::new();
+    let mut bytes = 0usize;
+    for ch in changes {
+        if !chunk.is_empty()
+            && (chunk.len() >= ENVELOPE_CHANGES || bytes + ch.len() > ENVELOPE_BYTES)
+        {
+            out.push(std::mem::take(&mut chunk));
+            bytes = 0;
+        }
+        bytes += ch.len();
+        chunk.push(ch);
+    }
+    if !chunk.is_empty() {
+        out.push(chunk);
+    }
+    out
+}
+
 fn meta_key(peer: &PeerId) -> String {
     format!("keeper/{peer}")
 }
@@ -278,24 +301,7 @@ impl Daemon {
                         .collect()
                 })
                 .unwrap_or_default();
-            let changes = c.changes_since(&have);
-            let mut chunk: Vec<Vec<u8>> = Vec::new();
-            let mut chunk_bytes = 0usize;
-            let mut payloads = Vec::new();
-            for ch in changes {
-                if !chunk.is_empty()
-                    && (chunk.len() >= ENVELOPE_CHANGES || chunk_bytes + ch.len() > ENVELOPE_BYTES)
-                {
-                    payloads.push(std::mem::take(&mut chunk));
-                    chunk_bytes = 0;
-                }
-                chunk_bytes += ch.len();
-                chunk.push(ch);
-            }
-            if !chunk.is_empty() {
-                payloads.push(chunk);
-            }
-            for changes in payloads {
+            for changes in chunked(c.changes_since(&have)) {
                 let payload = SyncPayload::Delta {
                     container: name.clone(),
                     changes,
@@ -359,23 +365,7 @@ impl Daemon {
             if too_big {
                 break;
             }
-            let mut chunk: Vec<Vec<u8>> = Vec::new();
-            let mut chunk_bytes = 0usize;
-            let mut payloads = Vec::new();
-            for ch in c.changes_since(&[]) {
-                if !chunk.is_empty()
-                    && (chunk.len() >= ENVELOPE_CHANGES || chunk_bytes + ch.len() > ENVELOPE_BYTES)
-                {
-                    payloads.push(std::mem::take(&mut chunk));
-                    chunk_bytes = 0;
-                }
-                chunk_bytes += ch.len();
-                chunk.push(ch);
-            }
-            if !chunk.is_empty() {
-                payloads.push(chunk);
-            }
-            for changes in payloads {
+            for changes in chunked(c.changes_since(&[])) {
                 let payload = SyncPayload::Delta {
                     container: name.clone(),
                     changes,
