@@ -26,7 +26,7 @@
 //! This crate does no IO beyond its sled files: the network and the
 //! threads are the caller's.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Duration;
 
@@ -34,6 +34,7 @@ use nuwa_crypto::Envelope;
 use nuwa_identity::document::{DidDocument, DidError, Relationship};
 use nuwa_identity::keys::{DeviceKey, verify_ed25519};
 use nuwa_identity::log::DidLog;
+use nuwa_identity::nip2::{NonceStore, ReplayError};
 use nuwa_proto::keeper::{
     KeeperAuth, KeeperBody, KeeperRequest, KeeperResponse, MAX_BATCH_ENTRIES, MAX_DETAIL_BYTES,
     RefusalCode, envelope_bytes, envelope_from_bytes,
@@ -67,6 +68,11 @@ pub struct KeeperConfig {
     pub clock_window: Duration,
     /// Nonces remembered per signing device (within the window).
     pub max_nonces_per_signer: usize,
+    /// Signing devices whose nonces are remembered; the least recently
+    /// used one is forgotten beyond this (see `NonceStore`), which makes
+    /// every device's older requests stale, so size it well above the
+    /// devices of all agents.
+    pub max_signers: usize,
 }
 
 impl Default for KeeperConfig {
@@ -79,6 +85,7 @@ impl Default for KeeperConfig {
             max_pull_bytes: 4 * 1024 * 1024,
             clock_window: Duration::from_secs(600),
             max_nonces_per_signer: 4096,
+            max_signers: 65_536,
         }
     }
 }
@@ -113,18 +120,19 @@ struct AgentRecord {
     did: String,
     log: DidLog,
     next_seq: u64,
+    /// Newest signed timestamp of a push accepted from each device, kept
+    /// while it is inside the clock window. Nonces live in memory only;
+    /// after a restart a device's request is accepted only if signed later
+    /// than its last push, so an acknowledged push cannot be replayed into
+    /// a second copy.
+    #[serde(default)]
+    last_push_ms: BTreeMap<String, u64>,
 }
 
 struct Agent {
     record: AgentRecord,
     used_bytes: u64,
     used_envelopes: u64,
-}
-
-/// Nonces seen per signer, oldest first.
-#[derive(Default)]
-struct Seen {
-    order: VecDeque<(u64, [u8; 16])>,
 }
 
 /// The keeper's store and checks. One per process; calls are serialised by
@@ -134,7 +142,14 @@ pub struct Keeper {
     entries: sled::Tree,
     agents_tree: sled::Tree,
     agents: HashMap<[u8; 32], Agent>,
-    nonces: HashMap<([u8; 32], String), Seen>,
+    /// Nonces of requests whose signature verified, per (agent, device),
+    /// in milliseconds. Evicted nonces turn into floors, so none is ever
+    /// accepted twice while the process runs.
+    nonces: NonceStore,
+    /// Per (agent, device), the newest push signed before this process
+    /// opened the store: requests signed no later are refused (the nonces
+    /// that would tell a replay were lost with the last process).
+    restart_floor: HashMap<([u8; 32], String), u64>,
     config: KeeperConfig,
     stats: KeeperStats,
 }
@@ -270,6 +285,7 @@ impl Keeper {
         let entries = db.open_tree("entries")?;
         let agents_tree = db.open_tree("agents")?;
         let mut agents = HashMap::new();
+        let mut restart_floor = HashMap::new();
         for item in agents_tree.iter() {
             let (k, v) = item?;
             let hash: [u8; 32] = k
@@ -278,6 +294,9 @@ impl Keeper {
                 .map_err(|_| KeeperError::Corrupt("agent key length".into()))?;
             let record: AgentRecord =
                 serde_json::from_slice(&v).map_err(|e| KeeperError::Corrupt(e.to_string()))?;
+            for (signer, ts) in &record.last_push_ms {
+                restart_floor.insert((hash, signer.clone()), *ts);
+            }
             let (mut used_bytes, mut used_envelopes) = (0u64, 0u64);
             for e in entries.scan_prefix(hash) {
                 let (_, v) = e?;
@@ -302,7 +321,12 @@ impl Keeper {
             entries,
             agents_tree,
             agents,
-            nonces: HashMap::new(),
+            nonces: NonceStore::new(
+                config.clock_window.as_millis() as i64,
+                config.max_nonces_per_signer,
+                config.max_signers,
+            ),
+            restart_floor,
             config,
             stats,
         })
@@ -412,6 +436,7 @@ impl Keeper {
         })?;
         self.check_nonce(
             hash,
+            &req.agent_did,
             &auth.context_id,
             auth.nonce,
             auth.timestamp_ms,
@@ -430,6 +455,7 @@ impl Keeper {
                 envelopes,
                 replaces_through,
                 now_ms,
+                (&req.auth.context_id, req.auth.timestamp_ms),
                 req.request_id,
             ),
             KeeperBody::Pull { since, max_bytes } => {
@@ -441,43 +467,52 @@ impl Keeper {
         }
     }
 
+    /// Records the nonce of a request whose signature verified, or refuses
+    /// it as a replay.
     fn check_nonce(
         &mut self,
-        agent: [u8; 32],
+        hash: [u8; 32],
+        did: &str,
         signer: &str,
         nonce: [u8; 16],
         ts: u64,
         now_ms: u64,
     ) -> Result<(), Refusal> {
-        let window = self.config.clock_window.as_millis() as u64;
-        let max = self.config.max_nonces_per_signer;
-        let seen = self.nonces.entry((agent, signer.to_owned())).or_default();
-        while seen
-            .order
-            .front()
-            .is_some_and(|(t, _)| t.saturating_add(2 * window) < now_ms)
+        if let Some(floor) = self.restart_floor.get(&(hash, signer.to_owned()))
+            && ts <= *floor
         {
-            seen.order.pop_front();
-        }
-        if seen.order.iter().any(|(_, n)| *n == nonce) {
             return Err(refuse(
                 RefusalCode::Replayed,
-                "this request was seen before",
+                format!(
+                    "request signed at {ts} ms, not after this device's last push ({floor} ms) before the keeper restarted; sign it again"
+                ),
             ));
         }
-        if seen.order.len() >= max {
-            seen.order.pop_front();
-        }
-        seen.order.push_back((ts, nonce));
-        Ok(())
+        // The keeper's own window check came first, so a stale answer here
+        // means a floor: a nonce that was forgotten, possibly this one.
+        let ts_i = i64::try_from(ts).unwrap_or(i64::MAX);
+        let now_i = i64::try_from(now_ms).unwrap_or(i64::MAX);
+        self.nonces
+            .record(did, signer, &nonce, ts_i, now_i)
+            .map_err(|e| match e {
+                ReplayError::Replayed | ReplayError::Stale { .. } => refuse(
+                    RefusalCode::Replayed,
+                    format!("this request may have been seen before ({e}); sign it again"),
+                ),
+                ReplayError::FromFuture { .. } => refuse(RefusalCode::Stale, e.to_string()),
+                _ => refuse(RefusalCode::Malformed, e.to_string()),
+            })
     }
 
     fn save_log(&mut self, hash: [u8; 32], did: &str, log: DidLog) -> Result<(), Refusal> {
-        let next_seq = self.agents.get(&hash).map_or(1, |a| a.record.next_seq);
+        let (next_seq, last_push_ms) = self.agents.get(&hash).map_or((1, BTreeMap::new()), |a| {
+            (a.record.next_seq, a.record.last_push_ms.clone())
+        });
         let record = AgentRecord {
             did: did.to_owned(),
             log,
             next_seq,
+            last_push_ms,
         };
         self.write_agent(hash, &record, &sled::Batch::default())?;
         let agent = self.agents.entry(hash).or_insert_with(|| Agent {
@@ -529,6 +564,7 @@ impl Keeper {
         envelopes: Vec<Envelope>,
         replaces_through: u64,
         now_ms: u64,
+        (signer, signed_ms): (&str, u64),
         request_id: u64,
     ) -> Result<KeeperResponse, Refusal> {
         let now_secs = (now_ms / 1000) as i64;
@@ -594,10 +630,22 @@ impl Keeper {
         for (i, rec) in encoded.iter().enumerate() {
             batch.insert(&entry_key(&hash, first_seq + i as u64)[..], rec.as_slice());
         }
+        // What a restart must not forget: each device's newest push still
+        // inside the window (older ones are refused as stale anyway).
+        let window = self.config.clock_window.as_millis() as u64;
+        let mut last_push_ms = self
+            .agents
+            .get(&hash)
+            .map(|a| a.record.last_push_ms.clone())
+            .unwrap_or_default();
+        last_push_ms.retain(|_, ts| ts.saturating_add(window) >= now_ms);
+        let newest = last_push_ms.entry(signer.to_owned()).or_insert(signed_ms);
+        *newest = (*newest).max(signed_ms);
         let record = AgentRecord {
             did: did.to_owned(),
             log,
             next_seq: first_seq + encoded.len() as u64,
+            last_push_ms,
         };
         self.write_agent(hash, &record, &batch)?;
         let agent = self.agents.entry(hash).or_insert_with(|| Agent {
@@ -666,8 +714,8 @@ impl Keeper {
         })
     }
 
-    /// Drops envelopes received longer ago than the retention time; returns
-    /// how many.
+    /// Drops envelopes received longer ago than the retention time, and
+    /// nonces that fell out of the clock window; returns how many envelopes.
     pub fn prune(&mut self, now_ms: u64) -> Result<u64, KeeperError> {
         let cutoff = now_ms.saturating_sub(self.config.retention.as_millis() as u64);
         let mut dropped = 0u64;
@@ -697,6 +745,7 @@ impl Keeper {
                 dropped += count;
             }
         }
+        self.nonces.prune(i64::try_from(now_ms).unwrap_or(i64::MAX));
         if dropped > 0 {
             self.db.flush()?;
             self.stats.envelopes_pruned += dropped;

@@ -472,3 +472,68 @@ fn captured_bytes_sealed_after_a_revocation_do_not_open_for_the_revoked() {
     }
     assert_eq!(opened, vec![b"written before the revocation".to_vec()]);
 }
+
+fn push_at(log: &DidLog, dev: u8, with_log: bool, envs: Vec<Envelope>, at: u64) -> KeeperRequest {
+    let mut req = push(log, dev, with_log, envs);
+    req.auth.timestamp_ms = at;
+    req.auth.signature = key(dev).sign(&request_digest(&req));
+    req
+}
+
+// Goal: a request is never accepted twice, even once the per-device nonce
+// cap has pushed its nonce out. Method: a cap of two nonces; one push, two
+// pulls, then the first push again.
+#[test]
+fn a_replay_is_refused_after_its_nonce_was_evicted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = Keeper::open(
+        dir.path(),
+        KeeperConfig {
+            max_nonces_per_signer: 2,
+            ..KeeperConfig::default()
+        },
+    )
+    .unwrap();
+    let log = agent(1, &[2], &[]);
+    let first = push(&log, 2, true, vec![sealed(&log, 2, b"a")]);
+    assert!(matches!(
+        k.handle(first.clone(), NOW),
+        KeeperResponse::Pushed { .. }
+    ));
+    for _ in 0..2 {
+        let r = k.handle(pull(&log, 2, 0, 1000), NOW);
+        assert!(matches!(r, KeeperResponse::Batch { .. }), "{r:?}");
+    }
+    let r = k.handle(first, NOW + 1000);
+    assert_eq!(code(&r), Some(RefusalCode::Replayed), "{r:?}");
+    assert_eq!(k.usage(log.did()).map(|u| u.1), Some(1), "no second copy");
+}
+
+// Goal: a restart, which forgets nonces, does not let an acknowledged push
+// be stored twice; the device's next request, signed later, goes through.
+#[test]
+fn a_replay_is_refused_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = agent(1, &[2, 3], &[]);
+    let first = push_at(&log, 2, true, vec![sealed(&log, 2, b"a")], NOW - 5_000);
+    let pull_later = pull(&log, 2, 0, 1000);
+    {
+        let mut k = open(&dir);
+        assert!(matches!(
+            k.handle(first.clone(), NOW - 5_000),
+            KeeperResponse::Pushed { .. }
+        ));
+    }
+    let mut k = open(&dir);
+    let r = k.handle(first, NOW);
+    assert_eq!(code(&r), Some(RefusalCode::Replayed), "{r:?}");
+    assert_eq!(k.usage(log.did()).map(|u| u.1), Some(1), "no second copy");
+    // Signed after the last push: accepted, from either device.
+    let r = k.handle(pull_later, NOW);
+    assert!(matches!(r, KeeperResponse::Batch { .. }), "{r:?}");
+    let r = k.handle(push(&log, 3, false, vec![sealed(&log, 3, b"b")]), NOW);
+    assert!(
+        matches!(r, KeeperResponse::Pushed { first_seq: 2, .. }),
+        "{r:?}"
+    );
+}
