@@ -466,14 +466,17 @@ PY
     fail "$name: sync --once from the keeper failed: $(tail -2 "$TMP/$name-d3.err")"
   fi
 
-  # 4. Revocation: d4 is revoked (offline, on A's home, which holds the
-  # master key); A then writes a marker, which reaches the keeper sealed
-  # under the new epoch. d4 asks the keeper and must get nothing of it.
+  # 4. Revocation: A (whose home holds the master key) revokes d4 while
+  # connected to the keeper, then writes a marker, which reaches the keeper
+  # sealed under the new epoch. d4 asks the keeper and must get nothing.
   local d4ctx marker refusals=0
   d4ctx=$(python3 -c "import json; print(json.load(open('$TMP/d4/device.json'))['context_id'])")
-  "$BIN" --home "$TMP/d1" device revoke "$d4ctx" >/dev/null 2>&1 || true
   marker="REVOKED-MUST-NOT-READ-$$-$RANDOM"
   start_device d1 "$TMP/d1" "$TMP/$name-d1.log"
+  wait_pushed d1 "$TMP/d1" 30 || true
+  # Revoked through the running daemon, on a live keeper connection: the
+  # grown DID log must reach the keeper with the next push.
+  cli d1 "$TMP/d1" device revoke "$d4ctx" >/dev/null 2>&1 || true
   cli d1 "$TMP/d1" state put secrets after "\"$marker\"" >/dev/null
   wait_pushed d1 "$TMP/d1" 30 || true
   stop_device

@@ -74,6 +74,12 @@ struct Link {
     loaded: bool,
     state: Persisted,
     knows_log: bool,
+    /// Length of the DID log the keeper last got from us: a longer one (a
+    /// revocation, a new device) goes with the next push, so the keeper
+    /// refuses a revoked device at once.
+    log_len_sent: usize,
+    /// The log length the push in flight carries (adopted on `Pushed`).
+    log_len_pending: usize,
     push_in_flight: Option<(u64, u64, BTreeMap<String, Vec<String>>)>,
     pull_in_flight: Option<(u64, u64)>,
     next_push_ms: u64,
@@ -281,7 +287,7 @@ impl Daemon {
         let Some(link) = self.keepers.links.get(&peer) else {
             return;
         };
-        let knows_log = link.knows_log;
+        let knows_log = link.knows_log && link.log_len_sent >= self.session.log().len();
         let mut envelopes = Vec::new();
         let mut covered: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut bytes = 0usize;
@@ -328,6 +334,7 @@ impl Daemon {
             serde_json::to_vec(self.session.log()).unwrap_or_default()
         };
         let count = envelopes.len();
+        let log_len = self.session.log().len();
         let id = self.keepers.request_id();
         if self
             .keeper_send(
@@ -344,6 +351,11 @@ impl Daemon {
         {
             debug!(%peer, envelopes = count, "pushed to the keeper");
             link.push_in_flight = Some((id, now, covered));
+            link.log_len_pending = if knows_log {
+                link.log_len_sent
+            } else {
+                log_len
+            };
         }
     }
 
@@ -481,6 +493,7 @@ impl Daemon {
                     link.state.pushed.extend(covered);
                 }
                 link.knows_log = true;
+                link.log_len_sent = link.log_len_sent.max(link.log_len_pending);
                 if quota_near && !link.compact {
                     info!(%peer, used_bytes, used_envelopes, "the keeper's quota for this agent is nearly used; compacting");
                     link.compact = true;
