@@ -25,7 +25,10 @@ use nuwa_identity::did_key::ed25519_public_multibase;
 use nuwa_identity::document::Relationship;
 use nuwa_identity::keys::DeviceKey;
 use nuwa_identity::log::DidLog;
-use nuwa_proto::{Ack, ContainerHeads, Frame, Hello, PairingStep, SyncPayload, length_prefixed};
+use nuwa_proto::{
+    Ack, ContainerHeads, Frame, Hello, PairingStep, RangeBody, RangePart, SyncPayload,
+    length_prefixed,
+};
 use nuwa_state::{Container, SyncState};
 use serde_json::{Value, json};
 
@@ -120,6 +123,34 @@ fn frame(c: &Corpus) -> Result<()> {
                 container: "notes".into(),
                 heads: vec![[9; 32], [8; 32]],
             }]),
+        ),
+        (
+            "payload-digest",
+            SyncPayload::Digest {
+                fingerprint: [5; 16],
+                count: 10_000,
+            },
+        ),
+        (
+            "payload-reconcile",
+            SyncPayload::Reconcile(vec![
+                RangePart {
+                    lower: String::new(),
+                    upper: Some("m".into()),
+                    body: RangeBody::Fingerprint {
+                        fingerprint: [6; 16],
+                        count: 600,
+                    },
+                },
+                RangePart {
+                    lower: "m".into(),
+                    upper: None,
+                    body: RangeBody::Items(vec![ContainerHeads {
+                        container: "notes".into(),
+                        heads: vec![[9; 32]],
+                    }]),
+                },
+            ]),
         ),
     ];
     for (name, payload) in payloads {

@@ -32,6 +32,8 @@ pub const MAX_CONTAINER_NAME_BYTES: usize = 256;
 pub const MAX_CHANGES_PER_DELTA: usize = 16 * 1024;
 /// Most containers in one [`SyncPayload::Heads`].
 pub const MAX_CONTAINERS_PER_SUMMARY: usize = 4096;
+/// Most parts in one [`SyncPayload::Reconcile`].
+pub const MAX_RANGE_PARTS: usize = 1024;
 /// Most heads listed for one container.
 pub const MAX_HEADS_PER_CONTAINER: usize = 256;
 /// Largest DID log carried in a [`Hello`].
@@ -180,8 +182,31 @@ pub enum SyncPayload {
         container: String,
         changes: Vec<Vec<u8>>,
     },
-    /// The sender's heads per container (anti-entropy).
+    /// The sender's heads per container (the anti-entropy summary of
+    /// earlier versions; still understood, no longer sent).
     Heads(Vec<ContainerHeads>),
+    /// Anti-entropy: one fingerprint over all (container, heads) pairs.
+    Digest { fingerprint: [u8; 16], count: u32 },
+    /// Range-based set reconciliation, when digests differ.
+    Reconcile(Vec<RangePart>),
+}
+
+/// One range of container names in a [`SyncPayload::Reconcile`]:
+/// `lower` inclusive (`""` is the start), `upper` exclusive (`None` is the
+/// end).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangePart {
+    pub lower: String,
+    pub upper: Option<String>,
+    pub body: RangeBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RangeBody {
+    /// The fingerprint of the sender's (container, heads) pairs in range.
+    Fingerprint { fingerprint: [u8; 16], count: u32 },
+    /// Every container the sender holds in range, with its heads.
+    Items(Vec<ContainerHeads>),
 }
 
 /// Heads of one container.
@@ -437,13 +462,16 @@ impl SyncPayload {
                 changes: changes.clone(),
             }),
             SyncPayload::Heads(containers) => pb::sync_payload::Kind::Heads(pb::HeadsSummary {
-                containers: containers
-                    .iter()
-                    .map(|c| pb::ContainerHeads {
-                        container: c.container.clone(),
-                        heads: c.heads.iter().map(|h| h.to_vec()).collect(),
-                    })
-                    .collect(),
+                containers: containers.iter().map(encode_heads).collect(),
+            }),
+            SyncPayload::Digest { fingerprint, count } => {
+                pb::sync_payload::Kind::Digest(pb::Digest {
+                    fingerprint: fingerprint.to_vec(),
+                    count: *count,
+                })
+            }
+            SyncPayload::Reconcile(parts) => pb::sync_payload::Kind::Reconcile(pb::Reconcile {
+                parts: parts.iter().map(encode_part).collect(),
             }),
         };
         pb::SyncPayload { kind: Some(kind) }.encode_to_vec()
@@ -481,38 +509,148 @@ impl SyncPayload {
                 })
             }
             Some(pb::sync_payload::Kind::Heads(h)) => {
-                if h.containers.len() > MAX_CONTAINERS_PER_SUMMARY {
+                Ok(SyncPayload::Heads(decode_heads_list(h.containers)?))
+            }
+            Some(pb::sync_payload::Kind::Digest(d)) => Ok(SyncPayload::Digest {
+                fingerprint: fixed("digest fingerprint", &d.fingerprint)?,
+                count: d.count,
+            }),
+            Some(pb::sync_payload::Kind::Reconcile(r)) => {
+                if r.parts.len() > MAX_RANGE_PARTS {
                     return Err(invalid(
-                        "heads summary",
-                        format!(
-                            "{} containers, max {MAX_CONTAINERS_PER_SUMMARY}",
-                            h.containers.len()
-                        ),
+                        "reconcile",
+                        format!("{} parts, max {MAX_RANGE_PARTS}", r.parts.len()),
                     ));
                 }
-                let mut out = Vec::with_capacity(h.containers.len());
-                for c in h.containers {
-                    check_container(&c.container)?;
-                    if c.heads.len() > MAX_HEADS_PER_CONTAINER {
-                        return Err(invalid(
-                            "heads summary",
-                            format!("{} heads, max {MAX_HEADS_PER_CONTAINER}", c.heads.len()),
-                        ));
+                let mut items = 0usize;
+                let mut parts = Vec::with_capacity(r.parts.len());
+                for p in r.parts {
+                    let part = decode_part(p)?;
+                    if let RangeBody::Items(list) = &part.body {
+                        items += list.len();
+                        if items > MAX_CONTAINERS_PER_SUMMARY {
+                            return Err(invalid(
+                                "reconcile",
+                                format!("over {MAX_CONTAINERS_PER_SUMMARY} items"),
+                            ));
+                        }
                     }
-                    let heads = c
-                        .heads
-                        .iter()
-                        .map(|h| fixed::<32>("change hash", h))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    out.push(ContainerHeads {
-                        container: c.container,
-                        heads,
-                    });
+                    parts.push(part);
                 }
-                Ok(SyncPayload::Heads(out))
+                Ok(SyncPayload::Reconcile(parts))
             }
         }
     }
+}
+
+fn encode_heads(c: &ContainerHeads) -> pb::ContainerHeads {
+    pb::ContainerHeads {
+        container: c.container.clone(),
+        heads: c.heads.iter().map(|h| h.to_vec()).collect(),
+    }
+}
+
+fn encode_part(p: &RangePart) -> pb::RangePart {
+    pb::RangePart {
+        lower: p.lower.clone(),
+        upper: p.upper.clone().unwrap_or_default(),
+        unbounded: p.upper.is_none(),
+        body: Some(match &p.body {
+            RangeBody::Fingerprint { fingerprint, count } => {
+                pb::range_part::Body::Fingerprint(pb::RangeFingerprint {
+                    fingerprint: fingerprint.to_vec(),
+                    count: *count,
+                })
+            }
+            RangeBody::Items(items) => pb::range_part::Body::Items(pb::RangeItems {
+                items: items.iter().map(encode_heads).collect(),
+            }),
+        }),
+    }
+}
+
+/// A range bound: a container name, or `""` for the start of the space.
+fn check_bound(name: &str) -> Result<(), WireError> {
+    if name.len() > MAX_CONTAINER_NAME_BYTES {
+        return Err(invalid(
+            "range bound",
+            format!("{} bytes, max {MAX_CONTAINER_NAME_BYTES}", name.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn decode_part(p: pb::RangePart) -> Result<RangePart, WireError> {
+    check_bound(&p.lower)?;
+    let upper = if p.unbounded {
+        None
+    } else {
+        check_bound(&p.upper)?;
+        if p.upper <= p.lower {
+            return Err(invalid("range part", "upper bound not above the lower"));
+        }
+        Some(p.upper)
+    };
+    let body = match p.body {
+        None => return Err(invalid("range part", "no body")),
+        Some(pb::range_part::Body::Fingerprint(f)) => RangeBody::Fingerprint {
+            fingerprint: fixed("range fingerprint", &f.fingerprint)?,
+            count: f.count,
+        },
+        Some(pb::range_part::Body::Items(i)) => {
+            if i.items.len() > MAX_CONTAINERS_PER_SUMMARY {
+                return Err(invalid(
+                    "range items",
+                    format!("{} items, max {MAX_CONTAINERS_PER_SUMMARY}", i.items.len()),
+                ));
+            }
+            let items = decode_heads_list(i.items)?;
+            let outside = items.iter().any(|c| {
+                c.container < p.lower || upper.as_ref().is_some_and(|u| &c.container >= u)
+            });
+            if outside {
+                return Err(invalid("range items", "a container outside the range"));
+            }
+            RangeBody::Items(items)
+        }
+    };
+    Ok(RangePart {
+        lower: p.lower,
+        upper,
+        body,
+    })
+}
+
+fn decode_heads_list(list: Vec<pb::ContainerHeads>) -> Result<Vec<ContainerHeads>, WireError> {
+    if list.len() > MAX_CONTAINERS_PER_SUMMARY {
+        return Err(invalid(
+            "heads summary",
+            format!(
+                "{} containers, max {MAX_CONTAINERS_PER_SUMMARY}",
+                list.len()
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(list.len());
+    for c in list {
+        check_container(&c.container)?;
+        if c.heads.len() > MAX_HEADS_PER_CONTAINER {
+            return Err(invalid(
+                "heads summary",
+                format!("{} heads, max {MAX_HEADS_PER_CONTAINER}", c.heads.len()),
+            ));
+        }
+        let heads = c
+            .heads
+            .iter()
+            .map(|h| fixed::<32>("change hash", h))
+            .collect::<Result<Vec<_>, _>>()?;
+        out.push(ContainerHeads {
+            container: c.container,
+            heads,
+        });
+    }
+    Ok(out)
 }
 
 impl Ack {

@@ -49,6 +49,28 @@ fn round_trips() {
             container: "c".into(),
             heads: vec![[9; 32]],
         }]),
+        SyncPayload::Digest {
+            fingerprint: [3; 16],
+            count: 10_000,
+        },
+        SyncPayload::Reconcile(vec![
+            RangePart {
+                lower: String::new(),
+                upper: Some("m".into()),
+                body: RangeBody::Fingerprint {
+                    fingerprint: [1; 16],
+                    count: 600,
+                },
+            },
+            RangePart {
+                lower: "m".into(),
+                upper: None,
+                body: RangeBody::Items(vec![ContainerHeads {
+                    container: "notes".into(),
+                    heads: vec![[2; 32], [4; 32]],
+                }]),
+            },
+        ]),
     ] {
         assert_eq!(SyncPayload::decode(&payload.encode()).unwrap(), payload);
     }
@@ -149,6 +171,86 @@ fn rejects_bad_input() {
     expect_err(
         SyncPayload::decode(&bad_hash.encode_to_vec()),
         "change hash",
+    );
+}
+
+fn reconcile_of(parts: Vec<pb::RangePart>) -> Vec<u8> {
+    pb::SyncPayload {
+        kind: Some(pb::sync_payload::Kind::Reconcile(pb::Reconcile { parts })),
+    }
+    .encode_to_vec()
+}
+
+fn items_part(lower: &str, upper: &str, names: &[&str]) -> pb::RangePart {
+    pb::RangePart {
+        lower: lower.into(),
+        upper: upper.into(),
+        unbounded: upper.is_empty(),
+        body: Some(pb::range_part::Body::Items(pb::RangeItems {
+            items: names
+                .iter()
+                .map(|n| pb::ContainerHeads {
+                    container: (*n).into(),
+                    heads: vec![vec![0; 32]],
+                })
+                .collect(),
+        })),
+    }
+}
+
+// Goal: a reconciliation message is bounded and self-consistent: digests
+// and range fingerprints have their exact length, ranges are not empty or
+// inverted, items lie inside their range, and parts and items are capped.
+#[test]
+fn rejects_bad_reconciliation() {
+    let digest = pb::SyncPayload {
+        kind: Some(pb::sync_payload::Kind::Digest(pb::Digest {
+            fingerprint: vec![0; 32],
+            count: 1,
+        })),
+    };
+    expect_err(
+        SyncPayload::decode(&digest.encode_to_vec()),
+        "digest fingerprint",
+    );
+    expect_err(
+        SyncPayload::decode(&reconcile_of(vec![items_part("b", "a", &[])])),
+        "upper bound not above",
+    );
+    expect_err(
+        SyncPayload::decode(&reconcile_of(vec![items_part("b", "b", &[])])),
+        "upper bound not above",
+    );
+    expect_err(
+        SyncPayload::decode(&reconcile_of(vec![items_part("b", "d", &["a"])])),
+        "outside the range",
+    );
+    expect_err(
+        SyncPayload::decode(&reconcile_of(vec![items_part("b", "d", &["d"])])),
+        "outside the range",
+    );
+    // An unbounded range takes anything from its lower bound on.
+    assert!(SyncPayload::decode(&reconcile_of(vec![items_part("b", "", &["zzz"])])).is_ok());
+    let no_body = pb::RangePart {
+        lower: String::new(),
+        upper: String::new(),
+        unbounded: true,
+        body: None,
+    };
+    expect_err(SyncPayload::decode(&reconcile_of(vec![no_body])), "no body");
+    let many = vec![items_part("", "", &[]); MAX_RANGE_PARTS + 1];
+    expect_err(SyncPayload::decode(&reconcile_of(many)), "parts, max");
+    // Items are capped across parts, not only per part.
+    let names: Vec<String> = (0..MAX_CONTAINERS_PER_SUMMARY / 2 + 1)
+        .map(|i| format!("c{i:05}"))
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let twice = vec![items_part("", "", &refs), items_part("", "", &refs)];
+    expect_err(SyncPayload::decode(&reconcile_of(twice)), "items");
+    let long = "x".repeat(MAX_CONTAINER_NAME_BYTES + 1);
+    expect_err(
+        SyncPayload::decode(&reconcile_of(vec![items_part(&long, "", &[])])),
+        "range bound",
     );
 }
 

@@ -9,19 +9,33 @@
 //!
 //! Protocol, per (peer, container):
 //! - On connect, and every `anti_entropy_ms` after, each side sends a
-//!   [`SyncPayload::Heads`] summary of all its containers.
-//! - A summary whose heads differ from ours starts (or, if stalled, restarts)
-//!   the Automerge sync protocol for that container; the protocol's messages
-//!   ping-pong until neither side has anything to send.
+//!   [`SyncPayload::Digest`]: one 16-byte fingerprint over every
+//!   (container, heads) pair it holds, so an idle round costs the same for
+//!   one container or ten thousand. A digest that differs from ours starts
+//!   range-based set reconciliation ([`crate::reconcile`],
+//!   [`SyncPayload::Reconcile`]), which narrows down to the containers that
+//!   differ and exchanges their heads.
+//! - Heads that differ from ours start (or, if stalled, restart) the
+//!   Automerge sync protocol for that container; the protocol's messages
+//!   ping-pong until neither side has anything to send. When a container
+//!   converges and no exchange with that peer is left running, the next
+//!   digest goes out at once (at most once a second), so both sides learn
+//!   they are in sync without waiting for the next round.
 //! - Local edits are queued and pushed as one [`SyncPayload::Delta`] per
 //!   container and peer at each [`Engine::flush`], so that many writes
 //!   travel together. A delta whose changes lack dependencies starts the sync
 //!   protocol, which fetches whatever is missing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use nuwa_proto::{ContainerHeads, SyncPayload};
+use nuwa_proto::{ContainerHeads, RangeBody, RangePart, SyncPayload};
 use nuwa_state::{Container, Hash, StateError, SyncState};
+
+use crate::reconcile::{self, Fingerprint, FingerprintSet};
+
+/// Least time between two digests to one peer when the early digest (after
+/// an exchange ends) is due.
+const EARLY_DIGEST_MIN_MS: u64 = 1_000;
 
 /// Opaque peer identifier (the runtime uses the libp2p PeerId string).
 pub type PeerKey = String;
@@ -33,7 +47,8 @@ pub struct Config {
     pub anti_entropy_ms: u64,
     /// A sync exchange without progress for this long is restarted.
     pub sync_stall_ms: u64,
-    /// Most containers a node holds; summaries naming more are truncated.
+    /// Most containers a node holds; a peer's container beyond it is
+    /// refused (`TooManyContainers`).
     pub max_containers: usize,
 }
 
@@ -42,7 +57,7 @@ impl Default for Config {
         Config {
             anti_entropy_ms: 5_000,
             sync_stall_ms: 10_000,
-            max_containers: 4096,
+            max_containers: 16_384,
         }
     }
 }
@@ -133,9 +148,33 @@ struct PeerContainer {
 struct Peer {
     containers: BTreeMap<String, PeerContainer>,
     next_summary_ms: u64,
-    /// Whether a heads summary from this peer has arrived (so we know every
-    /// container it holds).
+    /// When the last digest went to this peer.
+    last_digest_ms: u64,
+    /// An exchange ended: send the next digest early.
+    digest_due: bool,
+    /// Whether a summary or digest from this peer has arrived.
     summary_seen: bool,
+    /// Our digest at the moment this peer's last digest equalled it.
+    digest_equal: Option<Fingerprint>,
+}
+
+impl Peer {
+    fn new(now_ms: u64, anti_entropy_ms: u64) -> Self {
+        Peer {
+            containers: BTreeMap::new(),
+            next_summary_ms: now_ms + anti_entropy_ms,
+            last_digest_ms: now_ms,
+            digest_due: false,
+            summary_seen: false,
+            digest_equal: None,
+        }
+    }
+
+    fn exchanging(&self) -> bool {
+        self.containers
+            .values()
+            .any(|pc| pc.active_since_ms.is_some())
+    }
 }
 
 /// The engine of one node.
@@ -145,6 +184,11 @@ pub struct Engine {
     containers: BTreeMap<String, Container>,
     peers: BTreeMap<PeerKey, Peer>,
     pending_local: BTreeMap<String, Vec<Vec<u8>>>,
+    /// Item hashes of every container, for digests and reconciliation.
+    fingerprints: FingerprintSet,
+    /// Containers whose heads may have moved since their item hash was
+    /// computed.
+    dirty: BTreeSet<String>,
 }
 
 impl Engine {
@@ -156,12 +200,33 @@ impl Engine {
             containers: BTreeMap::new(),
             peers: BTreeMap::new(),
             pending_local: BTreeMap::new(),
+            fingerprints: FingerprintSet::default(),
+            dirty: BTreeSet::new(),
         }
     }
 
     /// Adds a container restored from storage.
     pub fn insert_container(&mut self, name: String, container: Container) {
+        self.dirty.insert(name.clone());
         self.containers.insert(name, container);
+    }
+
+    /// Brings the item hashes of containers that changed up to date.
+    fn refresh_fingerprints(&mut self) {
+        for name in std::mem::take(&mut self.dirty) {
+            match self.containers.get(&name) {
+                Some(c) => self
+                    .fingerprints
+                    .set(&name, reconcile::item_hash(&name, &c.heads())),
+                None => self.fingerprints.remove(&name),
+            }
+        }
+    }
+
+    /// The digest of every (container, heads) pair this node holds.
+    pub fn digest(&mut self) -> (Fingerprint, u32) {
+        self.refresh_fingerprints();
+        self.fingerprints.digest()
     }
 
     pub fn container(&self, name: &str) -> Option<&Container> {
@@ -178,25 +243,31 @@ impl Engine {
 
     /// Whether `container` has the same heads as every connected peer has
     /// last reported.
+    /// A digest equal to ours covers every container until one changes.
     pub fn converged_with(&self, peer: &str, container: &str) -> bool {
-        self.peers
-            .get(peer)
-            .and_then(|p| p.containers.get(container))
-            .is_some_and(|pc| pc.converged)
+        let Some(p) = self.peers.get(peer) else {
+            return false;
+        };
+        p.containers.get(container).is_some_and(|pc| pc.converged)
+            || (self.containers.contains_key(container)
+                && self.dirty.is_empty()
+                && p.digest_equal == Some(self.fingerprints.digest().0))
     }
 
-    /// Whether we hold exactly what `peer` holds: its summary arrived and
-    /// every container we have (a superset of its containers once the
-    /// summary was handled) has equal heads on both sides.
-    pub fn in_sync_with(&self, peer: &str) -> bool {
+    /// Whether we hold exactly what `peer` holds: its last digest equals
+    /// ours as it is now, or (after a summary) every container we have has
+    /// equal heads on both sides.
+    pub fn in_sync_with(&mut self, peer: &str) -> bool {
+        let (ours, _) = self.digest();
         let Some(p) = self.peers.get(peer) else {
             return false;
         };
         p.summary_seen
-            && self
-                .containers
-                .keys()
-                .all(|name| p.containers.get(name).is_some_and(|pc| pc.converged))
+            && (p.digest_equal == Some(ours)
+                || self
+                    .containers
+                    .keys()
+                    .all(|name| p.containers.get(name).is_some_and(|pc| pc.converged)))
     }
 
     /// Applies a delta that arrived by gossip (its author need not be a
@@ -243,6 +314,9 @@ impl Engine {
             }
             self.containers
                 .insert(name.to_owned(), Container::new(&self.actor));
+        }
+        if !self.dirty.contains(name) {
+            self.dirty.insert(name.to_owned());
         }
         // Inserted just above when absent.
         Ok(self.containers.get_mut(name).expect("container present"))
@@ -336,6 +410,7 @@ impl Engine {
             .is_some_and(Container::is_poisoned)
         {
             self.containers.remove(container);
+            self.dirty.insert(container.to_owned());
             for peer in self.peers.values_mut() {
                 peer.containers.remove(container);
             }
@@ -376,32 +451,20 @@ impl Engine {
         out
     }
 
-    fn summary(&self) -> SyncPayload {
-        SyncPayload::Heads(
-            self.containers
-                .iter()
-                .take(self.config.max_containers)
-                .map(|(name, c)| ContainerHeads {
-                    container: name.clone(),
-                    heads: c.heads(),
-                })
-                .collect(),
-        )
+    fn digest_payload(&mut self) -> SyncPayload {
+        let (fingerprint, count) = self.digest();
+        SyncPayload::Digest { fingerprint, count }
     }
 
-    /// A verified peer connected: start with a heads summary.
+    /// A verified peer connected: start with a digest.
     pub fn peer_up(&mut self, peer: &str, now_ms: u64) -> Vec<Action> {
         self.peers.insert(
             peer.to_owned(),
-            Peer {
-                containers: BTreeMap::new(),
-                next_summary_ms: now_ms + self.config.anti_entropy_ms,
-                summary_seen: false,
-            },
+            Peer::new(now_ms, self.config.anti_entropy_ms),
         );
         vec![Action::Send {
             peer: peer.to_owned(),
-            payload: self.summary(),
+            payload: self.digest_payload(),
         }]
     }
 
@@ -413,11 +476,16 @@ impl Engine {
     /// Periodic work: heads summaries and restarts of stalled exchanges.
     pub fn tick(&mut self, now_ms: u64) -> Vec<Action> {
         let mut out = Vec::new();
-        let summary = self.summary();
+        let summary = self.digest_payload();
         let stall = self.config.sync_stall_ms;
         for (key, peer) in self.peers.iter_mut() {
-            if now_ms >= peer.next_summary_ms {
+            let early = peer.digest_due
+                && now_ms >= peer.last_digest_ms + EARLY_DIGEST_MIN_MS
+                && !peer.exchanging();
+            if now_ms >= peer.next_summary_ms || early {
                 peer.next_summary_ms = now_ms + self.config.anti_entropy_ms;
+                peer.last_digest_ms = now_ms;
+                peer.digest_due = false;
                 out.push(Action::Send {
                     peer: key.clone(),
                     payload: summary.clone(),
@@ -457,6 +525,12 @@ impl Engine {
                     self.on_heads(peer, &container, heads, now_ms, &mut out)?;
                 }
             }
+            SyncPayload::Digest { fingerprint, count } => {
+                self.on_digest(peer, (fingerprint, count), &mut out);
+            }
+            SyncPayload::Reconcile(parts) => {
+                self.on_reconcile(peer, parts, now_ms, &mut out)?;
+            }
             SyncPayload::Sync { container, message } => {
                 self.on_sync(peer, &container, &message, now_ms, &mut out)?;
             }
@@ -475,6 +549,95 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    fn on_digest(&mut self, peer: &str, theirs: (Fingerprint, u32), out: &mut Vec<Action>) {
+        let ours = self.digest();
+        let Some(p) = self.peers.get_mut(peer) else {
+            return;
+        };
+        p.summary_seen = true;
+        if theirs == ours {
+            p.digest_equal = Some(ours.0);
+            for (name, pc) in p.containers.iter_mut() {
+                if let Some(c) = self.containers.get(name) {
+                    pc.their_heads = Some(c.heads());
+                }
+            }
+            let names: Vec<String> = p.containers.keys().cloned().collect();
+            for name in names {
+                self.check_converged(peer, &name, out);
+            }
+            return;
+        }
+        p.digest_equal = None;
+        let parts = self.answer_range("", None);
+        out.push(Action::Send {
+            peer: peer.to_owned(),
+            payload: SyncPayload::Reconcile(parts),
+        });
+    }
+
+    fn answer_range(&self, lower: &str, upper: Option<&str>) -> Vec<RangePart> {
+        self.fingerprints.answer(lower, upper, |name| {
+            self.containers
+                .get(name)
+                .map(Container::heads)
+                .unwrap_or_default()
+        })
+    }
+
+    fn on_reconcile(
+        &mut self,
+        peer: &str,
+        parts: Vec<RangePart>,
+        now_ms: u64,
+        out: &mut Vec<Action>,
+    ) -> Result<(), EngineError> {
+        self.refresh_fingerprints();
+        let mut reply: Vec<RangePart> = Vec::new();
+        for part in parts {
+            let upper = part.upper.as_deref();
+            match part.body {
+                RangeBody::Fingerprint { fingerprint, count } => {
+                    if self.fingerprints.range_fingerprint(&part.lower, upper)
+                        == (fingerprint, count)
+                    {
+                        continue;
+                    }
+                    if reply.len() < reconcile::MAX_REPLY_PARTS {
+                        reply.extend(self.answer_range(&part.lower, upper));
+                    }
+                }
+                RangeBody::Items(items) => {
+                    // The peer's complete list for this range: compare each
+                    // container, and offer it what it lacks.
+                    let listed: BTreeSet<String> =
+                        items.iter().map(|c| c.container.clone()).collect();
+                    for ContainerHeads { container, heads } in items {
+                        self.on_heads(peer, &container, heads, now_ms, out)?;
+                    }
+                    let missing: Vec<String> = self
+                        .fingerprints
+                        .names_in(&part.lower, upper)
+                        .filter(|n| !listed.contains(*n))
+                        .cloned()
+                        .collect();
+                    for name in missing {
+                        self.peer_container(peer, &name).their_heads = Some(Vec::new());
+                        self.start_sync(peer, &name, now_ms, out);
+                    }
+                }
+            }
+        }
+        reply.truncate(reconcile::MAX_REPLY_PARTS);
+        if !reply.is_empty() {
+            out.push(Action::Send {
+                peer: peer.to_owned(),
+                payload: SyncPayload::Reconcile(reply),
+            });
+        }
+        Ok(())
     }
 
     fn on_heads(
@@ -625,12 +788,16 @@ impl Engine {
             return;
         };
         let equal = pc.their_heads.as_ref() == Some(&ours);
-        if equal && !pc.converged {
+        let flipped = equal && !pc.converged;
+        pc.converged = equal;
+        if flipped {
             out.push(Action::Converged {
                 peer: peer.to_owned(),
                 container: container.to_owned(),
             });
+            if let Some(p) = self.peers.get_mut(peer) {
+                p.digest_due = true;
+            }
         }
-        pc.converged = equal;
     }
 }

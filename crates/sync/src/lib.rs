@@ -17,6 +17,7 @@ pub mod engine;
 pub mod grant;
 pub mod membership;
 pub mod pointer;
+pub mod reconcile;
 pub mod secure;
 pub mod session;
 

@@ -924,7 +924,7 @@ impl Session {
     }
 
     /// Whether we hold exactly what a verified peer holds.
-    pub fn in_sync_with(&self, peer: &str) -> bool {
+    pub fn in_sync_with(&mut self, peer: &str) -> bool {
         self.engine.in_sync_with(peer)
     }
 }

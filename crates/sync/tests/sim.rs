@@ -233,6 +233,8 @@ fn link_key(a: usize, b: usize) -> (usize, usize) {
 fn describe(payload: &SyncPayload) -> String {
     match payload {
         SyncPayload::Heads(list) => format!("Heads({} containers)", list.len()),
+        SyncPayload::Digest { count, .. } => format!("Digest({count} containers)"),
+        SyncPayload::Reconcile(parts) => format!("Reconcile({} parts)", parts.len()),
         SyncPayload::Sync { container, message } => {
             format!("Sync({container}, {} bytes)", message.len())
         }

@@ -739,10 +739,12 @@ impl Daemon {
         last_line: &mut String,
     ) -> Option<Result<(), String>> {
         let verified: Vec<String> = self.session.verified().map(|(p, _)| p.clone()).collect();
-        let in_sync = verified
-            .iter()
-            .filter(|p| self.session.in_sync_with(p))
-            .count();
+        let mut in_sync = 0;
+        for p in &verified {
+            if self.session.in_sync_with(p) {
+                in_sync += 1;
+            }
+        }
         let containers = self.session.engine().containers().count();
         let line = format!(
             "peers verified: {}  in sync: {}  containers: {}",
