@@ -233,6 +233,141 @@ pub fn put(home: &Path, container: &str, key: &str, json: &str) -> Result<()> {
     Ok(())
 }
 
+/// Largest batch body `import` sends (the API takes up to 40 MiB).
+const IMPORT_BATCH_BYTES: usize = 16 * 1024 * 1024;
+
+/// Reads and checks every line of an NDJSON import: (line number, the
+/// operation as sent).
+fn read_import(file: &Path) -> Result<Vec<(usize, serde_json::Value)>> {
+    use std::io::BufRead as _;
+    let reader: Box<dyn std::io::BufRead> = if file == Path::new("-") {
+        Box::new(std::io::BufReader::new(std::io::stdin()))
+    } else {
+        Box::new(std::io::BufReader::new(
+            std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?,
+        ))
+    };
+    let mut ops = Vec::new();
+    let mut bad = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let n = i + 1;
+        let line = line.with_context(|| format!("cannot read line {n} of {}", file.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let checked = serde_json::from_str::<serde_json::Value>(&line)
+            .map_err(|e| e.to_string())
+            .and_then(|v| {
+                serde_json::from_value::<crate::api::BatchOp>(v.clone())
+                    .map(|_| v)
+                    .map_err(|e| e.to_string())
+            });
+        match checked {
+            Ok(v) => ops.push((n, v)),
+            Err(e) if bad.len() < 20 => bad.push(format!("line {n}: {e}")),
+            Err(_) => bad.push(String::new()),
+        }
+    }
+    if !bad.is_empty() {
+        let shown: Vec<&String> = bad.iter().filter(|b| !b.is_empty()).collect();
+        bail!(
+            "{} line(s) of {} are not operations; nothing was sent:\n  {}",
+            bad.len(),
+            file.display(),
+            shown
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        );
+    }
+    Ok(ops)
+}
+
+/// `state import`: sends the operations of an NDJSON file in batches.
+pub fn import(home: &Path, file: &Path, batch_size: usize) -> Result<()> {
+    let ops = read_import(file)?;
+    if ops.is_empty() {
+        println!("nothing to import: {} has no operations", file.display());
+        return Ok(());
+    }
+    let c = Client::new(home)?;
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let bar = if tty {
+        let bar = indicatif::ProgressBar::new(ops.len() as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} operations  {per_sec}  eta {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let started = std::time::Instant::now();
+    let (mut applied, mut failed) = (0usize, 0usize);
+    let mut failures: Vec<String> = Vec::new();
+    let rt = runtime()?;
+    let mut start = 0;
+    while start < ops.len() {
+        // Up to `batch_size` operations and about IMPORT_BATCH_BYTES.
+        let mut end = start;
+        let mut bytes = 0;
+        while end < ops.len() && end - start < batch_size {
+            bytes += ops[end].1.to_string().len();
+            if bytes > IMPORT_BATCH_BYTES && end > start {
+                break;
+            }
+            end += 1;
+        }
+        let chunk = &ops[start..end];
+        let body = serde_json::json!({
+            "ops": chunk.iter().map(|(_, v)| v).collect::<Vec<_>>(),
+        });
+        let reply: crate::api::BatchReply = rt.block_on(async {
+            let r = c
+                .send(
+                    c.http
+                        .post(format!("{}/v1/state.batch", c.api.url))
+                        .json(&body),
+                )
+                .await?;
+            r.json().await.context("malformed reply from the daemon")
+        })?;
+        applied += reply.applied;
+        failed += reply.failed;
+        for ((line, _), r) in chunk.iter().zip(&reply.results) {
+            if let Some(e) = &r.error {
+                if e.code != crate::api::ErrorCode::BatchAborted {
+                    failures.push(format!("line {line}: {e}"));
+                }
+            }
+        }
+        bar.inc(chunk.len() as u64);
+        start = end;
+    }
+    bar.finish_and_clear();
+    for f in failures.iter().take(50) {
+        eprintln!("{f}");
+    }
+    if failures.len() > 50 {
+        eprintln!("… and {} more failed lines", failures.len() - 50);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "imported {applied} of {} operations in {secs:.1} s ({:.0}/s); {failed} failed; durable=true",
+        ops.len(),
+        applied as f64 / secs.max(1e-9),
+    );
+    if failed > 0 {
+        bail!(
+            "{failed} operation(s) failed (a failed one aborts the others on its container in its batch)"
+        );
+    }
+    Ok(())
+}
+
 pub fn get(home: &Path, container: &str, key: Option<&str>, compact: bool) -> Result<()> {
     let c = Client::new(home)?;
     let value: serde_json::Value = runtime()?.block_on(async {

@@ -37,6 +37,7 @@ use crate::status::{ContainerStatus, DeviceStatus, PeerStatus, RejectionStatus, 
 
 mod approve;
 mod asm;
+mod batch;
 mod exec;
 mod keeper;
 mod lifecycle;
@@ -781,6 +782,10 @@ impl Daemon {
                         let _ = reply.send(Err(e));
                     }
                 },
+                ApiRequest::Batch(body, reply) => {
+                    let r = self.on_batch(body).await;
+                    acks.push(Ack::Batch(reply, r));
+                }
                 ApiRequest::Tool(t, reply) => match self.on_tool(t).await {
                     // Answered once what the tool wrote is durable.
                     Ok(v) => acks.push(Ack::Value(reply, v)),

@@ -273,6 +273,23 @@ enum StateCommand {
         /// A JSON value, e.g. '"text"', '42' or '{"a":[1,2]}'.
         json: String,
     },
+    /// Apply many writes from an NDJSON file (`-` for stdin), one
+    /// operation per line:
+    ///   {"op":"put","container":"notes","key":"k","value":1}
+    ///   {"op":"create","schema_uri":"did:nuwa:state:note#v1","object":{...},"id":"n1"}
+    ///   {"op":"update","schema_uri":"...","id":"n1","patch":[...]}
+    ///   {"op":"delete","schema_uri":"...","id":"n1","mode":"hard"}
+    /// Every line is checked before anything is sent. Lines go in batches
+    /// (state.batch): within a batch, the operations on one container are
+    /// all applied or none is. Failed lines are listed with their number;
+    /// the exit status is 1 if any failed.
+    Import {
+        /// The NDJSON file, or `-` for standard input.
+        file: PathBuf,
+        /// Operations per batch.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        batch_size: u32,
+    },
     /// Print a container (or one KEY of it) as JSON.
     Get {
         container: String,
@@ -529,6 +546,9 @@ fn real_main(cli: Cli) -> Result<()> {
                 json,
             } => client::get(&home_dir, &container, key.as_deref(), json),
             StateCommand::Export { container, out } => client::export(&home_dir, &container, &out),
+            StateCommand::Import { file, batch_size } => {
+                client::import(&home_dir, &file, batch_size as usize)
+            }
             StateCommand::Schema {
                 command: SchemaCommand::Add { file },
             } => {

@@ -582,6 +582,27 @@ impl Container {
         }
     }
 
+    /// Checks a key and value as [`Container::put`] would, without writing.
+    pub fn check_entry(key: &str, value: &Value) -> Result<(), StateError> {
+        check_key(key)?;
+        validate(value)
+    }
+
+    /// Sets `key` to `value` inside a transaction of [`Container::transact`]
+    /// (a batch of puts as one change). Check the entry with
+    /// [`Container::check_entry`] first.
+    pub fn put_in<T: Transactable>(tx: &mut T, key: &str, value: &Value) -> Result<(), StateError> {
+        Self::check_entry(key, value)?;
+        put_value(
+            tx,
+            &ROOT,
+            automerge::Prop::Map(key.to_owned()),
+            value,
+            false,
+        )
+        .map_err(StateError::Automerge)
+    }
+
     /// Runs `f` as one Automerge transaction. Returns the change bytes, or
     /// `None` when `f` changed nothing. An error from `f` rolls everything
     /// back.

@@ -415,6 +415,26 @@ async fn state_reset(
     tool(&s, Tool::Reset(b.container)).await
 }
 
+async fn state_batch(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<BatchReply>, ApiError> {
+    let b: BatchBody = json_body(&body, "state.batch")?;
+    if b.ops.is_empty() {
+        return Err(ApiError::new(ErrorCode::BadRequest, "ops is empty"));
+    }
+    if b.ops.len() > MAX_BATCH_OPS {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "{} operations; a batch takes at most {MAX_BATCH_OPS}",
+                b.ops.len()
+            ),
+        ));
+    }
+    Ok(Json(call(&s, |tx| ApiRequest::Batch(b, tx)).await??))
+}
+
 async fn get_state(State(s): State<AppState>, Q(q): Q<GetQuery>) -> Result<Response, ApiError> {
     container_name(&q.container)?;
     let json = read(&s, |tx| ApiRequest::Get(q, tx)).await??;
@@ -516,6 +536,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/state.describe", post(state_describe))
         .route("/v1/state.compact", post(state_compact))
         .route("/v1/state.reset", post(state_reset))
+        .route("/v1/state.batch", post(state_batch))
         .route("/v1/state.events", get(events))
         .route("/metrics", get(metrics_text))
         .route_layer(axum::middleware::from_fn_with_state(

@@ -126,6 +126,92 @@ pub struct DeleteBody {
     pub mode: DeleteMode,
 }
 
+/// Most operations in one `POST /v1/state.batch`.
+pub const MAX_BATCH_OPS: usize = 100_000;
+
+/// `POST /v1/state.batch`: operations applied as one transaction per
+/// container, all or nothing per container.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchBody {
+    pub ops: Vec<BatchOp>,
+}
+
+/// One operation of a batch: a raw put, or a `state.*` write.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum BatchOp {
+    Put {
+        container: String,
+        key: String,
+        value: serde_json::Value,
+    },
+    Create {
+        schema_uri: String,
+        object: serde_json::Value,
+        #[serde(default)]
+        id: Option<String>,
+    },
+    Update {
+        schema_uri: String,
+        id: String,
+        patch: serde_json::Value,
+    },
+    Delete {
+        schema_uri: String,
+        id: String,
+        #[serde(default)]
+        mode: DeleteMode,
+    },
+}
+
+impl BatchOp {
+    /// The container the operation writes.
+    pub fn container(&self) -> &str {
+        match self {
+            BatchOp::Put { container, .. } => container,
+            BatchOp::Create { schema_uri, .. }
+            | BatchOp::Update { schema_uri, .. }
+            | BatchOp::Delete { schema_uri, .. } => schema_uri,
+        }
+    }
+}
+
+/// The outcome of one operation of a batch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchOpResult {
+    pub ok: bool,
+    /// The object's id, for `create`, `update` and `delete`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ApiError>,
+}
+
+/// What a batch did to one container.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchContainer {
+    pub container: String,
+    pub ops: usize,
+    /// Every operation on it applied (one change), or none.
+    pub ok: bool,
+    /// Hex heads after the batch (unchanged when `ok` is false).
+    pub heads: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchReply {
+    /// Every operation applied.
+    pub ok: bool,
+    pub applied: usize,
+    pub failed: usize,
+    pub containers: Vec<BatchContainer>,
+    /// One per operation, in request order.
+    pub results: Vec<BatchOpResult>,
+    /// The applied changes were on disk before this reply was sent.
+    pub durable: bool,
+}
+
 #[derive(Debug, Default, Deserialize, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum DeleteMode {
@@ -186,6 +272,8 @@ pub enum ErrorCode {
     QueryTooExpensive,
     /// 409: the container holds another kind of state.
     ContainerConflict,
+    /// 409: in a batch, not applied because another operation on the same container failed.
+    BatchAborted,
     /// 400: this device cannot be revoked (it is this one, or unknown).
     CannotRevoke,
     /// 403: only the home holding the master key can do this.
@@ -242,6 +330,7 @@ impl ErrorCode {
         ErrorCode::BodyTooLarge,
         ErrorCode::QueryTooExpensive,
         ErrorCode::ContainerConflict,
+        ErrorCode::BatchAborted,
         ErrorCode::CannotRevoke,
         ErrorCode::NotKeyManager,
         ErrorCode::BadName,
@@ -282,6 +371,7 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => 413,
             ErrorCode::QueryTooExpensive => 422,
             ErrorCode::ContainerConflict => 409,
+            ErrorCode::BatchAborted => 409,
             ErrorCode::CannotRevoke => 400,
             ErrorCode::NotKeyManager => 403,
             ErrorCode::BadName => 400,
@@ -323,6 +413,7 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => "body_too_large",
             ErrorCode::QueryTooExpensive => "query_too_expensive",
             ErrorCode::ContainerConflict => "container_conflict",
+            ErrorCode::BatchAborted => "batch_aborted",
             ErrorCode::CannotRevoke => "cannot_revoke",
             ErrorCode::NotKeyManager => "not_key_manager",
             ErrorCode::BadName => "bad_name",
@@ -411,6 +502,7 @@ pub enum ApiRequest {
     Approve(ApproveBody, oneshot::Sender<Result<ApproveReply, ApiError>>),
     Provision(ProvisionBody, oneshot::Sender<Result<Value, ApiError>>),
     Tool(Tool, oneshot::Sender<Result<serde_json::Value, ApiError>>),
+    Batch(BatchBody, oneshot::Sender<Result<BatchReply, ApiError>>),
     /// Answered with the JSON already serialized (on the reader, so that
     /// the runtime's workers only copy bytes).
     Get(GetQuery, oneshot::Sender<Result<Vec<u8>, ApiError>>),

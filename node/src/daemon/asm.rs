@@ -19,7 +19,19 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use super::Daemon;
-use crate::api::{ApiError, ErrorCode, Tool};
+use crate::api::{ApiError, BatchOp, DeleteMode, ErrorCode, Tool};
+
+/// Refuses an object over [`MAX_OBJECT_BYTES`].
+pub(super) fn check_object_size(v: &Value) -> Result<(), ApiError> {
+    let n = serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX);
+    if n > MAX_OBJECT_BYTES {
+        return Err(ApiError::new(
+            ErrorCode::ObjectTooLarge,
+            format!("the object is {n} bytes; the limit is {MAX_OBJECT_BYTES} bytes (32 MiB)"),
+        ));
+    }
+    Ok(())
+}
 
 /// The replicated map container holding registered schemas.
 pub const REGISTRY_CONTAINER: &str = "nuwa:schemas";
@@ -54,7 +66,7 @@ impl Asm {
     }
 }
 
-fn validation_error(errors: Vec<nuwa_asm::schema::ValidationError>) -> ApiError {
+pub(super) fn validation_error(errors: Vec<nuwa_asm::schema::ValidationError>) -> ApiError {
     let list: Vec<String> = errors
         .iter()
         .map(|e| {
@@ -68,7 +80,7 @@ fn validation_error(errors: Vec<nuwa_asm::schema::ValidationError>) -> ApiError 
     )
 }
 
-fn doc_error(e: doc::DocError) -> ApiError {
+pub(super) fn doc_error(e: doc::DocError) -> ApiError {
     use doc::DocError as E;
     match e {
         E::NoSuchItem { .. } => ApiError::new(ErrorCode::NoSuchObject, e.to_string()),
@@ -83,17 +95,17 @@ fn doc_error(e: doc::DocError) -> ApiError {
 }
 
 /// A fresh random UUID (version 4) for objects created without an id.
-fn new_uuid() -> Result<String, ApiError> {
-    Ok(uuid::Uuid::new_v4().to_string())
+pub(super) fn new_uuid() -> String {
+    uuid::Uuid::new_v4().to_string()
 }
 
 /// Whether the item schema declares an `id` property (then `id` is part of
 /// the validated object; otherwise it is only the item's key).
-fn schema_has_id(schema: &AsmSchema) -> bool {
+pub(super) fn schema_has_id(schema: &AsmSchema) -> bool {
     schema.item_schema["properties"].get("id").is_some()
 }
 
-fn without_id(schema: &AsmSchema, v: &Value) -> Value {
+pub(super) fn without_id(schema: &AsmSchema, v: &Value) -> Value {
     let mut v = v.clone();
     if !schema_has_id(schema) {
         if let Some(o) = v.as_object_mut() {
@@ -164,15 +176,13 @@ impl Daemon {
     }
 
     /// Applies the container's genesis if it is not there yet.
-    async fn ensure_container(
+    pub(super) async fn ensure_container(
         &mut self,
         name: &str,
         layout: &nuwa_asm::model::Layout,
     ) -> Result<(), ApiError> {
-        if let Some(c) = self.session.engine().container(name) {
-            if doc::check_genesis(c.doc(), layout).is_ok() {
-                return Ok(());
-            }
+        if self.has_genesis(name, layout) {
+            return Ok(());
         }
         let genesis = doc::genesis_change(name, layout);
         let new = self
@@ -191,6 +201,14 @@ impl Daemon {
             })?;
         }
         Ok(())
+    }
+
+    /// Whether the container exists with this layout's genesis.
+    pub(super) fn has_genesis(&self, name: &str, layout: &nuwa_asm::model::Layout) -> bool {
+        self.session
+            .engine()
+            .container(name)
+            .is_some_and(|c| doc::check_genesis(c.doc(), layout).is_ok())
     }
 
     /// Rebuilds the registry when the registry container changed.
@@ -237,12 +255,26 @@ impl Daemon {
                 schema_uri,
                 object,
                 id,
-            } => self.tool_create(&schema_uri, object, id).await,
+            } => {
+                self.tool_write(BatchOp::Create {
+                    schema_uri,
+                    object,
+                    id,
+                })
+                .await
+            }
             Tool::Update {
                 schema_uri,
                 id,
                 patch,
-            } => self.tool_update(&schema_uri, &id, &patch).await,
+            } => {
+                self.tool_write(BatchOp::Update {
+                    schema_uri,
+                    id,
+                    patch,
+                })
+                .await
+            }
             // Reads run on the reader, off this loop; these arms serve a
             // request that reached the loop anyway.
             Tool::Query(q) => query(&self.asm.registry, self.session.engine(), &q),
@@ -250,7 +282,18 @@ impl Daemon {
                 schema_uri,
                 id,
                 hard,
-            } => self.tool_delete(&schema_uri, &id, hard).await,
+            } => {
+                self.tool_write(BatchOp::Delete {
+                    schema_uri,
+                    id,
+                    mode: if hard {
+                        DeleteMode::Hard
+                    } else {
+                        DeleteMode::Tombstone
+                    },
+                })
+                .await
+            }
             Tool::Describe(c) => describe(&self.asm.registry, self.session.engine(), &c),
             Tool::Compact(c) => {
                 self.schema(&c)?;
@@ -263,7 +306,7 @@ impl Daemon {
         }
     }
 
-    fn schema(&self, uri: &str) -> Result<AsmSchema, ApiError> {
+    pub(super) fn schema(&self, uri: &str) -> Result<AsmSchema, ApiError> {
         schema_in(&self.asm.registry, uri)
     }
 
@@ -299,116 +342,6 @@ impl Daemon {
         reg.get(id)
             .cloned()
             .ok_or_else(|| ApiError::new(ErrorCode::Internal, "registered schema not found"))
-    }
-
-    fn check_size(v: &Value) -> Result<(), ApiError> {
-        let n = serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX);
-        if n > MAX_OBJECT_BYTES {
-            return Err(ApiError::new(
-                ErrorCode::ObjectTooLarge,
-                format!("the object is {n} bytes; the limit is {MAX_OBJECT_BYTES} bytes (32 MiB)"),
-            ));
-        }
-        Ok(())
-    }
-
-    async fn tool_create(
-        &mut self,
-        uri: &str,
-        object: Value,
-        id: Option<String>,
-    ) -> Result<Value, ApiError> {
-        let schema = self.schema(uri)?;
-        if !object.is_object() {
-            return Err(ApiError::new(
-                ErrorCode::InvalidObject,
-                "the object must be a JSON object",
-            ));
-        }
-        Self::check_size(&object)?;
-        let own = object.get("id").and_then(Value::as_str).map(str::to_owned);
-        let id = match (own, id) {
-            (Some(a), Some(b)) if a != b => {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidObject,
-                    format!("the object's id {a:?} differs from the id parameter {b:?}"),
-                ));
-            }
-            (Some(a), _) | (None, Some(a)) => a,
-            (None, None) => new_uuid()?,
-        };
-        if id.is_empty() || id.len() > 1024 {
-            return Err(ApiError::new(
-                ErrorCode::InvalidObject,
-                "an id must be 1 to 1024 bytes",
-            ));
-        }
-        let mut object = object;
-        if schema_has_id(&schema) {
-            if let Some(o) = object.as_object_mut() {
-                o.entry("id").or_insert_with(|| Value::String(id.clone()));
-            }
-        }
-        schema
-            .validate_item(&without_id(&schema, &object))
-            .map_err(validation_error)?;
-        self.ensure_container(uri, &schema.layout).await?;
-        let layout = schema.layout.clone();
-        let change = self
-            .session
-            .local_transact(uri, |tx| doc::create(tx, &layout, &id, &object))
-            .map_err(edit_error)?;
-        self.stage(uri, change);
-        Ok(json!({ "id": id, "heads": self.heads_hex(uri) }))
-    }
-
-    async fn tool_update(&mut self, uri: &str, id: &str, patch: &Value) -> Result<Value, ApiError> {
-        let schema = self.schema(uri)?;
-        let current = self
-            .session
-            .engine()
-            .container(uri)
-            .map(|c| doc::get(c.doc(), &schema.layout, id))
-            .transpose()
-            .map_err(doc_error)?
-            .flatten()
-            .ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::NoSuchObject,
-                    format!("no object {id:?} in {uri}"),
-                )
-            })?;
-        let new = doc::apply_patch(&current.value, patch).map_err(doc_error)?;
-        if new.get("id").and_then(Value::as_str) != Some(id) {
-            return Err(ApiError::new(
-                ErrorCode::InvalidEdit,
-                "a patch may not change the object's id",
-            ));
-        }
-        Self::check_size(&new)?;
-        schema
-            .validate_item(&without_id(&schema, &new))
-            .map_err(validation_error)?;
-        let layout = schema.layout.clone();
-        let change = self
-            .session
-            .local_transact(uri, |tx| doc::update(tx, &layout, id, &new))
-            .map_err(edit_error)?;
-        self.stage(uri, change);
-        Ok(json!({ "id": id, "heads": self.heads_hex(uri) }))
-    }
-
-    async fn tool_delete(&mut self, uri: &str, id: &str, hard: bool) -> Result<Value, ApiError> {
-        let schema = self.schema(uri)?;
-        let layout = schema.layout.clone();
-        let change = self
-            .session
-            .local_transact(uri, |tx| doc::delete(tx, &layout, id, hard))
-            .map_err(edit_error)?;
-        self.stage(uri, change);
-        Ok(
-            json!({ "id": id, "mode": if hard { "hard" } else { "tombstone" }, "heads": self.heads_hex(uri) }),
-        )
     }
 
     /// `reset`: removes every item, on every device (a replicated clear);
@@ -616,7 +549,7 @@ mod tests {
 
     #[test]
     fn uuids_are_version_4() {
-        let u = new_uuid().unwrap();
+        let u = new_uuid();
         assert_eq!(u.len(), 36);
         assert_eq!(&u[14..15], "4");
         assert!(matches!(&u[19..20], "8" | "9" | "a" | "b"));

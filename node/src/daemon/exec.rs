@@ -41,6 +41,10 @@ pub(super) enum Ack {
         serde_json::Value,
     ),
     Revoke(oneshot::Sender<Result<RevokeReply, ApiError>>, RevokeReply),
+    Batch(
+        oneshot::Sender<Result<crate::api::BatchReply, ApiError>>,
+        crate::api::BatchReply,
+    ),
 }
 
 impl Ack {
@@ -49,6 +53,7 @@ impl Ack {
             Ack::Put { reply, .. } => drop(reply.send(Err(e))),
             Ack::Value(reply, _) => drop(reply.send(Err(e))),
             Ack::Revoke(reply, _) => drop(reply.send(Err(e))),
+            Ack::Batch(reply, _) => drop(reply.send(Err(e))),
         }
     }
 }
@@ -163,6 +168,13 @@ impl Daemon {
                 }
                 Ack::Value(reply, v) => drop(reply.send(Ok(v))),
                 Ack::Revoke(reply, r) => drop(reply.send(Ok(r))),
+                Ack::Batch(reply, mut r) => {
+                    // Heads as they are now that everything is durable.
+                    for c in &mut r.containers {
+                        c.heads = self.heads_hex(&c.container);
+                    }
+                    drop(reply.send(Ok(r)))
+                }
             }
         }
 

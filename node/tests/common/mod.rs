@@ -488,3 +488,57 @@ impl Pairing {
         wait_for("pair to exit", timeout, || self.child.try_wait().unwrap())
     }
 }
+
+/// POSTs `body` to `path` on the running daemon of `home`; returns the HTTP
+/// status and the JSON reply.
+pub fn api_post(home: &Path, path: &str, body: &Value) -> (u16, Value) {
+    let api: Value =
+        serde_json::from_slice(&fs::read(home.join("api.json")).expect("api.json")).unwrap();
+    let url = format!("{}{path}", api["url"].as_str().unwrap());
+    let token = api["token"].as_str().unwrap().to_owned();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let resp = http
+            .post(&url)
+            .bearer_auth(&token)
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    })
+}
+
+/// A counter of the daemon's `/metrics` (0 when absent).
+pub fn metric(home: &Path, name: &str) -> f64 {
+    let api: Value =
+        serde_json::from_slice(&fs::read(home.join("api.json")).expect("api.json")).unwrap();
+    let url = format!("{}/metrics", api["url"].as_str().unwrap());
+    let token = api["token"].as_str().unwrap().to_owned();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let text = rt.block_on(async {
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        http.get(&url)
+            .bearer_auth(&token)
+            .send()
+            .await
+            .expect("metrics request")
+            .text()
+            .await
+            .expect("metrics body")
+    });
+    text.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == name).then(|| v.trim().parse().ok()).flatten()
+        })
+        .unwrap_or(0.0)
+}
