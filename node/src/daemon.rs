@@ -119,6 +119,9 @@ struct Daemon {
     /// [`Daemon::execute`] (with origin `local`) before anything is
     /// acknowledged or sent.
     staged: Vec<(String, Vec<u8>)>,
+    /// While a run of incoming frames and gossip is handled, the effects of
+    /// each, executed together at the end (one group commit for the run).
+    deferred: Option<Vec<Effect>>,
     /// Announcements of our agent whose key we do not know yet; retried
     /// when the DID log grows.
     unknown_announcements: BTreeMap<String, (Announcement, Vec<Multiaddr>)>,
@@ -300,6 +303,29 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                 break;
             }
             ev = net_events.recv() => match ev {
+                Some(ev) if carries_data(&ev) => {
+                    // A run of frames and gossip already waiting is handled
+                    // as one turn: one group commit instead of one each
+                    // (2,000 containers' deltas arrive as 2,000 messages).
+                    d.deferred = Some(Vec::new());
+                    d.on_net(ev).await;
+                    let mut spill = None;
+                    for _ in 1..MAX_NET_RUN {
+                        match net_events.try_recv() {
+                            Ok(ev) if carries_data(&ev) => d.on_net(ev).await,
+                            Ok(ev) => {
+                                spill = Some(ev);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let effects = d.deferred.take().unwrap_or_default();
+                    d.execute(effects, Vec::new()).await;
+                    if let Some(ev) = spill {
+                        d.on_net(ev).await;
+                    }
+                }
                 Some(ev) => d.on_net(ev).await,
                 None => { error!("network task stopped"); break; }
             },
@@ -483,6 +509,7 @@ impl Daemon {
             quarantined: opened.quarantined,
             last_seq: opened.last_seq,
             staged: Vec::new(),
+            deferred: None,
             unknown_announcements: BTreeMap::new(),
             listen_addrs,
             api_url,
@@ -502,6 +529,15 @@ impl Daemon {
             ),
         }
     }
+}
+
+/// Most network events handled as one turn (see `deferred`).
+const MAX_NET_RUN: usize = 256;
+
+/// Frames and gossip: the events whose effects may wait for the end of a
+/// run of them.
+fn carries_data(ev: &NetEvent) -> bool {
+    matches!(ev, NetEvent::Frame { .. } | NetEvent::GossipMessage { .. })
 }
 
 async fn recv_opt(

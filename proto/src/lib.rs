@@ -185,6 +185,9 @@ pub enum SyncPayload {
     /// The sender's heads per container (the anti-entropy summary of
     /// earlier versions; still understood, no longer sent).
     Heads(Vec<ContainerHeads>),
+    /// Raw changes of several containers, pushed live (a flush that
+    /// touched many containers).
+    Deltas(Vec<(String, Vec<Vec<u8>>)>),
     /// Anti-entropy: one fingerprint over all (container, heads) pairs.
     Digest { fingerprint: [u8; 16], count: u32 },
     /// Range-based set reconciliation, when digests differ.
@@ -470,6 +473,15 @@ impl SyncPayload {
                     count: *count,
                 })
             }
+            SyncPayload::Deltas(list) => pb::sync_payload::Kind::Deltas(pb::Deltas {
+                deltas: list
+                    .iter()
+                    .map(|(container, changes)| pb::Delta {
+                        container: container.clone(),
+                        changes: changes.clone(),
+                    })
+                    .collect(),
+            }),
             SyncPayload::Reconcile(parts) => pb::sync_payload::Kind::Reconcile(pb::Reconcile {
                 parts: parts.iter().map(encode_part).collect(),
             }),
@@ -493,20 +505,41 @@ impl SyncPayload {
                 })
             }
             Some(pb::sync_payload::Kind::Delta(d)) => {
-                check_container(&d.container)?;
-                if d.changes.len() > MAX_CHANGES_PER_DELTA {
-                    return Err(invalid(
-                        "delta",
-                        format!("{} changes, max {MAX_CHANGES_PER_DELTA}", d.changes.len()),
-                    ));
-                }
-                if d.changes.iter().any(|c| c.is_empty()) {
-                    return Err(invalid("delta", "empty change"));
-                }
+                check_delta(&d, d.changes.len())?;
                 Ok(SyncPayload::Delta {
                     container: d.container,
                     changes: d.changes,
                 })
+            }
+            Some(pb::sync_payload::Kind::Deltas(list)) => {
+                if list.deltas.len() > MAX_CONTAINERS_PER_SUMMARY {
+                    return Err(invalid(
+                        "deltas",
+                        format!(
+                            "{} containers, max {MAX_CONTAINERS_PER_SUMMARY}",
+                            list.deltas.len()
+                        ),
+                    ));
+                }
+                let mut total = 0;
+                for d in &list.deltas {
+                    total += d.changes.len();
+                    check_delta(d, total)?;
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                if !list
+                    .deltas
+                    .iter()
+                    .all(|d| seen.insert(d.container.as_str()))
+                {
+                    return Err(invalid("deltas", "a container listed twice"));
+                }
+                Ok(SyncPayload::Deltas(
+                    list.deltas
+                        .into_iter()
+                        .map(|d| (d.container, d.changes))
+                        .collect(),
+                ))
             }
             Some(pb::sync_payload::Kind::Heads(h)) => {
                 Ok(SyncPayload::Heads(decode_heads_list(h.containers)?))
@@ -541,6 +574,22 @@ impl SyncPayload {
             }
         }
     }
+}
+
+/// One delta's container and changes; `total` counts changes so far in the
+/// message, which is capped like a single delta.
+fn check_delta(d: &pb::Delta, total: usize) -> Result<(), WireError> {
+    check_container(&d.container)?;
+    if total > MAX_CHANGES_PER_DELTA {
+        return Err(invalid(
+            "delta",
+            format!("{total} changes, max {MAX_CHANGES_PER_DELTA}"),
+        ));
+    }
+    if d.changes.iter().any(|c| c.is_empty()) {
+        return Err(invalid("delta", "empty change"));
+    }
+    Ok(())
 }
 
 fn encode_heads(c: &ContainerHeads) -> pb::ContainerHeads {

@@ -53,6 +53,10 @@ fn round_trips() {
             fingerprint: [3; 16],
             count: 10_000,
         },
+        SyncPayload::Deltas(vec![
+            ("a".into(), vec![vec![1], vec![2]]),
+            ("b".into(), vec![vec![3]]),
+        ]),
         SyncPayload::Reconcile(vec![
             RangePart {
                 lower: String::new(),
@@ -171,6 +175,44 @@ fn rejects_bad_input() {
     expect_err(
         SyncPayload::decode(&bad_hash.encode_to_vec()),
         "change hash",
+    );
+}
+
+// Goal: a multi-container delta is bounded like a single one (changes
+// counted across containers), names no container twice, and has no empty
+// change or bad name.
+#[test]
+fn rejects_bad_deltas() {
+    let of = |deltas: Vec<(&str, Vec<Vec<u8>>)>| {
+        pb::SyncPayload {
+            kind: Some(pb::sync_payload::Kind::Deltas(pb::Deltas {
+                deltas: deltas
+                    .into_iter()
+                    .map(|(c, changes)| pb::Delta {
+                        container: c.into(),
+                        changes,
+                    })
+                    .collect(),
+            })),
+        }
+        .encode_to_vec()
+    };
+    expect_err(
+        SyncPayload::decode(&of(vec![("a", vec![vec![1]]), ("a", vec![vec![2]])])),
+        "listed twice",
+    );
+    expect_err(
+        SyncPayload::decode(&of(vec![("a", vec![vec![]])])),
+        "empty change",
+    );
+    expect_err(
+        SyncPayload::decode(&of(vec![("", vec![vec![1]])])),
+        "container name",
+    );
+    let half = vec![vec![1u8]; MAX_CHANGES_PER_DELTA / 2 + 1];
+    expect_err(
+        SyncPayload::decode(&of(vec![("a", half.clone()), ("b", half)])),
+        "changes, max",
     );
 }
 

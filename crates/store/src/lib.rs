@@ -53,6 +53,24 @@ pub trait Storage: Send + Sync + 'static {
     /// encryption failures are reported as such and nothing of the batch is acknowledged.
     fn append_changes(&self, container: &str, changes: &[Vec<u8>]) -> Result<u64, StoreError>;
 
+    /// [`Storage::append_changes`] for several containers with **one** flush
+    /// for all of them, durable on return. Returns each container's last
+    /// sequence number, in order. On an error, none of the batches may be
+    /// acknowledged (some may be on disk).
+    ///
+    /// # Errors
+    /// As [`Storage::append_changes`]; every name and change is checked
+    /// before anything is written.
+    fn append_many(&self, batches: &[(&str, &[Vec<u8>])]) -> Result<Vec<u64>, StoreError> {
+        for (container, changes) in batches {
+            check_changes(container, changes)?;
+        }
+        batches
+            .iter()
+            .map(|(container, changes)| self.append_changes(container, changes))
+            .collect()
+    }
+
     /// Stores `snapshot` as covering changes `1..=covers_changes` of `container` and drops
     /// those changes from the log, atomically and durably. Replacing a snapshot with another
     /// that covers the same changes is allowed.

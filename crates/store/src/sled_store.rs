@@ -117,6 +117,56 @@ fn open_db(dir: &Path) -> Result<sled::Db, sled::Error> {
 }
 
 impl SledStore {
+    /// Appends `changes` to the log of `container` without flushing: the
+    /// caller flushes before anything is acknowledged.
+    fn append_unflushed(&self, container: &str, changes: &[Vec<u8>]) -> Result<u64, StoreError> {
+        check_changes(container, changes)?;
+        let cid = self.container_id(container);
+        let mut cache = self.lock_writer();
+        let position = self.position(&mut cache, &cid, container)?;
+        if changes.is_empty() {
+            return Ok(position.last_seq);
+        }
+        // Seal outside the transaction: its closure may run more than once and must not
+        // draw fresh nonces or do other work with effects.
+        let name_record = if position.exists {
+            None
+        } else {
+            Some(self.name_record(&cid, position.covers, container)?)
+        };
+        let mut entries = Vec::with_capacity(changes.len());
+        let mut seq = position.last_seq;
+        for change in changes {
+            seq += 1;
+            let key = log_key(&cid, seq);
+            let value = self.seal(LOG_TREE, &key, change)?;
+            entries.push((key, value));
+        }
+        (&self.names, &self.log)
+            .transaction(|(names, log)| {
+                if let Some(record) = &name_record {
+                    names.insert(&cid[..], record.clone())?;
+                }
+                for (key, value) in &entries {
+                    log.insert(&key[..], value.clone())?;
+                }
+                Ok::<_, ConflictableTransactionError<Infallible>>(())
+            })
+            .map_err(tx_err("appending changes"))?;
+        cache.insert(
+            cid,
+            Position {
+                exists: true,
+                covers: position.covers,
+                last_seq: seq,
+            },
+        );
+        // Flush (the caller's) after releasing the lock so that concurrent
+        // appends share flushes.
+        drop(cache);
+        Ok(seq)
+    }
+
     /// Opens (or creates) the store in `dir` with `key`.
     ///
     /// A new store gets a sealed key marker; an existing one must have a marker that opens
@@ -347,51 +397,25 @@ impl SledStore {
 
 impl Storage for SledStore {
     fn append_changes(&self, container: &str, changes: &[Vec<u8>]) -> Result<u64, StoreError> {
-        check_changes(container, changes)?;
-        let cid = self.container_id(container);
-        let mut cache = self.lock_writer();
-        let position = self.position(&mut cache, &cid, container)?;
-        if changes.is_empty() {
-            return Ok(position.last_seq);
+        let seq = self.append_unflushed(container, changes)?;
+        if !changes.is_empty() {
+            self.flush()?;
         }
-        // Seal outside the transaction: its closure may run more than once and must not
-        // draw fresh nonces or do other work with effects.
-        let name_record = if position.exists {
-            None
-        } else {
-            Some(self.name_record(&cid, position.covers, container)?)
-        };
-        let mut entries = Vec::with_capacity(changes.len());
-        let mut seq = position.last_seq;
-        for change in changes {
-            seq += 1;
-            let key = log_key(&cid, seq);
-            let value = self.seal(LOG_TREE, &key, change)?;
-            entries.push((key, value));
-        }
-        (&self.names, &self.log)
-            .transaction(|(names, log)| {
-                if let Some(record) = &name_record {
-                    names.insert(&cid[..], record.clone())?;
-                }
-                for (key, value) in &entries {
-                    log.insert(&key[..], value.clone())?;
-                }
-                Ok::<_, ConflictableTransactionError<Infallible>>(())
-            })
-            .map_err(tx_err("appending changes"))?;
-        cache.insert(
-            cid,
-            Position {
-                exists: true,
-                covers: position.covers,
-                last_seq: seq,
-            },
-        );
-        // Flush after releasing the lock so that concurrent appends share flushes.
-        drop(cache);
-        self.flush()?;
         Ok(seq)
+    }
+
+    fn append_many(&self, batches: &[(&str, &[Vec<u8>])]) -> Result<Vec<u64>, StoreError> {
+        for (container, changes) in batches {
+            check_changes(container, changes)?;
+        }
+        let mut out = Vec::with_capacity(batches.len());
+        for (container, changes) in batches {
+            out.push(self.append_unflushed(container, changes)?);
+        }
+        if batches.iter().any(|(_, c)| !c.is_empty()) {
+            self.flush()?;
+        }
+        Ok(out)
     }
 
     fn save_snapshot(

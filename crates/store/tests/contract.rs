@@ -276,3 +276,40 @@ fn concurrent_appends_are_serialised() {
         }
     });
 }
+
+// Goal: `append_many` appends to several containers as `append_changes`
+// would (sequence numbers continue per container), and checks every name
+// and change before writing anything. Method: appends across three
+// containers, then a call whose last batch has a bad name.
+#[test]
+fn append_many_is_append_changes_per_container_checked_first() {
+    each_backend(|backend, s| {
+        s.append_changes("a", &blobs(1..=2)).expect("append");
+        let seqs = s
+            .append_many(&[("a", &blobs(3..=4)), ("b", &blobs(1..=1)), ("c", &[])])
+            .expect("append_many");
+        assert_eq!(seqs, vec![4, 1, 0], "{backend}");
+        assert_eq!(
+            s.load_container("a").expect("load").expect("a").changes,
+            blobs(1..=4),
+            "{backend}"
+        );
+        assert_eq!(
+            s.list_containers().expect("list"),
+            vec!["a".to_owned(), "b".to_owned()],
+            "{backend}: an empty batch creates nothing"
+        );
+        let err = s
+            .append_many(&[("d", &blobs(1..=1)), ("", &blobs(1..=1))])
+            .expect_err("a bad name");
+        assert!(
+            matches!(err, StoreError::EmptyContainerName),
+            "{backend}: {err:?}"
+        );
+        assert_eq!(
+            s.load_container("d").expect("load"),
+            None,
+            "{backend}: nothing written when one batch is refused"
+        );
+    });
+}

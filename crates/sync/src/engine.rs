@@ -33,6 +33,12 @@ use nuwa_state::{Container, Hash, StateError, SyncState};
 
 use crate::reconcile::{self, Fingerprint, FingerprintSet};
 
+/// Largest packed [`SyncPayload::Deltas`] (changes plus names), so that a
+/// pack still fits a gossip message once sealed.
+pub const PACK_BYTES: usize = 48 * 1024;
+/// Most containers in one packed [`SyncPayload::Deltas`].
+pub const PACK_CONTAINERS: usize = 1024;
+
 /// Least time between two digests to one peer when the early digest (after
 /// an exchange ends) is due.
 const EARLY_DIGEST_MIN_MS: u64 = 1_000;
@@ -273,11 +279,15 @@ impl Engine {
     /// Applies a delta that arrived by gossip (its author need not be a
     /// direct peer). Missing dependencies are left to anti-entropy.
     pub fn handle_gossip(&mut self, payload: SyncPayload) -> Result<Vec<Action>, EngineError> {
-        let SyncPayload::Delta { container, changes } = payload else {
-            return Err(EngineError::NotGossip);
+        let list = match payload {
+            SyncPayload::Delta { container, changes } => vec![(container, changes)],
+            SyncPayload::Deltas(list) => list,
+            _ => return Err(EngineError::NotGossip),
         };
         let mut out = Vec::new();
-        self.apply_delta(&container, changes, &mut out)?;
+        for (container, changes) in list {
+            self.apply_delta(&container, changes, &mut out)?;
+        }
         Ok(out)
     }
 
@@ -433,18 +443,45 @@ impl Engine {
         }
     }
 
-    /// Pushes queued local changes to every peer, one delta per container.
+    /// Pushes queued local changes to every peer: one delta per container,
+    /// with the changes of several small containers packed into one
+    /// [`SyncPayload::Deltas`] of up to [`PACK_BYTES`].
     pub fn flush(&mut self) -> Vec<Action> {
         let pending = std::mem::take(&mut self.pending_local);
-        let mut out = Vec::new();
+        let mut payloads: Vec<SyncPayload> = Vec::new();
+        let mut pack: Vec<(String, Vec<Vec<u8>>)> = Vec::new();
+        let mut pack_bytes = 0;
+        let close =
+            |pack: &mut Vec<(String, Vec<Vec<u8>>)>, payloads: &mut Vec<SyncPayload>| match pack
+                .len()
+            {
+                0 => {}
+                1 => {
+                    let (container, changes) = pack.remove(0);
+                    payloads.push(SyncPayload::Delta { container, changes });
+                }
+                _ => payloads.push(SyncPayload::Deltas(std::mem::take(pack))),
+            };
         for (container, changes) in pending {
+            let bytes: usize = container.len() + changes.iter().map(|c| c.len() + 4).sum::<usize>();
+            if bytes > PACK_BYTES {
+                payloads.push(SyncPayload::Delta { container, changes });
+                continue;
+            }
+            if pack_bytes + bytes > PACK_BYTES || pack.len() >= PACK_CONTAINERS {
+                close(&mut pack, &mut payloads);
+                pack_bytes = 0;
+            }
+            pack_bytes += bytes;
+            pack.push((container, changes));
+        }
+        close(&mut pack, &mut payloads);
+        let mut out = Vec::new();
+        for payload in payloads {
             for peer in self.peers.keys() {
                 out.push(Action::Send {
                     peer: peer.clone(),
-                    payload: SyncPayload::Delta {
-                        container: container.clone(),
-                        changes: changes.clone(),
-                    },
+                    payload: payload.clone(),
                 });
             }
         }
@@ -535,20 +572,37 @@ impl Engine {
                 self.on_sync(peer, &container, &message, now_ms, &mut out)?;
             }
             SyncPayload::Delta { container, changes } => {
-                let missing_deps = self.apply_delta(&container, changes, &mut out)?;
-                let running = self
-                    .peers
-                    .get(peer)
-                    .and_then(|p| p.containers.get(&container))
-                    .is_some_and(|pc| pc.active_since_ms.is_some());
-                if missing_deps && !running {
-                    self.start_sync(peer, &container, now_ms, &mut out);
-                } else if !missing_deps {
-                    self.check_converged(peer, &container, &mut out);
+                self.on_delta(peer, &container, changes, now_ms, &mut out)?;
+            }
+            SyncPayload::Deltas(list) => {
+                for (container, changes) in list {
+                    self.on_delta(peer, &container, changes, now_ms, &mut out)?;
                 }
             }
         }
         Ok(out)
+    }
+
+    fn on_delta(
+        &mut self,
+        peer: &str,
+        container: &str,
+        changes: Vec<Vec<u8>>,
+        now_ms: u64,
+        out: &mut Vec<Action>,
+    ) -> Result<(), EngineError> {
+        let missing_deps = self.apply_delta(container, changes, out)?;
+        let running = self
+            .peers
+            .get(peer)
+            .and_then(|p| p.containers.get(container))
+            .is_some_and(|pc| pc.active_since_ms.is_some());
+        if missing_deps && !running {
+            self.start_sync(peer, container, now_ms, out);
+        } else if !missing_deps {
+            self.check_converged(peer, container, out);
+        }
+        Ok(())
     }
 
     fn on_digest(&mut self, peer: &str, theirs: (Fingerprint, u32), out: &mut Vec<Action>) {

@@ -234,6 +234,7 @@ fn describe(payload: &SyncPayload) -> String {
     match payload {
         SyncPayload::Heads(list) => format!("Heads({} containers)", list.len()),
         SyncPayload::Digest { count, .. } => format!("Digest({count} containers)"),
+        SyncPayload::Deltas(list) => format!("Deltas({} containers)", list.len()),
         SyncPayload::Reconcile(parts) => format!("Reconcile({} parts)", parts.len()),
         SyncPayload::Sync { container, message } => {
             format!("Sync({container}, {} bytes)", message.len())

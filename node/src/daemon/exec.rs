@@ -70,6 +70,14 @@ impl Daemon {
     /// Performs `effects` plus every staged local change, in the order the
     /// module docs give, then answers `acks`.
     pub(super) async fn execute(&mut self, effects: Vec<Effect>, acks: Vec<Ack>) {
+        if acks.is_empty() {
+            if let Some(deferred) = self.deferred.as_mut() {
+                // Inside a run of network events: executed, in order, at its
+                // end (nothing waits on these effects but the peer).
+                deferred.extend(effects);
+                return;
+            }
+        }
         // 1. Persist. Group commits per (container, origin), in first-seen
         // order of containers.
         let mut persist: BTreeMap<(String, Origin), Vec<Vec<u8>>> = BTreeMap::new();
@@ -108,17 +116,16 @@ impl Daemon {
                 other => rest.push(other),
             }
         }
-        let mut registry_changed = false;
-        for ((container, origin), changes) in persist {
-            registry_changed |= container == super::asm::REGISTRY_CONTAINER;
-            if let Err(e) = self.persist(&container, changes, origin).await {
-                let msg = format!("{e:#}");
-                for a in acks {
-                    a.fail(ApiError::new(ErrorCode::StorageFailed, msg.clone()));
-                }
-                self.fatal = Some(e);
-                return;
+        let registry_changed = persist
+            .keys()
+            .any(|(c, _)| c == super::asm::REGISTRY_CONTAINER);
+        if let Err(e) = self.persist(persist).await {
+            let msg = format!("{e:#}");
+            for a in acks {
+                a.fail(ApiError::new(ErrorCode::StorageFailed, msg.clone()));
             }
+            self.fatal = Some(e);
+            return;
         }
         if registry_changed {
             // Schemas replicate through the registry container: rebuild the
@@ -217,8 +224,11 @@ impl Daemon {
         let Ok(peer_id) = peer.parse::<PeerId>() else {
             return;
         };
+        // A live delta is published once, whatever the number of peers;
+        // packs partition containers, so their first one names them.
         let delta = match &payload {
             SyncPayload::Delta { container, .. } => Some(container.clone()),
+            SyncPayload::Deltas(list) => list.first().map(|(c, _)| format!("\0pack:{c}")),
             _ => None,
         };
         if let Some(c) = &delta {
@@ -362,47 +372,55 @@ impl Daemon {
             .unwrap_or_default()
     }
 
-    /// Makes `changes` of `container` durable (one group commit), then
-    /// reports them as a change event.
-    async fn persist(
-        &mut self,
-        container: &str,
-        changes: Vec<Vec<u8>>,
-        origin: Origin,
-    ) -> Result<()> {
-        let n = changes.len() as u64;
-        if n >= COMPACT_AFTER_CHANGES && self.session.engine().container(container).is_some() {
-            // A batch this large (a cold sync, a long partition healing)
-            // would be compacted right after being logged. The document
-            // already holds every one of these changes, so one snapshot
-            // makes them durable at a fraction of the cost of logging each
-            // (a 100,000-change cold sync: one ~0.5 MB write instead of
-            // ~90 MB of log). Nothing is acknowledged before it returns.
-            drop(changes);
-            self.compact(container).await?;
-            // The reader reloads it from the snapshot when next asked.
-            self.reader.reset(container);
-            self.emit_change_event(container, n as usize, origin);
+    /// Makes every batch durable: one group commit (one flush) for all the
+    /// containers of this turn, then reports each as a change event.
+    async fn persist(&mut self, batches: BTreeMap<(String, Origin), Vec<Vec<u8>>>) -> Result<()> {
+        let mut logged: Vec<(String, Origin, Vec<Vec<u8>>)> = Vec::with_capacity(batches.len());
+        for ((container, origin), changes) in batches {
+            let n = changes.len() as u64;
+            if n >= COMPACT_AFTER_CHANGES && self.session.engine().container(&container).is_some() {
+                // A batch this large (a cold sync, a long partition healing)
+                // would be compacted right after being logged. The document
+                // already holds every one of these changes, so one snapshot
+                // makes them durable at a fraction of the cost of logging
+                // each (a 100,000-change cold sync: one ~0.5 MB write
+                // instead of ~90 MB of log). Nothing is acknowledged before
+                // it returns.
+                drop(changes);
+                self.compact(&container).await?;
+                // The reader reloads it from the snapshot when next asked.
+                self.reader.reset(&container);
+                self.emit_change_event(&container, n as usize, origin);
+            } else {
+                logged.push((container, origin, changes));
+            }
+        }
+        if logged.is_empty() {
             return Ok(());
         }
         let store = self.store.clone();
-        let name = container.to_owned();
-        let (seq, changes) = tokio::task::spawn_blocking(move || {
-            store
-                .append_changes(&name, &changes)
-                .map(|seq| (seq, changes))
+        let (seqs, logged) = tokio::task::spawn_blocking(move || {
+            let batches: Vec<(&str, &[Vec<u8>])> = logged
+                .iter()
+                .map(|(c, _, changes)| (c.as_str(), changes.as_slice()))
+                .collect();
+            let seqs = store.append_many(&batches);
+            seqs.map(|s| (s, logged))
         })
         .await
         .context("store task panicked")?
-        .with_context(|| format!("cannot persist changes of container {container:?}"))?;
-        // Durable: readers may see it now (before any acknowledgement).
-        self.reader.changes(container, &changes);
-        self.last_seq.insert(container.to_owned(), seq);
-        self.emit_change_event(container, n as usize, origin);
-        let logged = self.logged.entry(container.to_owned()).or_default();
-        *logged += n;
-        if *logged >= COMPACT_AFTER_CHANGES {
-            self.compact(container).await?;
+        .context("cannot persist changes")?;
+        for ((container, origin, changes), seq) in logged.into_iter().zip(seqs) {
+            let n = changes.len() as u64;
+            // Durable: readers may see it now (before any acknowledgement).
+            self.reader.changes(&container, &changes);
+            self.last_seq.insert(container.clone(), seq);
+            self.emit_change_event(&container, n as usize, origin);
+            let count = self.logged.entry(container.clone()).or_default();
+            *count += n;
+            if *count >= COMPACT_AFTER_CHANGES {
+                self.compact(&container).await?;
+            }
         }
         Ok(())
     }
