@@ -150,6 +150,28 @@ impl Api {
         Ok(reply.heads)
     }
 
+    /// `POST /v1/state.batch`: applies `ops`; fails unless every one
+    /// applied. Returns once they are durable on this node.
+    pub async fn batch(&self, ops: &[serde_json::Value]) -> Result<()> {
+        let resp = self
+            .http
+            .post(format!("{}/v1/state.batch", self.url))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({ "ops": ops }))
+            .send()
+            .await
+            .with_context(|| format!("batch to {} failed", self.url))?;
+        let reply: serde_json::Value = Self::check(resp, "batch")
+            .await?
+            .json()
+            .await
+            .context("malformed batch reply")?;
+        if reply["ok"] != serde_json::json!(true) {
+            anyhow::bail!("the batch did not apply whole: {reply}");
+        }
+        Ok(())
+    }
+
     /// `GET /v1/state/get?container=C[&key=K]`: the value under `key`, or
     /// the whole container rendered as JSON.
     pub async fn get(&self, container: &str, key: Option<&str>) -> Result<serde_json::Value> {

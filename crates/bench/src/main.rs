@@ -7,7 +7,9 @@
 //! nothing about correctness beyond checking that every run converged.
 
 mod api;
+mod batch;
 mod coldsync;
+mod containers;
 mod latency;
 mod local;
 mod node;
@@ -77,7 +79,16 @@ struct Cli {
     /// Point reads timed in the `reads` workload (default 2000).
     #[arg(long, value_name = "G")]
     gets: Option<usize>,
-    /// Workloads to run: latency, throughput, cold-sync, reads (default: all).
+    /// Items written through `state.batch` in the `batch` workload, in
+    /// batches of 100 (default 20000).
+    #[arg(long, value_name = "I")]
+    batch_items: Option<usize>,
+    /// Container counts of the `containers` workload (default
+    /// 10,1000,10000).
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
+    container_counts: Option<Vec<usize>>,
+    /// Workloads to run: latency, throughput, cold-sync, reads, batch,
+    /// containers (default: all).
     #[arg(long, value_name = "W,W,...", value_delimiter = ',')]
     only: Option<Vec<Workload>>,
     /// Directory for report.md, results.json and the PNG charts.
@@ -116,6 +127,8 @@ enum Workload {
     Throughput,
     ColdSync,
     Reads,
+    Batch,
+    Containers,
 }
 
 /// The effective parameters after `--quick` and the explicit options.
@@ -128,6 +141,8 @@ struct Params {
     log_entries: usize,
     read_keys: usize,
     gets: usize,
+    batch_items: usize,
+    container_counts: Vec<usize>,
     reps: usize,
     quick: bool,
     workloads: Vec<Workload>,
@@ -147,6 +162,14 @@ impl Params {
             log_entries: cli.log_entries.unwrap_or(if q { 2000 } else { 100_000 }),
             read_keys: cli.read_keys.unwrap_or(if q { 10_000 } else { 100_000 }),
             gets: cli.gets.unwrap_or(if q { 300 } else { 2000 }),
+            batch_items: cli.batch_items.unwrap_or(if q { 2000 } else { 20_000 }),
+            container_counts: cli.container_counts.clone().unwrap_or_else(|| {
+                if q {
+                    vec![10, 1000]
+                } else {
+                    vec![10, 1000, 10_000]
+                }
+            }),
             reps: cli.reps.unwrap_or(if q { 1 } else { 3 }),
             quick: q,
             workloads: cli.only.clone().unwrap_or_else(|| {
@@ -155,6 +178,8 @@ impl Params {
                     Workload::Throughput,
                     Workload::ColdSync,
                     Workload::Reads,
+                    Workload::Batch,
+                    Workload::Containers,
                 ]
             }),
         };
@@ -177,6 +202,8 @@ impl Params {
             "log_entries": self.log_entries,
             "read_keys": self.read_keys,
             "gets": self.gets,
+            "batch_items": self.batch_items,
+            "container_counts": self.container_counts,
             "sizes": self.sizes,
             "quick": self.quick,
         })
@@ -441,8 +468,52 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
             rd.push(r);
         }
     }
-    let doc = results_json(p, &lat, &thr, &cold, &rd);
-    if p.workloads.len() == 4 {
+    let mut bt = Vec::new();
+    if p.workloads.contains(&Workload::Batch) {
+        for rep in 0..p.reps {
+            let dir = RepDir::new(&root_path, &format!("batch-r{rep}"), cli.keep)?;
+            let r = batch::run(bin, &dir.path, p.batch_items)
+                .await
+                .with_context(|| format!("batch run, repetition {}", rep + 1))?;
+            eprintln!(
+                "batch rep {}/{}: {} items/s converged through state.batch ({} per batch), \
+                 local append {} /s (ratio {}); wire {} B/item",
+                rep + 1,
+                p.reps,
+                report::num(r.rate_per_sec),
+                batch::BATCH,
+                report::num(r.local_append_rate_per_sec),
+                report::num(r.ratio),
+                report::num(r.wire_bytes_per_item),
+            );
+            bt.push(r);
+        }
+    }
+    let mut ct: BTreeMap<usize, Vec<containers::ContainersRun>> = BTreeMap::new();
+    if p.workloads.contains(&Workload::Containers) {
+        for &n in &p.container_counts {
+            for rep in 0..p.reps {
+                let dir = RepDir::new(&root_path, &format!("containers-{n}-r{rep}"), cli.keep)?;
+                let r = containers::run(bin, &dir.path, n)
+                    .await
+                    .with_context(|| format!("containers run, {n}, repetition {}", rep + 1))?;
+                eprintln!(
+                    "containers {n} rep {}/{}: idle {} B per peer per round; one change in {} ms; \
+                     filled and synced in {} ms; idle RSS {:?} MB",
+                    rep + 1,
+                    p.reps,
+                    report::num(r.idle_bytes_per_peer_round),
+                    report::num(r.one_change_ms),
+                    report::num(r.fill_and_sync_ms),
+                    r.idle_rss_mb,
+                );
+                ct.entry(n).or_default().push(r);
+            }
+        }
+    }
+    let mut doc = results_json(p, &lat, &thr, &cold, &rd);
+    extra_json(&mut doc, &bt, &ct);
+    if p.workloads.len() == 6 {
         let missing = report::missing(&doc, &report::required_paths(&p.sizes));
         if !missing.is_empty() {
             eprintln!(
@@ -452,6 +523,65 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
         }
     }
     Ok(doc)
+}
+
+/// The `batch` and `containers` sections of the results.
+fn extra_json(
+    doc: &mut Value,
+    bt: &[batch::BatchRun],
+    ct: &BTreeMap<usize, Vec<containers::ContainersRun>>,
+) {
+    let Some(doc) = doc.as_object_mut() else {
+        return;
+    };
+    if !bt.is_empty() {
+        let col = |f: fn(&batch::BatchRun) -> f64| bt.iter().map(f).collect::<Vec<_>>();
+        let mut b = Map::new();
+        b.insert("nodes".into(), json!(batch::NODES));
+        b.insert("items".into(), json!(bt[0].items));
+        b.insert("per_batch".into(), json!(batch::BATCH));
+        insert(&mut b, "elapsed_ms", stat_json(&col(|r| r.elapsed_ms)));
+        insert(&mut b, "rate_per_sec", stat_json(&col(|r| r.rate_per_sec)));
+        insert(
+            &mut b,
+            "local_append_rate_per_sec",
+            stat_json(&col(|r| r.local_append_rate_per_sec)),
+        );
+        insert(&mut b, "ratio", stat_json(&col(|r| r.ratio)));
+        insert(
+            &mut b,
+            "wire_bytes_per_item",
+            stat_json(&col(|r| r.wire_bytes_per_item)),
+        );
+        doc.insert("batch".into(), Value::Object(b));
+    }
+    if !ct.is_empty() {
+        let mut m = Map::new();
+        for (n, runs) in ct {
+            let col =
+                |f: fn(&containers::ContainersRun) -> f64| runs.iter().map(f).collect::<Vec<_>>();
+            let mut e = Map::new();
+            insert(
+                &mut e,
+                "idle_bytes_per_peer_round",
+                stat_json(&col(|r| r.idle_bytes_per_peer_round)),
+            );
+            insert(
+                &mut e,
+                "one_change_ms",
+                stat_json(&col(|r| r.one_change_ms)),
+            );
+            insert(
+                &mut e,
+                "fill_and_sync_ms",
+                stat_json(&col(|r| r.fill_and_sync_ms)),
+            );
+            let rss: Vec<f64> = runs.iter().flat_map(|r| r.idle_rss_mb.clone()).collect();
+            insert(&mut e, "idle_rss_mb", stat_json(&rss));
+            m.insert(n.to_string(), Value::Object(e));
+        }
+        doc.insert("containers".into(), Value::Object(m));
+    }
 }
 
 fn insert(map: &mut Map<String, Value>, key: &str, v: Option<Value>) {

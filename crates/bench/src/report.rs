@@ -69,6 +69,21 @@ fn sizes(docs: &[&Value]) -> Vec<String> {
     set.into_iter().map(|n| n.to_string()).collect()
 }
 
+/// Container counts of the `containers` workload in any of `docs`.
+fn container_counts(docs: &[&Value]) -> Vec<String> {
+    let mut set = BTreeSet::new();
+    for d in docs {
+        if let Some(m) = d.get("containers").and_then(Value::as_object) {
+            for k in m.keys() {
+                if let Ok(n) = k.parse::<u64>() {
+                    set.insert(n);
+                }
+            }
+        }
+    }
+    set.into_iter().map(|n| n.to_string()).collect()
+}
+
 fn rows(docs: &[&Value]) -> Vec<Row> {
     use Better::{Higher, Lower};
     let mut out = Vec::new();
@@ -204,6 +219,54 @@ fn rows(docs: &[&Value]) -> Vec<Row> {
             None,
         ),
     ]);
+    out.extend([
+        row(
+            "items converged on 3 nodes, state.batch of 100",
+            &["batch", "rate_per_sec"],
+            "/s",
+            Higher,
+            None,
+        ),
+        row(
+            "batch converged / local append",
+            &["batch", "ratio"],
+            "×",
+            Higher,
+            Some(Target::AtLeast(0.8)),
+        ),
+        row(
+            "wire bytes per item, state.batch",
+            &["batch", "wire_bytes_per_item"],
+            "B",
+            Lower,
+            None,
+        ),
+    ]);
+    for n in container_counts(docs) {
+        let idle_target = (n == "10000").then_some(Target::AtMost(1024.0));
+        let rss_target = (n == "10000").then_some(Target::AtMost(64.0));
+        out.push(row(
+            &format!("idle anti-entropy, {n} containers"),
+            &["containers", &n, "idle_bytes_per_peer_round"],
+            "B/peer/round",
+            Lower,
+            idle_target,
+        ));
+        out.push(row(
+            &format!("one change among {n} containers"),
+            &["containers", &n, "one_change_ms"],
+            "ms",
+            Lower,
+            None,
+        ));
+        out.push(row(
+            &format!("idle RSS with {n} containers"),
+            &["containers", &n, "idle_rss_mb"],
+            "MB",
+            Lower,
+            rss_target,
+        ));
+    }
     for n in sizes(docs) {
         out.push(row(
             &format!("wire bytes per change, single writes, N={n}"),
