@@ -308,6 +308,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                     // as one turn: one group commit instead of one each
                     // (2,000 containers' deltas arrive as 2,000 messages).
                     d.deferred = Some(Vec::new());
+                    d.session.defer_gossip(true);
                     d.on_net(ev).await;
                     let mut spill = None;
                     for _ in 1..MAX_NET_RUN {
@@ -320,7 +321,9 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                             Err(_) => break,
                         }
                     }
-                    let effects = d.deferred.take().unwrap_or_default();
+                    d.session.defer_gossip(false);
+                    let mut effects = d.deferred.take().unwrap_or_default();
+                    effects.extend(d.session.apply_queued());
                     d.execute(effects, Vec::new()).await;
                     if let Some(ev) = spill {
                         d.on_net(ev).await;

@@ -195,6 +195,9 @@ pub struct Container {
     doc: Automerge,
     /// Set when Automerge panicked on input; see [`Container::is_poisoned`].
     poisoned: bool,
+    /// Changes in the document's history, kept as it grows: Automerge only
+    /// counts them by collecting every change (O(history) per call).
+    changes: usize,
 }
 
 impl std::fmt::Debug for Container {
@@ -509,6 +512,7 @@ impl Container {
         Container {
             doc: Automerge::new().with_actor(ActorId::from(actor)),
             poisoned: false,
+            changes: 0,
         }
     }
 
@@ -541,6 +545,7 @@ impl Container {
         let actor = self.doc.get_actor().clone();
         self.doc = Automerge::new().with_actor(actor);
         self.poisoned = true;
+        self.changes = 0;
         Err(StateError::Poisoned(why))
     }
 
@@ -560,7 +565,9 @@ impl Container {
         let mut c = Container {
             doc: doc.with_actor(ActorId::from(actor)),
             poisoned: false,
+            changes: 0,
         };
+        c.changes = c.doc.get_changes(&[]).len();
         c.apply_changes(changes)?;
         Ok(c)
     }
@@ -577,7 +584,10 @@ impl Container {
             .transact(|tx| put_value(tx, &ROOT, automerge::Prop::Map(key), value, false))
             .map_err(|f| StateError::Automerge(f.error))?;
         match success.hash {
-            Some(hash) => self.change_bytes(&hash).map(Some),
+            Some(hash) => {
+                self.changes += 1;
+                self.change_bytes(&hash).map(Some)
+            }
             None => Ok(None),
         }
     }
@@ -615,10 +625,12 @@ impl Container {
             .transact(f)
             .map_err(|failure| TransactError::Rejected(failure.error))?;
         match success.hash {
-            Some(hash) => self
-                .change_bytes(&hash)
-                .map(Some)
-                .map_err(TransactError::State),
+            Some(hash) => {
+                self.changes += 1;
+                self.change_bytes(&hash)
+                    .map(Some)
+                    .map_err(TransactError::State)
+            }
             None => Ok(None),
         }
     }
@@ -670,7 +682,7 @@ impl Container {
         if parsed.is_empty() {
             return Ok(Applied::default());
         }
-        self.guarded(|doc| {
+        let result = self.guarded(|doc| {
             let before = doc.get_heads();
             doc.apply_changes(parsed)?;
             check_op_numbering(doc, &before)?;
@@ -687,7 +699,19 @@ impl Container {
                 new_changes,
                 missing_deps: !doc.get_missing_deps(&[]).is_empty(),
             })
-        })
+        });
+        self.recount(result.as_ref().map(|a| a.new_changes.len()));
+        result
+    }
+
+    /// Keeps the change count after input from a peer: adds what was
+    /// applied, or counts afresh when an error left the document unknown.
+    fn recount<E>(&mut self, added: Result<usize, E>) {
+        match added {
+            Ok(n) => self.changes += n,
+            Err(_) if self.poisoned => self.changes = 0,
+            Err(_) => self.changes = self.doc.get_changes(&[]).len(),
+        }
     }
 
     /// The JSON value under `key`, if any. Renders only that value: one
@@ -711,7 +735,7 @@ impl Container {
 
     /// Number of changes in the document's history.
     pub fn change_count(&self) -> usize {
-        self.doc.get_changes(&[]).len()
+        self.changes
     }
 
     /// The document in Automerge's standard binary format.
@@ -762,7 +786,7 @@ impl Container {
         .map_err(|e| StateError::BadSyncMessage(e.to_string()))?;
         check_blooms(&msg)?;
         check_sync_changes(&msg)?;
-        self.guarded(|doc| {
+        let result = self.guarded(|doc| {
             let before = doc.get_heads();
             doc.receive_sync_message(state, msg)?;
             if doc.get_heads() == before {
@@ -773,14 +797,54 @@ impl Container {
                 .get_changes(&before)
                 .into_iter()
                 .map(|c| c.raw_bytes().to_vec())
-                .collect())
-        })
+                .collect::<Vec<_>>())
+        });
+        self.recount(result.as_ref().map(Vec::len));
+        result
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Goal: the kept change count always equals Automerge's own count,
+    // whatever path the changes took: local puts and transactions,
+    // applied batches (with duplicates), the sync protocol, and load.
+    #[test]
+    fn change_count_follows_the_history() {
+        let truth = |c: &Container| c.doc().get_changes(&[]).len();
+        let mut a = Container::new(&[1; 16]);
+        let mut changes = Vec::new();
+        for i in 0..5 {
+            changes.push(
+                a.put(&format!("k{i}"), &serde_json::json!(i))
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        a.transact(|tx| Container::put_in(tx, "t", &serde_json::json!(1)))
+            .unwrap();
+        assert_eq!(a.change_count(), 6);
+        assert_eq!(a.change_count(), truth(&a));
+        let mut b = Container::new(&[2; 16]);
+        b.apply_changes(changes[..3].to_vec()).unwrap();
+        b.apply_changes(changes.clone()).unwrap();
+        assert_eq!((b.change_count(), truth(&b)), (5, 5));
+        let mut c = Container::new(&[3; 16]);
+        let (mut sa, mut sc) = (SyncState::new(), SyncState::new());
+        for _ in 0..10 {
+            if let Some(m) = a.generate_sync_message(&mut sa) {
+                c.receive_sync_message(&mut sc, &m).unwrap();
+            }
+            if let Some(m) = c.generate_sync_message(&mut sc) {
+                a.receive_sync_message(&mut sa, &m).unwrap();
+            }
+        }
+        assert_eq!((c.change_count(), truth(&c)), (6, 6));
+        let loaded = Container::load(&[4; 16], Some(&a.save()), changes).unwrap();
+        assert_eq!((loaded.change_count(), truth(&loaded)), (6, 6));
+    }
     use serde_json::json;
 
     // Goal: the renderer behind `get` and `to_json` gives exactly what

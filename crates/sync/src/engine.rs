@@ -195,6 +195,8 @@ pub struct Engine {
     /// Containers whose heads may have moved since their item hash was
     /// computed.
     dirty: BTreeSet<String>,
+    /// Gossiped changes waiting for [`Engine::apply_queued`], per container.
+    queued: BTreeMap<String, Vec<Vec<u8>>>,
 }
 
 impl Engine {
@@ -208,6 +210,7 @@ impl Engine {
             pending_local: BTreeMap::new(),
             fingerprints: FingerprintSet::default(),
             dirty: BTreeSet::new(),
+            queued: BTreeMap::new(),
         }
     }
 
@@ -289,6 +292,41 @@ impl Engine {
             self.apply_delta(&container, changes, &mut out)?;
         }
         Ok(out)
+    }
+
+    /// Queues a gossiped delta to be applied by [`Engine::apply_queued`],
+    /// together with the others of the same container. Applying one small
+    /// change costs Automerge time in proportion to the document (about
+    /// 14 ms at 100,000 keys), so a run of deltas is applied in one call.
+    pub fn queue_gossip(&mut self, payload: SyncPayload) -> Result<(), EngineError> {
+        let list = match payload {
+            SyncPayload::Delta { container, changes } => vec![(container, changes)],
+            SyncPayload::Deltas(list) => list,
+            _ => return Err(EngineError::NotGossip),
+        };
+        for (container, _) in &list {
+            if !self.containers.contains_key(container) {
+                nuwa_state::check_container_name(container)?;
+            }
+        }
+        for (container, changes) in list {
+            self.queued.entry(container).or_default().extend(changes);
+        }
+        Ok(())
+    }
+
+    /// Applies every queued delta, one Automerge call per container.
+    /// Returns the actions and the errors of containers that refused
+    /// theirs (the others are applied).
+    pub fn apply_queued(&mut self) -> (Vec<Action>, Vec<EngineError>) {
+        let mut out = Vec::new();
+        let mut errors = Vec::new();
+        for (container, changes) in std::mem::take(&mut self.queued) {
+            if let Err(e) = self.apply_delta(&container, changes, &mut out) {
+                errors.push(e);
+            }
+        }
+        (out, errors)
     }
 
     /// Applies remote changes to `container`, queues their persistence, and

@@ -265,6 +265,10 @@ pub struct Session {
     held: VecDeque<Held>,
     /// Last clock offset measured per peer that was refused for skew.
     skewed: BTreeMap<PeerKey, i64>,
+    /// Queue gossiped deltas instead of applying them (see `defer_gossip`).
+    defer_gossip: bool,
+    /// Earliest seal time among the queued deltas.
+    queued_sealed_at: Option<u64>,
 }
 
 impl Session {
@@ -282,6 +286,8 @@ impl Session {
             peers: BTreeMap::new(),
             held: VecDeque::new(),
             skewed: BTreeMap::new(),
+            defer_gossip: false,
+            queued_sealed_at: None,
         }
     }
 
@@ -663,6 +669,24 @@ impl Session {
                 return (false, out);
             }
         };
+        if self.defer_gossip {
+            // Authenticated and decoded: forwarded now, applied with the
+            // rest of the run by `apply_queued`.
+            return match self.engine.queue_gossip(payload) {
+                Ok(()) => {
+                    out.push(Effect::Count(Count::GossipDeltasApplied));
+                    self.queued_sealed_at = Some(
+                        self.queued_sealed_at
+                            .map_or(env.timestamp_ms, |t| t.min(env.timestamp_ms)),
+                    );
+                    (true, out)
+                }
+                Err(e) => {
+                    self.engine_error(e, &mut out);
+                    (false, out)
+                }
+            };
+        }
         match self.engine.handle_gossip(payload) {
             Ok(actions) => {
                 out.push(Effect::Count(Count::GossipDeltasApplied));
@@ -921,6 +945,26 @@ impl Session {
             Some(PeerState::Verified { context_id, .. }) => Some(context_id),
             _ => None,
         }
+    }
+
+    /// While on, gossiped deltas are verified and queued, not applied, until
+    /// [`Session::apply_queued`]: the runtime turns it on for a run of
+    /// network events it handles as one turn.
+    pub fn defer_gossip(&mut self, on: bool) {
+        self.defer_gossip = on;
+    }
+
+    /// Applies the gossiped deltas queued while deferring, one Automerge call
+    /// per container.
+    pub fn apply_queued(&mut self) -> Vec<Effect> {
+        let mut out = Vec::new();
+        let (actions, errors) = self.engine.apply_queued();
+        let sealed_at = self.queued_sealed_at.take();
+        self.engine_actions_sealed(actions, sealed_at, &mut out);
+        for e in errors {
+            self.engine_error(e, &mut out);
+        }
+        out
     }
 
     /// Whether we hold exactly what a verified peer holds.
