@@ -15,8 +15,9 @@
 // taken in another without any IPC delay in between.
 //
 // What this script leaves to others: it does not tune automerge-repo (all
-// Repo and adapter settings are the library defaults) and it does not compare
-// figures; `nuwa-bench --compare FILE` does that.
+// Repo and adapter settings are the library defaults, except the sync
+// debounce when `--sync-debounce-ms` asks for it; see debounce-hook.mjs) and
+// it does not compare figures; `nuwa-bench --compare FILE` does that.
 
 import { fork } from "node:child_process";
 import fs from "node:fs";
@@ -369,8 +370,11 @@ class Node {
     this.pending = new Map();
     this.seenListeners = new Set();
     this.forkedAtMs = nowMs();
+    const debounce = process.env.NUWA_AM_SYNC_DEBOUNCE_MS;
     this.proc = fork(SCRIPT_PATH, ["--child"], {
       serialization: "advanced",
+      // See debounce-hook.mjs: sets the sync debounce the Repo does not expose.
+      execArgv: debounce === undefined ? [] : ["--import", path.join(SCRIPT_DIR, "debounce-hook.mjs")],
       stdio: ["ignore", "inherit", "inherit", "ipc"],
     });
     children.add(this.proc);
@@ -685,6 +689,7 @@ Options:
   --in-flight K         writes per event-loop turn in the throughput run (default 32)
   --log-entries E       entries for the cold sync (default 100000)
   --spaced-gap-ms MS    also measure latency with MS between writes (default 150, 0 = skip)
+  --sync-debounce-ms MS set automerge-repo's sync debounce (default: the library's 100 ms)
   --json-out FILE       where to write the JSON (default scripts/bench/out/automerge-repo.json)
   -h, --help            show this text
 `;
@@ -702,6 +707,7 @@ function parseCli(argv) {
       "log-entries": { type: "string" },
       "spaced-gap-ms": { type: "string" },
       "json-out": { type: "string" },
+      "sync-debounce-ms": { type: "string" },
       help: { type: "boolean", short: "h", default: false },
     },
     strict: true,
@@ -709,6 +715,14 @@ function parseCli(argv) {
   if (values.help) {
     process.stdout.write(HELP);
     process.exit(0);
+  }
+  if (values["sync-debounce-ms"] !== undefined) {
+    const d = Number(values["sync-debounce-ms"]);
+    if (!Number.isInteger(d) || d < 0) {
+      throw new Error(`--sync-debounce-ms must be an integer >= 0, got "${values["sync-debounce-ms"]}"`);
+    }
+    // Read by the children (fork inherits the environment) and the hook.
+    process.env.NUWA_AM_SYNC_DEBOUNCE_MS = String(d);
   }
   const q = values.quick;
   const int = (name, fallback, min) => {
@@ -855,7 +869,10 @@ async function main() {
     Object.fromEntries(Object.entries(m).map(([n, v]) => [n, { p50_ms: stat(v.p50), p99_ms: stat(v.p99) }]));
   const result = {
     schema_version: 1,
-    tool: "automerge-repo",
+    tool:
+      process.env.NUWA_AM_SYNC_DEBOUNCE_MS === undefined
+        ? "automerge-repo"
+        : `automerge-repo (sync debounce ${process.env.NUWA_AM_SYNC_DEBOUNCE_MS} ms)`,
     tool_version: packageVersion("@automerge/automerge-repo"),
     generated_at_unix_ms: Date.now(),
     machine: {

@@ -103,8 +103,10 @@ struct Cli {
     compare: Option<PathBuf>,
     /// After measuring nuwa-node, run the same workloads with the same
     /// parameters through the automerge-repo script (scripts/bench/run.sh;
-    /// needs Node.js 20+ and, on first use, the npm registry) and put both
-    /// in one table. Its JSON goes to OUT/automerge-repo.json.
+    /// needs Node.js 20+ and, on first use, the npm registry) twice, at its
+    /// defaults and with its sync debounce at 0, and add a table for each.
+    /// Its JSON goes to OUT/automerge-repo.json and
+    /// OUT/automerge-repo-debounce-0.json.
     #[arg(long, conflicts_with_all = ["compare", "results"])]
     automerge_repo: bool,
     /// The automerge-repo script to run with --automerge-repo.
@@ -241,7 +243,7 @@ async fn real_main(cli: Cli) -> Result<()> {
             (measure_all(&cli, &params, &bin).await?, Some(params))
         }
     };
-    let other = match (&params, cli.automerge_repo) {
+    let others: Vec<Value> = match (&params, cli.automerge_repo) {
         (Some(p), true) => {
             // Keep nuwa-node's figures even if the comparison fails.
             std::fs::create_dir_all(&cli.out)
@@ -251,17 +253,28 @@ async fn real_main(cli: Cli) -> Result<()> {
                 serde_json::to_string_pretty(&doc)?,
             )
             .context("cannot write results.json")?;
-            Some(run_automerge_repo(&cli, p).await?)
+            // Twice: at the library's defaults, and with its 100 ms sync
+            // debounce at 0 (which dominates its latency row).
+            vec![
+                run_automerge_repo(&cli, p, None).await?,
+                run_automerge_repo(&cli, p, Some(0)).await?,
+            ]
         }
-        _ => cli.compare.as_deref().map(read_json).transpose()?,
+        _ => cli
+            .compare
+            .as_deref()
+            .map(read_json)
+            .transpose()?
+            .into_iter()
+            .collect(),
     };
-    write_outputs(&cli, &doc, other.as_ref())
+    write_outputs(&cli, &doc, &others)
 }
 
 /// Runs scripts/bench/run.sh with the parameters nuwa-node was measured
 /// with, right after it (the daemons are gone, so the two do not compete
 /// for the cores), and reads its JSON.
-async fn run_automerge_repo(cli: &Cli, p: &Params) -> Result<Value> {
+async fn run_automerge_repo(cli: &Cli, p: &Params, debounce_ms: Option<u32>) -> Result<Value> {
     let script = &cli.automerge_repo_script;
     if !script.is_file() {
         bail!(
@@ -271,12 +284,19 @@ async fn run_automerge_repo(cli: &Cli, p: &Params) -> Result<Value> {
     }
     std::fs::create_dir_all(&cli.out)
         .with_context(|| format!("cannot create {}", cli.out.display()))?;
-    let json_out = std::path::absolute(cli.out.join("automerge-repo.json"))
-        .context("cannot resolve the output directory")?;
+    let file = match debounce_ms {
+        None => "automerge-repo.json".to_owned(),
+        Some(ms) => format!("automerge-repo-debounce-{ms}.json"),
+    };
+    let json_out =
+        std::path::absolute(cli.out.join(file)).context("cannot resolve the output directory")?;
     let sizes: Vec<String> = p.sizes.iter().map(ToString::to_string).collect();
     let mut cmd = tokio::process::Command::new(script);
     if p.quick {
         cmd.arg("--quick");
+    }
+    if let Some(ms) = debounce_ms {
+        cmd.arg("--sync-debounce-ms").arg(ms.to_string());
     }
     cmd.arg("--reps")
         .arg(p.reps.to_string())
@@ -803,7 +823,7 @@ fn without_series(doc: &Value) -> Value {
     d
 }
 
-fn write_outputs(cli: &Cli, doc: &Value, other: Option<&Value>) -> Result<()> {
+fn write_outputs(cli: &Cli, doc: &Value, others: &[Value]) -> Result<()> {
     let out = &cli.out;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let pretty = serde_json::to_string_pretty(doc)?;
@@ -852,10 +872,43 @@ fn write_outputs(cli: &Cli, doc: &Value, other: Option<&Value>) -> Result<()> {
         }
     }
 
+    let idle: Vec<(f64, f64)> = doc
+        .get("containers")
+        .and_then(Value::as_object)
+        .map(|m| {
+            let mut v: Vec<(f64, f64)> = m
+                .iter()
+                .filter_map(|(k, e)| {
+                    let n: f64 = k.parse().ok()?;
+                    let b = e
+                        .get("idle_bytes_per_peer_round")?
+                        .get("median")?
+                        .as_f64()?;
+                    Some((n, b.max(1.0)))
+                })
+                .collect();
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            v
+        })
+        .unwrap_or_default();
+    if !idle.is_empty() {
+        plot::containers(
+            &out.join("containers.png"),
+            &[("nuwa-node".to_owned(), idle)],
+        )?;
+        charts.push((
+            "Idle anti-entropy bytes per peer per round against containers (log scale)",
+            "containers.png",
+        ));
+    }
+
     let figures = report::figures_table(doc);
-    let compare = other.map(|o| report::compare_table(doc, o));
+    let compares: Vec<String> = others
+        .iter()
+        .map(|o| report::compare_table(doc, o))
+        .collect();
     println!("{figures}");
-    if let Some(c) = &compare {
+    for c in &compares {
         println!("{c}");
     }
 
@@ -872,8 +925,9 @@ fn write_outputs(cli: &Cli, doc: &Value, other: Option<&Value>) -> Result<()> {
     }
     md.push_str("Each figure is the median and min–max over the repetitions; ratios are taken inside each repetition.\n\n");
     md.push_str(&figures);
-    if let Some(c) = &compare {
-        md.push_str("\n## Compared\n\n");
+    for (c, o) in compares.iter().zip(others) {
+        let name = o.get("tool").and_then(Value::as_str).unwrap_or("other");
+        md.push_str(&format!("\n## Compared with {name}\n\n"));
         md.push_str(c);
     }
     if !charts.is_empty() {

@@ -146,6 +146,61 @@ pub fn throughput(path: &Path, counts: &[u32], converged_ms: f64) -> Result<()> 
     Ok(())
 }
 
+/// Idle anti-entropy bytes per peer per round against the number of
+/// containers, both axes logarithmic. `series` is (tool, points).
+pub fn containers(path: &Path, series: &[(String, Vec<(f64, f64)>)]) -> Result<()> {
+    ensure_font()?;
+    let pts = series.iter().flat_map(|(_, p)| p.iter());
+    let x_max = pts.clone().map(|p| p.0).fold(10.0, f64::max) * 2.0;
+    let y_max = pts.map(|p| p.1).fold(1024.0, f64::max) * 4.0;
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Idle anti-entropy against the number of containers",
+            (FONT, 20),
+        )
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d((1.0..x_max).log_scale(), (10.0..y_max).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("containers held by both devices")
+        .y_desc("bytes per peer per round")
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 16))
+        .draw()?;
+    chart
+        .draw_series(LineSeries::new(
+            vec![(1.0, 1024.0), (x_max, 1024.0)],
+            BLACK.mix(0.5).stroke_width(1),
+        ))?
+        .label("target: 1 KB at 10,000 containers")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], BLACK.mix(0.5)));
+    for (i, (name, points)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(name.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(2))
+            });
+        chart.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .label_font((FONT, 14))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,7 +215,16 @@ mod tests {
         let thr = dir.path().join("throughput.png");
         latency_cdf(&lat, &[(3, vec![1.0, 2.0, 5.0]), (5, vec![2.0, 3.0, 9.0])]).unwrap();
         throughput(&thr, &[2, 2, 1], 300.0).unwrap();
-        for p in [lat, thr] {
+        let ct = dir.path().join("containers.png");
+        containers(
+            &ct,
+            &[(
+                "nuwa-node".into(),
+                vec![(10.0, 163.0), (1000.0, 164.0), (10000.0, 164.0)],
+            )],
+        )
+        .unwrap();
+        for p in [lat, thr, ct] {
             let bytes = std::fs::read(&p).unwrap();
             assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{}", p.display());
         }
