@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole benchmark in one command: builds nuwa-node and nuwa-bench in
 # release mode, measures real daemons on 127.0.0.1, then runs the same
-# workloads through automerge-repo (Node.js 20+; npm registry on first use)
+# workloads through automerge-repo twice (defaults, sync debounce 0; Node.js
+# 20+, npm registry on first use)
 # and writes one report with both tools side by side.
 #
-#   ./scripts/bench/all.sh            # full run (10–15 min on 2 cores)
+#   ./scripts/bench/all.sh            # full run (about 40 min on 2 cores)
 #   ./scripts/bench/all.sh --quick    # smoke run (under a minute)
 #   ./scripts/bench/all.sh --no-automerge-repo [nuwa-bench options]
 #
