@@ -30,6 +30,8 @@
 //! keepers = []                      # keeper multiaddrs (with /p2p/)
 //! [api]
 //! listen = "127.0.0.1:0"            # loopback only
+//! [memory]
+//! budget_mb = 256                   # containers leave memory above this RSS
 //! ```
 //!
 //! Command-line lists replace the file's lists when they are given, and the
@@ -81,6 +83,8 @@ pub struct Settings {
     pub discovery: Discovery,
     #[command(flatten)]
     pub api: Api,
+    #[command(flatten)]
+    pub memory: Memory,
     /// The file these settings came from, so that [`resolve`] can name it in
     /// errors; `None` when no file exists (or for the command line).
     #[serde(skip)]
@@ -193,6 +197,37 @@ pub struct Api {
     )]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
+}
+
+/// `[memory]`: how much memory the daemon may use for state.
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Memory {
+    /// Resident memory (MB) above which containers leave memory at once,
+    /// least recently used first (they load again when used). Containers
+    /// unused for a minute leave memory anyway. Default: 256.
+    #[arg(
+        id = "memory.budget_mb",
+        long = "memory-budget-mb",
+        value_name = "MB",
+        env = "NUWA_MEMORY_BUDGET_MB"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_mb: Option<u64>,
+}
+
+/// The default of `memory.budget_mb`.
+pub const DEFAULT_MEMORY_BUDGET_MB: u64 = 256;
+/// The smallest `memory.budget_mb` accepted: below it the daemon's own
+/// footprint (runtime, libp2p, sled) leaves nothing for state.
+pub const MIN_MEMORY_BUDGET_MB: u64 = 32;
+
+impl Default for Memory {
+    fn default() -> Self {
+        Memory {
+            budget_mb: Some(DEFAULT_MEMORY_BUDGET_MB),
+        }
+    }
 }
 
 impl Default for Network {
@@ -341,6 +376,7 @@ pub struct Effective {
     pub rendezvous_servers: Vec<String>,
     pub keepers: Vec<String>,
     pub api_listen: SocketAddr,
+    pub memory_budget_mb: u64,
 }
 
 /// A place in the config file, both counted from 1; the column counts
@@ -695,6 +731,18 @@ pub fn resolve(file: Settings, cli: Settings) -> Result<Effective, ConfigError> 
         .or(defaults.api.listen)
         .unwrap_or_default();
     let api_listen = parse_api_listen(&api_text, setting("api.listen"))?;
+    let memory_budget_mb = merged
+        .memory
+        .budget_mb
+        .or(defaults.memory.budget_mb)
+        .unwrap_or(DEFAULT_MEMORY_BUDGET_MB);
+    if memory_budget_mb < MIN_MEMORY_BUDGET_MB {
+        return Err(ConfigError::InvalidValue {
+            setting: setting("memory.budget_mb"),
+            value: memory_budget_mb.to_string(),
+            reason: format!("the budget must be at least {MIN_MEMORY_BUDGET_MB} MB"),
+        });
+    }
 
     Ok(Effective {
         listen,
@@ -708,6 +756,7 @@ pub fn resolve(file: Settings, cli: Settings) -> Result<Effective, ConfigError> 
         rendezvous_servers,
         keepers,
         api_listen,
+        memory_budget_mb,
     })
 }
 
@@ -871,6 +920,12 @@ const DEFAULT_FILE: &str = r#"# nuwa-node configuration. Every key is optional; 
 # Address of the local HTTP API the CLI talks to. Loopback only
 # (127.0.0.1 or [::1]); port 0 picks a free port.
 #listen = "127.0.0.1:0"
+
+[memory]
+# Resident memory (MB) above which containers leave memory at once, least
+# recently used first; they load again when used. Containers unused for a
+# minute leave memory anyway.
+#budget_mb = 256
 "#;
 
 /// Writes a commented default `HOME/config.toml` unless one already exists
@@ -937,6 +992,7 @@ mod tests {
             rendezvous_servers: Vec::new(),
             keepers: Vec::new(),
             api_listen: "127.0.0.1:0".parse().unwrap(),
+            memory_budget_mb: 256,
         }
     }
 
@@ -971,6 +1027,8 @@ rendezvous_servers = ["{PEER}"]
 keepers = ["{PEER}"]
 [api]
 listen = "[::1]:7000"
+[memory]
+budget_mb = 128
 "#
         ));
         let file = load(dir.path()).unwrap();
@@ -998,6 +1056,9 @@ listen = "[::1]:7000"
                 api: Api {
                     listen: Some("[::1]:7000".to_owned()),
                 },
+                memory: Memory {
+                    budget_mb: Some(128),
+                },
                 path: Some(path),
             }
         );
@@ -1016,6 +1077,7 @@ listen = "[::1]:7000"
                 rendezvous_servers: strings(&[PEER]),
                 keepers: strings(&[PEER]),
                 api_listen: "[::1]:7000".parse().unwrap(),
+                memory_budget_mb: 128,
             }
         );
     }
@@ -1041,7 +1103,7 @@ listen = "[::1]:7000"
         let none = flags(&[]);
         assert_eq!(
             serde_json::to_value(&none).unwrap(),
-            serde_json::json!({"network": {}, "discovery": {}, "api": {}})
+            serde_json::json!({"network": {}, "discovery": {}, "api": {}, "memory": {}})
         );
         let off = flags(&["--no-mdns", "--no-dht"]);
         assert_eq!(
@@ -1086,6 +1148,7 @@ listen = "[::1]:7000"
                     "rendezvous_servers",
                 ]),
             ),
+            ("memory".into(), strings(&["budget_mb"])),
             ("network".into(), strings(&["listen", "peers"])),
         ];
         assert_eq!(got, want);
@@ -1258,6 +1321,7 @@ listen = "127.0.0.1:9"
                     bootstrap: strings(&[PEER]),
                     rendezvous_servers: strings(&[PEER]),
                     api_listen: "127.0.0.1:9".parse().unwrap(),
+                    memory_budget_mb: 256,
                     ..default_effective()
                 }
             }),
@@ -1296,6 +1360,7 @@ listen = "127.0.0.1:9"
                     rendezvous_servers: strings(&[other, PEER]),
                     keepers: Vec::new(),
                     api_listen: "[::1]:0".parse().unwrap(),
+                    memory_budget_mb: 256,
                 },
             ),
             (
@@ -1308,6 +1373,7 @@ listen = "127.0.0.1:9"
                     bootstrap: strings(&[other]),
                     rendezvous_servers: strings(&[PEER]),
                     api_listen: "127.0.0.1:9".parse().unwrap(),
+                    memory_budget_mb: 256,
                     ..default_effective()
                 },
             ),
@@ -1345,6 +1411,34 @@ listen = "127.0.0.1:9"
             assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
         }
         assert!(!msg.ends_with('.'), "{msg}");
+    }
+
+    #[test]
+    fn a_memory_budget_too_small_is_refused() {
+        // Goal: a budget below the daemon's own footprint is refused,
+        // naming where it came from; an adequate one is taken.
+        let invalid: fn(&ConfigError) -> bool = |e| matches!(e, ConfigError::InvalidValue { .. });
+        check_err(
+            "[memory]\nbudget_mb = 8\n",
+            flags(&[]),
+            invalid,
+            &["`memory.budget_mb` in", CONFIG_FILE, "at least 32 MB"],
+        );
+        check_err(
+            "",
+            flags(&["--memory-budget-mb", "1"]),
+            invalid,
+            &["--memory-budget-mb", "at least"],
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let eff = resolve(
+            load(dir.path()).unwrap(),
+            flags(&["--memory-budget-mb", "64"]),
+        )
+        .unwrap();
+        assert_eq!(eff.memory_budget_mb, 64);
+        let eff = resolve(load(dir.path()).unwrap(), flags(&[])).unwrap();
+        assert_eq!(eff.memory_budget_mb, DEFAULT_MEMORY_BUDGET_MB);
     }
 
     #[test]

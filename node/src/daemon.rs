@@ -68,6 +68,8 @@ pub struct RunOptions {
     /// Keepers: store-and-forward nodes for devices never online together.
     pub keepers: Vec<Multiaddr>,
     pub api_listen: SocketAddr,
+    /// Resident memory (MB) above which containers are evicted at once.
+    pub memory_budget_mb: u64,
     /// `sync --once`: stop when converged with every verified peer (Ok) or
     /// when this much time has passed (Err with the reason).
     pub once: Option<Duration>,
@@ -83,6 +85,13 @@ const TICK: Duration = Duration::from_millis(200);
 const MAX_REJECTIONS: usize = 256;
 /// API requests taken per loop turn (one durable group commit).
 const MAX_API_BATCH: usize = 512;
+/// Up to this many containers stay in memory at start; with more, all but
+/// the schema registry start evicted.
+const LOADED_AT_START: usize = 256;
+/// How often memory is checked and idle containers evicted.
+const EVICT_EVERY_MS: u64 = 5_000;
+/// A container unused this long leaves memory.
+const IDLE_EVICT_MS: u64 = 60_000;
 /// Changes logged since the last snapshot before a container is compacted.
 const COMPACT_AFTER_CHANGES: u64 = 2048;
 
@@ -119,6 +128,9 @@ struct Daemon {
     /// [`Daemon::execute`] (with origin `local`) before anything is
     /// acknowledged or sent.
     staged: Vec<(String, Vec<u8>)>,
+    /// `memory.budget_mb`, in bytes.
+    memory_budget: u64,
+    next_evict_ms: u64,
     /// While a run of incoming frames and gossip is handled, the effects of
     /// each, executed together at the end (one group commit for the run).
     deferred: Option<Vec<Effect>>,
@@ -359,7 +371,8 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                 let effects = d.session.tick(now);
                 d.execute(effects, Vec::new()).await;
                 d.metrics.peers_verified.set(d.session.verified().count() as i64);
-                d.metrics.containers.set(d.session.engine().containers().count() as i64);
+                d.metrics.containers.set(d.session.engine().container_count() as i64);
+                d.memory_tick(now);
                 d.metrics.envelopes_held.set(d.session.held_len() as i64);
                 d.wide_tick(now).await;
                 d.keeper_tick(now).await;
@@ -440,6 +453,17 @@ fn open_session(home: &Home, store: &dyn Storage) -> Result<Opened> {
             records: q.records,
         })
         .collect();
+    let cold_at_start = names.len() > LOADED_AT_START;
+    debug!(
+        containers = names.len(),
+        rss_mb = rss_bytes().unwrap_or(0) / 1_000_000,
+        "loading containers"
+    );
+    let mut cold: Vec<(String, usize, usize, u64, u64)> = Vec::new();
+    let mut cold_heads: Vec<nuwa_state::Hash> = Vec::new();
+    if cold_at_start {
+        cold.reserve_exact(names.len());
+    }
     for name in names {
         let loaded = match load_container(store, &actor, &name) {
             Ok(Some(loaded)) => loaded,
@@ -458,11 +482,46 @@ fn open_session(home: &Home, store: &dyn Storage) -> Result<Opened> {
                 continue;
             }
         };
-        engine.insert_container(name.clone(), loaded.container);
-        last_seq.insert(name.clone(), loaded.last_seq);
-        logged.insert(name, loaded.logged);
+        if cold_at_start && name != asm::REGISTRY_CONTAINER {
+            // More containers than memory should hold: keep what digests
+            // and status need; the document loads again on first use.
+            // Heads go to one flat buffer and the maps are built after the
+            // loop, so that no small allocation that lives on lands
+            // between the documents freed here (the heap pages holding it
+            // could not go back to the system).
+            let c = loaded.container;
+            let heads = c.heads();
+            cold_heads.extend_from_slice(&heads);
+            cold.push((
+                name,
+                heads.len(),
+                c.change_count(),
+                loaded.last_seq,
+                loaded.logged,
+            ));
+        } else {
+            engine.insert_container(name.clone(), loaded.container);
+            last_seq.insert(name.clone(), loaded.last_seq);
+            logged.insert(name, loaded.logged);
+        }
     }
-    info!(containers = engine.containers().count(), "store opened");
+    // Loading every container allocated and freed a lot: give it back
+    // before the long-lived maps are built.
+    release_free_memory();
+    let mut at = 0;
+    for (name, n_heads, changes, seq, n_logged) in cold {
+        let heads = cold_heads[at..at + n_heads].to_vec();
+        at += n_heads;
+        last_seq.insert(name.clone(), seq);
+        logged.insert(name.clone(), n_logged);
+        engine.insert_cold(name, heads, changes);
+    }
+    info!(
+        containers = engine.container_count(),
+        in_memory = engine.loaded_count(),
+        rss_mb = rss_bytes().unwrap_or(0) / 1_000_000,
+        "store opened"
+    );
     let secure = SecureChannel::new(
         home.log.did().to_owned(),
         home.info.context_id.clone(),
@@ -497,6 +556,16 @@ impl Daemon {
         reader: reader::ReaderHandle,
     ) -> Self {
         let meta = meta::MetaWriter::spawn(store.clone());
+        let mut opened = opened;
+        let loader_store = store.clone();
+        let actor = home.device.public().to_vec();
+        let loads = metrics.clone();
+        opened.session.set_loader(Box::new(move |name: &str| {
+            loads.inc(Event::ContainersLoaded);
+            load_container(loader_store.as_ref(), &actor, name)
+                .map(|l| l.map(|l| l.container))
+                .map_err(|e| format!("{e:#}"))
+        }));
         Daemon {
             home_dir: home.dir.clone(),
             name: home.info.name.clone(),
@@ -512,6 +581,8 @@ impl Daemon {
             quarantined: opened.quarantined,
             last_seq: opened.last_seq,
             staged: Vec::new(),
+            memory_budget: opts.memory_budget_mb.saturating_mul(1_000_000),
+            next_evict_ms: 0,
             deferred: None,
             unknown_announcements: BTreeMap::new(),
             listen_addrs,
@@ -541,6 +612,16 @@ const MAX_NET_RUN: usize = 256;
 /// run of them.
 fn carries_data(ev: &NetEvent) -> bool {
     matches!(ev, NetEvent::Frame { .. } | NetEvent::GossipMessage { .. })
+}
+
+/// Returns freed heap pages to the system (glibc keeps them otherwise, so
+/// RSS would not fall after eviction).
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 async fn recv_opt(
@@ -625,7 +706,44 @@ fn load_container(
     }))
 }
 
+/// This process's resident memory in bytes (Linux; `None` elsewhere).
+fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
+
 impl Daemon {
+    /// Evicts containers unused for a minute, and, while resident memory is
+    /// over the budget, the least recently used ones; then hands freed
+    /// memory back to the system. Runs every few seconds.
+    fn memory_tick(&mut self, now: u64) {
+        if now < self.next_evict_ms {
+            return;
+        }
+        self.next_evict_ms = now + EVICT_EVERY_MS;
+        let keep = [asm::REGISTRY_CONTAINER];
+        let mut evicted = self.session.evict_idle(IDLE_EVICT_MS, usize::MAX, &keep);
+        let over = rss_bytes().is_some_and(|rss| rss > self.memory_budget);
+        if over {
+            let loaded = self.session.engine().loaded_count();
+            evicted += self.session.evict_idle(IDLE_EVICT_MS, loaded / 2, &keep);
+        }
+        if evicted > 0 {
+            self.add(Event::ContainersEvicted, evicted as u64);
+            self.reader.trim();
+            release_free_memory();
+            debug!(
+                evicted,
+                in_memory = self.session.engine().loaded_count(),
+                over_budget = over,
+                "containers left memory"
+            );
+        }
+    }
+
     /// Saves devices' names and last-seen times (off the loop).
     fn save_seen(&self) {
         self.meta
@@ -1042,16 +1160,22 @@ impl Daemon {
             // The network's counters are in the registry too (see
             // `Metrics::watch_net`).
             counters: self.metrics.counters(),
-            containers: self
-                .session
-                .engine()
-                .containers()
-                .map(|(name, c)| ContainerStatus {
-                    name: name.clone(),
-                    heads: c.heads().iter().map(hex::encode).collect(),
-                    changes: c.change_count(),
-                })
-                .collect(),
+            containers: {
+                let e = self.session.engine();
+                e.container_names()
+                    .into_iter()
+                    .map(|name| ContainerStatus {
+                        name: name.clone(),
+                        heads: e
+                            .heads_of(name)
+                            .unwrap_or_default()
+                            .iter()
+                            .map(hex::encode)
+                            .collect(),
+                        changes: e.change_count_of(name).unwrap_or(0),
+                    })
+                    .collect()
+            },
             reachability: crate::status::ReachabilityStatus {
                 nat: self.wide.nat.as_str().to_owned(),
                 advertised: self.wide.advertised.iter().map(|a| a.to_string()).collect(),

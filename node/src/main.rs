@@ -210,6 +210,7 @@ fn run_options(
         rendezvous_servers: parse_addrs("--rendezvous", &eff.rendezvous_servers)?,
         keepers: parse_addrs("--keeper", &eff.keepers)?,
         api_listen: eff.api_listen,
+        memory_budget_mb: eff.memory_budget_mb,
         once,
         lifecycle_every: std::time::Duration::from_millis(crate::daemon::LIFECYCLE_EVERY_MS),
     })

@@ -52,6 +52,8 @@ events! {
     ClockSkewDetected => "clock_skew_detected", "Genuine Hellos refused because the peer's clock is beyond the replay window";
     ContainersQuarantined => "containers_quarantined", "Containers moved aside at start because their records could not be read";
     ContainersPoisoned => "containers_poisoned", "Containers reloaded from the store after Automerge panicked on peer input";
+    ContainersEvicted => "containers_evicted", "Containers whose document left memory (idle, or over the memory budget); they load again on use";
+    ContainersLoaded => "containers_loaded", "Evicted containers loaded back into memory on use";
     DevicesRevoked => "devices_revoked", "Devices revoked from this device";
     DhtBootstrapFailed => "dht_bootstrap_failed", "Failed DHT bootstraps";
     DhtPointerTopicMismatch => "dht_pointer_topic_mismatch", "Verified DHT pointers naming another topic";

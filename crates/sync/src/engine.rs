@@ -46,6 +46,18 @@ const EARLY_DIGEST_MIN_MS: u64 = 1_000;
 /// Opaque peer identifier (the runtime uses the libp2p PeerId string).
 pub type PeerKey = String;
 
+/// Loads an evicted container from the runtime's storage: `Ok(None)` if the
+/// storage has nothing of it. Set with [`Engine::set_loader`].
+pub type Loader = Box<dyn FnMut(&str) -> Result<Option<Container>, String> + Send>;
+
+/// What the engine keeps of an evicted ("cold") container: enough for
+/// digests, reconciliation and status without the document.
+#[derive(Debug, Clone)]
+struct Cold {
+    heads: Vec<Hash>,
+    changes: usize,
+}
+
 /// Tunables of the engine.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -117,6 +129,8 @@ pub enum EngineError {
     InvalidName(#[from] nuwa_state::NameError),
     #[error("only deltas travel by gossip")]
     NotGossip,
+    #[error("container {container:?} cannot be loaded back from storage: {reason}")]
+    Load { container: String, reason: String },
 }
 
 impl EngineError {
@@ -197,6 +211,14 @@ pub struct Engine {
     dirty: BTreeSet<String>,
     /// Gossiped changes waiting for [`Engine::apply_queued`], per container.
     queued: BTreeMap<String, Vec<Vec<u8>>>,
+    /// Evicted containers: in storage, not in memory (see
+    /// [`Engine::evict`]); loaded again through the loader on first use.
+    cold: BTreeMap<String, Cold>,
+    loader: Option<Loader>,
+    /// Last use of each in-memory container, on the engine's clock (the
+    /// latest `now_ms` any input carried).
+    last_use: BTreeMap<String, u64>,
+    now_ms: u64,
 }
 
 impl Engine {
@@ -211,22 +233,203 @@ impl Engine {
             fingerprints: FingerprintSet::default(),
             dirty: BTreeSet::new(),
             queued: BTreeMap::new(),
+            cold: BTreeMap::new(),
+            loader: None,
+            last_use: BTreeMap::new(),
+            now_ms: 0,
         }
+    }
+
+    /// Sets how evicted containers are loaded again. Without a loader
+    /// nothing is evicted.
+    pub fn set_loader(&mut self, loader: Loader) {
+        self.loader = Some(loader);
+    }
+
+    /// Adds a container restored from storage as evicted: only its heads
+    /// and change count stay in memory until it is used (start-up with
+    /// more containers than memory should hold).
+    pub fn insert_cold(&mut self, name: String, heads: Vec<Hash>, changes: usize) {
+        self.containers.remove(&name);
+        self.last_use.remove(&name);
+        self.dirty.insert(name.clone());
+        self.cold.insert(name, Cold { heads, changes });
+    }
+
+    /// Whether `name` exists, in memory or evicted.
+    pub fn contains(&self, name: &str) -> bool {
+        self.containers.contains_key(name) || self.cold.contains_key(name)
+    }
+
+    /// Containers held, in memory or evicted.
+    pub fn container_count(&self) -> usize {
+        self.containers.len() + self.cold.len()
+    }
+
+    /// Containers in memory.
+    pub fn loaded_count(&self) -> usize {
+        self.containers.len()
+    }
+
+    /// Every container name, in memory or evicted, sorted.
+    pub fn container_names(&self) -> Vec<&String> {
+        let mut names: Vec<&String> = self.containers.keys().chain(self.cold.keys()).collect();
+        names.sort();
+        names
+    }
+
+    /// The heads of a container, in memory or evicted.
+    pub fn heads_of(&self, name: &str) -> Option<Vec<Hash>> {
+        match self.containers.get(name) {
+            Some(c) => Some(c.heads()),
+            None => self.cold.get(name).map(|c| c.heads.clone()),
+        }
+    }
+
+    /// The number of changes of a container, in memory or evicted.
+    pub fn change_count_of(&self, name: &str) -> Option<usize> {
+        match self.containers.get(name) {
+            Some(c) => Some(c.change_count()),
+            None => self.cold.get(name).map(|c| c.changes),
+        }
+    }
+
+    /// Brings an evicted container back into memory. Returns whether the
+    /// container exists (in memory now). A storage failure leaves it
+    /// evicted and is an error.
+    pub fn ensure_loaded(&mut self, name: &str) -> Result<bool, EngineError> {
+        self.touch(name);
+        if self.containers.contains_key(name) {
+            return Ok(true);
+        }
+        let Some(cold) = self.cold.get(name) else {
+            return Ok(false);
+        };
+        let want = cold.heads.clone();
+        let loader = self.loader.as_mut().ok_or_else(|| EngineError::Load {
+            container: name.to_owned(),
+            reason: "no loader".into(),
+        })?;
+        let loaded = loader(name).map_err(|reason| EngineError::Load {
+            container: name.to_owned(),
+            reason,
+        })?;
+        let container = match loaded {
+            Some(c) => c,
+            // A container with no change yet (named by a peer, say) has
+            // nothing in storage.
+            None if want.is_empty() => Container::new(&self.actor),
+            None => {
+                return Err(EngineError::Load {
+                    container: name.to_owned(),
+                    reason: "storage holds nothing of it".into(),
+                });
+            }
+        };
+        if !container.has_all(&want) {
+            return Err(EngineError::Load {
+                container: name.to_owned(),
+                reason: "storage holds less than memory did".into(),
+            });
+        }
+        self.cold.remove(name);
+        if container.heads() != want {
+            self.dirty.insert(name.to_owned());
+        }
+        self.containers.insert(name.to_owned(), container);
+        Ok(true)
+    }
+
+    fn touch(&mut self, name: &str) {
+        if let Some(t) = self.last_use.get_mut(name) {
+            *t = self.now_ms;
+        } else if self.containers.contains_key(name) || self.cold.contains_key(name) {
+            self.last_use.insert(name.to_owned(), self.now_ms);
+        }
+    }
+
+    fn clock(&mut self, now_ms: u64) {
+        self.now_ms = self.now_ms.max(now_ms);
+    }
+
+    /// Whether `name` may leave memory now: everything of it is durable
+    /// (the runtime persists every change the turn it appears, and local
+    /// changes before they are flushed) and no exchange needs the document.
+    fn evictable(&self, name: &str) -> bool {
+        self.loader.is_some()
+            && self.containers.get(name).is_some_and(|c| !c.is_poisoned())
+            && !self.pending_local.contains_key(name)
+            && !self.queued.contains_key(name)
+            && !self.peers.values().any(|p| {
+                p.containers
+                    .get(name)
+                    .is_some_and(|pc| pc.active_since_ms.is_some())
+            })
+    }
+
+    /// Drops `name`'s document from memory, keeping its heads (it is loaded
+    /// again on first use). Returns whether it was evicted. Call it only
+    /// once everything the engine reported for it is durable.
+    pub fn evict(&mut self, name: &str) -> bool {
+        if !self.evictable(name) {
+            return false;
+        }
+        let Some(c) = self.containers.remove(name) else {
+            return false;
+        };
+        // Sync states built on the document restart from scratch.
+        for p in self.peers.values_mut() {
+            if let Some(pc) = p.containers.get_mut(name) {
+                pc.state = SyncState::new();
+            }
+        }
+        self.cold.insert(
+            name.to_owned(),
+            Cold {
+                heads: c.heads(),
+                changes: c.change_count(),
+            },
+        );
+        self.last_use.remove(name);
+        true
+    }
+
+    /// Evicts the containers not used for `idle_ms`, and then the least
+    /// recently used ones until at most `max_loaded` are in memory.
+    /// Containers in `keep` stay. Returns how many were evicted.
+    pub fn evict_idle(&mut self, idle_ms: u64, max_loaded: usize, keep: &[&str]) -> usize {
+        let mut by_age: Vec<(u64, String)> = self
+            .containers
+            .keys()
+            .filter(|n| !keep.contains(&n.as_str()))
+            .map(|n| (self.last_use.get(n).copied().unwrap_or(0), n.clone()))
+            .collect();
+        by_age.sort();
+        let mut evicted = 0;
+        for (used, name) in by_age {
+            let idle = self.now_ms.saturating_sub(used) >= idle_ms;
+            if (idle || self.containers.len() > max_loaded) && self.evict(&name) {
+                evicted += 1;
+            }
+        }
+        evicted
     }
 
     /// Adds a container restored from storage.
     pub fn insert_container(&mut self, name: String, container: Container) {
         self.dirty.insert(name.clone());
+        self.cold.remove(&name);
+        self.last_use.insert(name.clone(), self.now_ms);
         self.containers.insert(name, container);
     }
 
     /// Brings the item hashes of containers that changed up to date.
     fn refresh_fingerprints(&mut self) {
         for name in std::mem::take(&mut self.dirty) {
-            match self.containers.get(&name) {
-                Some(c) => self
+            match self.heads_of(&name) {
+                Some(heads) => self
                     .fingerprints
-                    .set(&name, reconcile::item_hash(&name, &c.heads())),
+                    .set(&name, reconcile::item_hash(&name, &heads)),
                 None => self.fingerprints.remove(&name),
             }
         }
@@ -238,10 +441,13 @@ impl Engine {
         self.fingerprints.digest()
     }
 
+    /// A container in memory; `None` for one that is evicted (see
+    /// [`Engine::ensure_loaded`]) or absent.
     pub fn container(&self, name: &str) -> Option<&Container> {
         self.containers.get(name)
     }
 
+    /// The containers in memory (evicted ones: [`Engine::container_names`]).
     pub fn containers(&self) -> impl Iterator<Item = (&String, &Container)> {
         self.containers.iter()
     }
@@ -258,7 +464,7 @@ impl Engine {
             return false;
         };
         p.containers.get(container).is_some_and(|pc| pc.converged)
-            || (self.containers.contains_key(container)
+            || (self.contains(container)
                 && self.dirty.is_empty()
                 && p.digest_equal == Some(self.fingerprints.digest().0))
     }
@@ -276,6 +482,7 @@ impl Engine {
                 || self
                     .containers
                     .keys()
+                    .chain(self.cold.keys())
                     .all(|name| p.containers.get(name).is_some_and(|pc| pc.converged)))
     }
 
@@ -355,13 +562,15 @@ impl Engine {
     }
 
     fn container_mut(&mut self, name: &str) -> Result<&mut Container, EngineError> {
+        self.ensure_loaded(name)?;
         if !self.containers.contains_key(name) {
             nuwa_state::check_container_name(name)?;
-            if self.containers.len() >= self.config.max_containers {
+            if self.container_count() >= self.config.max_containers {
                 return Err(EngineError::TooManyContainers(self.config.max_containers));
             }
             self.containers
                 .insert(name.to_owned(), Container::new(&self.actor));
+            self.touch(name);
         }
         if !self.dirty.contains(name) {
             self.dirty.insert(name.to_owned());
@@ -458,6 +667,7 @@ impl Engine {
             .is_some_and(Container::is_poisoned)
         {
             self.containers.remove(container);
+            self.last_use.remove(container);
             self.dirty.insert(container.to_owned());
             for peer in self.peers.values_mut() {
                 peer.containers.remove(container);
@@ -533,6 +743,7 @@ impl Engine {
 
     /// A verified peer connected: start with a digest.
     pub fn peer_up(&mut self, peer: &str, now_ms: u64) -> Vec<Action> {
+        self.clock(now_ms);
         self.peers.insert(
             peer.to_owned(),
             Peer::new(now_ms, self.config.anti_entropy_ms),
@@ -550,6 +761,7 @@ impl Engine {
 
     /// Periodic work: heads summaries and restarts of stalled exchanges.
     pub fn tick(&mut self, now_ms: u64) -> Vec<Action> {
+        self.clock(now_ms);
         let mut out = Vec::new();
         let summary = self.digest_payload();
         let stall = self.config.sync_stall_ms;
@@ -590,6 +802,7 @@ impl Engine {
         if !self.peers.contains_key(peer) {
             return Err(EngineError::UnknownPeer(peer.to_owned()));
         }
+        self.clock(now_ms);
         let mut out = Vec::new();
         match payload {
             SyncPayload::Heads(list) => {
@@ -652,8 +865,12 @@ impl Engine {
         if theirs == ours {
             p.digest_equal = Some(ours.0);
             for (name, pc) in p.containers.iter_mut() {
-                if let Some(c) = self.containers.get(name) {
-                    pc.their_heads = Some(c.heads());
+                let heads = match self.containers.get(name) {
+                    Some(c) => Some(c.heads()),
+                    None => self.cold.get(name).map(|c| c.heads.clone()),
+                };
+                if heads.is_some() {
+                    pc.their_heads = heads;
                 }
             }
             let names: Vec<String> = p.containers.keys().cloned().collect();
@@ -671,12 +888,8 @@ impl Engine {
     }
 
     fn answer_range(&self, lower: &str, upper: Option<&str>) -> Vec<RangePart> {
-        self.fingerprints.answer(lower, upper, |name| {
-            self.containers
-                .get(name)
-                .map(Container::heads)
-                .unwrap_or_default()
-        })
+        self.fingerprints
+            .answer(lower, upper, |name| self.heads_of(name).unwrap_or_default())
     }
 
     fn on_reconcile(
@@ -767,6 +980,10 @@ impl Engine {
     }
 
     fn start_sync(&mut self, peer: &str, container: &str, now_ms: u64, out: &mut Vec<Action>) {
+        // A container that fails to load is left to the next round.
+        if !matches!(self.ensure_loaded(container), Ok(true)) {
+            return;
+        }
         let Some(doc) = self.containers.get(container) else {
             return;
         };
@@ -873,7 +1090,7 @@ impl Engine {
     }
 
     fn check_converged(&mut self, peer: &str, container: &str, out: &mut Vec<Action>) {
-        let Some(ours) = self.containers.get(container).map(|c| c.heads()) else {
+        let Some(ours) = self.heads_of(container) else {
             return;
         };
         let Some(pc) = self.peer_container_opt(peer, container) else {

@@ -947,6 +947,22 @@ impl Session {
         }
     }
 
+    /// Brings an evicted container back into memory (see
+    /// [`Engine::ensure_loaded`]).
+    pub fn ensure_loaded(&mut self, name: &str) -> Result<bool, EngineError> {
+        self.engine.ensure_loaded(name)
+    }
+
+    /// Evicts idle containers (see [`Engine::evict_idle`]).
+    pub fn evict_idle(&mut self, idle_ms: u64, max_loaded: usize, keep: &[&str]) -> usize {
+        self.engine.evict_idle(idle_ms, max_loaded, keep)
+    }
+
+    /// Sets how evicted containers load again (see [`Engine::set_loader`]).
+    pub fn set_loader(&mut self, loader: crate::engine::Loader) {
+        self.engine.set_loader(loader);
+    }
+
     /// While on, gossiped deltas are verified and queued, not applied, until
     /// [`Session::apply_queued`]: the runtime turns it on for a run of
     /// network events it handles as one turn.

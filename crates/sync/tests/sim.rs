@@ -18,6 +18,7 @@
 //! `partition`, `crash`, or `all`); print every event with `SIM_TRACE=1`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use nuwa_proto::SyncPayload;
@@ -50,12 +51,17 @@ const DEFAULT_FAULTS: Faults = Faults {
 /// - 60 (all faults), 108 and 217 (loss only): a change sent in a lost sync
 ///   message stayed in Automerge's `sent_hashes`, so the exchange
 ///   ping-ponged forever without progress.
+/// - 220 and 266 (all faults): a container a peer had named but that held
+///   no change yet was evicted; storage had nothing of it, so it never
+///   loaded again and never converged.
 const REGRESSION_SEEDS: &[(u64, &str)] = &[
     (10, "all"),
     (563, "delta-loss"),
     (60, "all"),
     (108, "loss"),
     (217, "loss"),
+    (220, "all"),
+    (266, "all"),
 ];
 /// Bound on events per run, so that a message storm fails instead of hanging.
 const MAX_EVENTS: u64 = 2_000_000;
@@ -140,13 +146,33 @@ enum Fate {
 
 type Interceptor = Box<dyn FnMut(&str, &str, &SyncPayload) -> Fate>;
 
+/// A node's durable log, shared with its engine's loader.
+type Durable = Arc<Mutex<BTreeMap<String, Vec<Vec<u8>>>>>;
+
+/// An engine whose evicted containers load from `durable`, as the daemon's
+/// load from its store.
+fn engine_on(actor: &[u8], durable: &Durable) -> Engine {
+    let mut engine = Engine::new(actor.to_vec(), Config::default());
+    let (actor, durable) = (actor.to_vec(), durable.clone());
+    engine.set_loader(Box::new(move |name: &str| {
+        let log = durable.lock().unwrap().get(name).cloned();
+        match log {
+            None => Ok(None),
+            Some(changes) => Container::load(&actor, None, changes)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+        }
+    }));
+    engine
+}
+
 struct Node {
     name: String,
     actor: Vec<u8>,
     /// `None` while the node is crashed.
     engine: Option<Engine>,
     /// Change bytes made durable, per container: local puts and `Persist`.
-    durable: BTreeMap<String, Vec<Vec<u8>>>,
+    durable: Durable,
 }
 
 /// A connection between two nodes (the smaller index first).
@@ -178,6 +204,8 @@ enum Event {
     Heal(Vec<(usize, usize)>),
     Crash(usize),
     Restart(usize),
+    /// Evict containers from memory: the idle ones, then down to this many.
+    Evict(usize, usize),
 }
 
 /// Counters reported at the end of a run.
@@ -193,6 +221,8 @@ struct Stats {
     converged_actions: u64,
     cuts: u64,
     crashes: u64,
+    /// Containers evicted from memory (and loaded again on use).
+    evictions: u64,
     events: u64,
     /// Virtual time from the heal until all replicas were equal.
     heal_to_converged_ms: u64,
@@ -275,13 +305,12 @@ impl Sim {
         for i in 0..n {
             let name = format!("n{i}");
             index_by_name.insert(name.clone(), i);
+            let actor = format!("actor-{i:02}").into_bytes();
+            let durable = Durable::default();
             nodes.push(Node {
-                actor: format!("actor-{i:02}").into_bytes(),
-                engine: Some(Engine::new(
-                    format!("actor-{i:02}").into_bytes(),
-                    Config::default(),
-                )),
-                durable: BTreeMap::new(),
+                engine: Some(engine_on(&actor, &durable)),
+                actor,
+                durable,
                 name,
             });
         }
@@ -378,6 +407,8 @@ impl Sim {
                     });
                     self.nodes[node]
                         .durable
+                        .lock()
+                        .unwrap()
                         .entry(container)
                         .or_default()
                         .extend(changes);
@@ -474,6 +505,8 @@ impl Sim {
         self.log(|| format!("n{node} put {container}/{key} = {value}"));
         self.nodes[node]
             .durable
+            .lock()
+            .unwrap()
             .entry(container.to_owned())
             .or_default()
             .push(change.clone());
@@ -508,8 +541,9 @@ impl Sim {
             return;
         }
         let n = &mut self.nodes[node];
-        let mut engine = Engine::new(n.actor.clone(), Config::default());
-        for (name, changes) in &n.durable {
+        let mut engine = engine_on(&n.actor, &n.durable);
+        let durable = n.durable.lock().unwrap().clone();
+        for (name, changes) in &durable {
             match Container::load(&n.actor, None, changes.iter().cloned()) {
                 Ok(c) => engine.insert_container(name.clone(), c),
                 Err(e) => self
@@ -611,6 +645,13 @@ impl Sim {
             }
             Event::Crash(node) => self.crash(node),
             Event::Restart(node) => self.restart(node),
+            Event::Evict(node, keep) => {
+                if let Some(engine) = self.nodes[node].engine.as_mut() {
+                    let n = engine.evict_idle(u64::MAX, keep, &[]);
+                    self.stats.evictions += n as u64;
+                    self.log(|| format!("n{node} evicted {n} container(s)"));
+                }
+            }
         }
         true
     }
@@ -651,7 +692,7 @@ impl Sim {
         self.nodes
             .iter()
             .filter_map(|n| n.engine.as_ref())
-            .flat_map(|e| e.containers().map(|(name, _)| name.clone()))
+            .flat_map(|e| e.container_names().into_iter().cloned())
             .chain(self.acked.iter().map(|a| a.container.clone()))
             .collect()
     }
@@ -668,12 +709,7 @@ impl Sim {
             let heads: Vec<Option<Vec<Hash>>> = self
                 .nodes
                 .iter()
-                .map(|n| {
-                    n.engine
-                        .as_ref()
-                        .and_then(|e| e.container(&name))
-                        .map(|c| c.heads())
-                })
+                .map(|n| n.engine.as_ref().and_then(|e| e.heads_of(&name)))
                 .collect();
             if heads.iter().any(|h| h != &heads[0]) {
                 let shown: Vec<String> = heads
@@ -731,7 +767,13 @@ impl Sim {
         // would lose it.
         for (i, n) in self.nodes.iter().enumerate() {
             for (name, c) in engine(i).containers() {
-                let log = n.durable.get(name).cloned().unwrap_or_default();
+                let log = n
+                    .durable
+                    .lock()
+                    .unwrap()
+                    .get(name)
+                    .cloned()
+                    .unwrap_or_default();
                 if log.is_empty() && c.change_count() > 0 {
                     problems.push(format!("n{i}: nothing of {name} was persisted"));
                     continue;
@@ -739,8 +781,10 @@ impl Sim {
                 match Container::load(&n.actor, None, log) {
                     Ok(reloaded) if reloaded.heads() == c.heads() => {}
                     Ok(reloaded) => {
-                        let durable: BTreeSet<Hash> =
-                            n.durable[name].iter().map(|c| change_hash(c)).collect();
+                        let durable: BTreeSet<Hash> = n.durable.lock().unwrap()[name]
+                            .iter()
+                            .map(|c| change_hash(c))
+                            .collect();
                         let missing: Vec<Hash> =
                             change_hashes(c).difference(&durable).copied().collect();
                         problems.push(format!(
@@ -760,6 +804,23 @@ impl Sim {
 
     /// After a drain with equal replicas, every engine must also consider
     /// itself converged with every peer on every container.
+    /// Loads every evicted container back into memory.
+    fn reload_all(&mut self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            let Some(engine) = n.engine.as_mut() else {
+                continue;
+            };
+            let names: Vec<String> = engine.container_names().into_iter().cloned().collect();
+            for name in names {
+                if let Err(e) = engine.ensure_loaded(&name) {
+                    problems.push(format!("n{i}: {e}"));
+                }
+            }
+        }
+        problems
+    }
+
     fn engine_view_checks(&self) -> Vec<String> {
         let mut problems = Vec::new();
         for (i, n) in self.nodes.iter().enumerate() {
@@ -949,6 +1010,16 @@ fn run_seed(seed: u64, faults: Faults) -> Outcome {
         sim.schedule(back, Event::Restart(node));
     }
 
+    // Evictions at random points, drawn from their own stream so that the
+    // seeds recorded before eviction existed keep their other choices.
+    let mut evict_pick = Rng::new(seed ^ 0xE71C_7E71_C7E7_1C7E);
+    for _ in 0..evict_pick.range(0, 12) {
+        let at = evict_pick.range(0, scenario.chaos_ms + HEAL_DEADLINE_MS / 2);
+        let node = evict_pick.index(n);
+        let keep = evict_pick.index(scenario.containers + 1);
+        sim.schedule(at, Event::Evict(node, keep));
+    }
+
     sim.run_until(scenario.chaos_ms);
     // Heal: every partition and restart was scheduled before this point.
     sim.log(|| "heal".to_owned());
@@ -985,6 +1056,8 @@ fn run_seed(seed: u64, faults: Faults) -> Outcome {
             ));
         }
     }
+    // Whatever is evicted must load back whole from the durable log.
+    problems.extend(sim.reload_all());
     problems.extend(sim.final_checks());
     if problems.is_empty() {
         problems.extend(sim.engine_view_checks());
@@ -1053,6 +1126,7 @@ fn seeded_chaos_converges() {
         total.dropped_with_link += s.dropped_with_link;
         total.cuts += s.cuts;
         total.crashes += s.crashes;
+        total.evictions += s.evictions;
         total.events += s.events;
         total.heal_to_converged_ms += s.heal_to_converged_ms;
         if s.heal_to_converged_ms >= worst_heal_ms.0 {
@@ -1062,7 +1136,7 @@ fn seeded_chaos_converges() {
     let passed = seeds.len() - failures.len();
     eprintln!(
         "sim: {passed}/{} seeds passed in {:.1?} with {faults:?}; stats of the passing seeds: {} puts, {} sends ({} lost, {} duplicated, \
-         {} died with their link), {} partitions, {} crashes, {} events; heal-to-converged \
+         {} died with their link), {} partitions, {} crashes, {} evictions, {} events; heal-to-converged \
          mean {} ms, worst {} ms (seed {})",
         seeds.len(),
         started.elapsed(),
@@ -1073,6 +1147,7 @@ fn seeded_chaos_converges() {
         total.dropped_with_link,
         total.cuts,
         total.crashes,
+        total.evictions,
         total.events,
         total.heal_to_converged_ms / passed.max(1) as u64,
         worst_heal_ms.0,

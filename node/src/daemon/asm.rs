@@ -204,7 +204,10 @@ impl Daemon {
     }
 
     /// Whether the container exists with this layout's genesis.
-    pub(super) fn has_genesis(&self, name: &str, layout: &nuwa_asm::model::Layout) -> bool {
+    pub(super) fn has_genesis(&mut self, name: &str, layout: &nuwa_asm::model::Layout) -> bool {
+        // An evicted container loads first; one that fails to load counts
+        // as absent here, and the write that follows reports the error.
+        let _ = self.session.ensure_loaded(name);
         self.session
             .engine()
             .container(name)
@@ -246,6 +249,11 @@ impl Daemon {
 
     pub(super) async fn on_tool(&mut self, tool: Tool) -> Result<Value, ApiError> {
         self.refresh_registry();
+        if let Tool::Describe(c) | Tool::Compact(c) | Tool::Reset(c) = &tool {
+            self.session
+                .ensure_loaded(c)
+                .map_err(|e| ApiError::new(ErrorCode::StorageFailed, e.to_string()))?;
+        }
         match tool {
             Tool::SchemaAdd(raw) => self.schema_add(raw).await,
             Tool::SchemaList => Ok(Value::Array(

@@ -286,7 +286,11 @@ impl Daemon {
         }
         let ids: Vec<Option<String>> = steps.iter().map(|s| s.as_ref().and_then(step_id)).collect();
         let schema = schema.as_ref();
-        if let Some(schema) = schema.filter(|s| !self.has_genesis(container, &s.layout)) {
+        let fresh = match schema {
+            Some(s) => !self.has_genesis(container, &s.layout),
+            None => false,
+        };
+        if let Some(schema) = schema.filter(|_| fresh) {
             // A dry run on a scratch genesis, so that a failing batch does
             // not leave the container created.
             let mut scratch = Container::new(&[0; 16]);

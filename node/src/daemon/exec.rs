@@ -367,8 +367,8 @@ impl Daemon {
     pub(super) fn heads_hex(&self, container: &str) -> Vec<String> {
         self.session
             .engine()
-            .container(container)
-            .map(|c| c.heads().iter().map(hex::encode).collect())
+            .heads_of(container)
+            .map(|h| h.iter().map(hex::encode).collect())
             .unwrap_or_default()
     }
 
@@ -438,6 +438,9 @@ impl Daemon {
     }
 
     pub(super) async fn compact(&mut self, container: &str) -> Result<()> {
+        self.session
+            .ensure_loaded(container)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         let Some(doc) = self.session.engine().container(container) else {
             return Ok(());
         };
@@ -571,6 +574,7 @@ mod tests {
             rendezvous_servers: Vec::new(),
             keepers: Vec::new(),
             api_listen: "127.0.0.1:0".parse().unwrap(),
+            memory_budget_mb: 256,
             once: None,
             lifecycle_every: Duration::from_secs(3600),
         }

@@ -141,12 +141,18 @@ impl Daemon {
             .links
             .iter()
             .map(|(peer, l)| {
-                let pushed_all = l.connected
-                    && l.knows_log
-                    && self.session.engine().containers().all(|(name, c)| {
-                        let heads: Vec<String> = c.heads().iter().map(hex::encode).collect();
+                let pushed_all = l.connected && l.knows_log && {
+                    let e = self.session.engine();
+                    e.container_names().into_iter().all(|name| {
+                        let heads: Vec<String> = e
+                            .heads_of(name)
+                            .unwrap_or_default()
+                            .iter()
+                            .map(hex::encode)
+                            .collect();
                         l.state.pushed.get(name) == Some(&heads)
-                    });
+                    })
+                };
                 crate::status::KeeperStatus {
                     peer_id: peer.to_string(),
                     connected: l.connected,
@@ -284,6 +290,32 @@ impl Daemon {
 
     /// Pushes what `peer` lacks, if anything.
     async fn keeper_push(&mut self, peer: PeerId, now: u64) {
+        // Evicted containers the keeper lacks something of load first.
+        let stale: Vec<String> = match self.keepers.links.get(&peer) {
+            None => return,
+            Some(link) => {
+                let e = self.session.engine();
+                e.container_names()
+                    .into_iter()
+                    .filter(|name| e.container(name).is_none())
+                    .filter(|name| {
+                        let heads: Vec<String> = e
+                            .heads_of(name)
+                            .unwrap_or_default()
+                            .iter()
+                            .map(hex::encode)
+                            .collect();
+                        link.state.pushed.get(*name) != Some(&heads)
+                    })
+                    .cloned()
+                    .collect()
+            }
+        };
+        for name in stale {
+            if let Err(e) = self.session.ensure_loaded(&name) {
+                warn!(container = %name, error = %e, "cannot load a container to push it to the keeper");
+            }
+        }
         let Some(link) = self.keepers.links.get(&peer) else {
             return;
         };
@@ -364,6 +396,23 @@ impl Daemon {
     /// atomic and frees the quota it needs). A history too big for one push
     /// is not compacted (logged and counted); pushes then wait for room.
     async fn keeper_snapshot(&mut self, peer: PeerId, now: u64) {
+        if !self.keepers.links.contains_key(&peer) {
+            return;
+        }
+        // The snapshot holds every container: the evicted ones load first.
+        let names: Vec<String> = self
+            .session
+            .engine()
+            .container_names()
+            .into_iter()
+            .cloned()
+            .collect();
+        for name in names {
+            if let Err(e) = self.session.ensure_loaded(&name) {
+                warn!(container = %name, error = %e, "cannot load a container for the keeper snapshot");
+                return;
+            }
+        }
         let Some(link) = self.keepers.links.get_mut(&peer) else {
             return;
         };

@@ -54,7 +54,13 @@ pub(crate) enum ReadMsg {
         schemas: Vec<nuwa_asm::schema::AsmSchema>,
         now_secs: i64,
     },
+    /// Drop the replicas not read for [`REPLICA_IDLE`].
+    Trim,
 }
+
+/// A replica not read this long is dropped by [`ReadMsg::Trim`] (it loads
+/// again from the store when read).
+const REPLICA_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the reader tells the loop.
 pub(super) enum ReaderEvent {
@@ -108,6 +114,11 @@ impl ReaderHandle {
             .try_send(ReadMsg::Registry(Box::new(registry.clone())));
     }
 
+    /// Asks the reader to drop replicas it has not read for a minute.
+    pub(super) fn trim(&self) {
+        let _ = self.tx.try_send(ReadMsg::Trim);
+    }
+
     pub(super) fn scan(&self, schemas: Vec<nuwa_asm::schema::AsmSchema>, now_secs: i64) {
         let _ = self.tx.try_send(ReadMsg::Scan { schemas, now_secs });
     }
@@ -117,6 +128,8 @@ struct Reader {
     store: Arc<dyn Storage>,
     actor: Vec<u8>,
     replicas: BTreeMap<String, Container>,
+    /// When each replica was last read.
+    last_read: BTreeMap<String, std::time::Instant>,
     registry: Registry,
     stale: Arc<Mutex<BTreeSet<String>>>,
     events: mpsc::Sender<ReaderEvent>,
@@ -149,6 +162,7 @@ pub(super) fn spawn(
         store,
         actor,
         replicas: BTreeMap::new(),
+        last_read: BTreeMap::new(),
         registry,
         stale: stale.clone(),
         events: events_tx,
@@ -243,6 +257,17 @@ impl Reader {
                     }
                     ReadMsg::Registry(r) => self.registry = *r,
                     ReadMsg::Scan { schemas, now_secs } => scans.push((schemas, now_secs)),
+                    ReadMsg::Trim => {
+                        let now = std::time::Instant::now();
+                        let last_read = &self.last_read;
+                        self.replicas.retain(|name, _| {
+                            last_read
+                                .get(name)
+                                .is_some_and(|t| now.duration_since(*t) < REPLICA_IDLE)
+                        });
+                        let replicas = &self.replicas;
+                        self.last_read.retain(|name, _| replicas.contains_key(name));
+                    }
                 }
             }
             for (name, batch) in changes {
@@ -273,6 +298,8 @@ impl Reader {
 
     /// Loads `name` if it is stale or not held yet.
     fn ensure(&mut self, name: &str) -> Result<(), ApiError> {
+        self.last_read
+            .insert(name.to_owned(), std::time::Instant::now());
         let stale = {
             let mut s = self.stale.lock().unwrap_or_else(|p| p.into_inner());
             s.remove(name)

@@ -745,7 +745,7 @@ impl Daemon {
                 in_sync += 1;
             }
         }
-        let containers = self.session.engine().containers().count();
+        let containers = self.session.engine().container_count();
         let line = format!(
             "peers verified: {}  in sync: {}  containers: {}",
             verified.len(),

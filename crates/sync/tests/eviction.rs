@@ -1,0 +1,125 @@
+//! Containers out of memory (issue 13): an evicted container keeps its
+//! place in digests and status, loads back on first use, and is never
+//! evicted while something of it is not durable or an exchange needs it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use nuwa_state::Container;
+use nuwa_sync::{Action, Config, Engine, EngineError};
+use serde_json::json;
+
+type Disk = Arc<Mutex<BTreeMap<String, Vec<Vec<u8>>>>>;
+
+fn engine(actor: &[u8], disk: &Disk) -> Engine {
+    let mut e = Engine::new(actor.to_vec(), Config::default());
+    let (actor, disk) = (actor.to_vec(), disk.clone());
+    e.set_loader(Box::new(move |name: &str| {
+        let log = disk.lock().unwrap().get(name).cloned();
+        log.map(|changes| Container::load(&actor, None, changes).map_err(|e| e.to_string()))
+            .transpose()
+    }));
+    e
+}
+
+fn put(e: &mut Engine, disk: &Disk, container: &str, key: &str, v: serde_json::Value) {
+    let change = e.local_put(container, key, &v).unwrap().unwrap();
+    disk.lock()
+        .unwrap()
+        .entry(container.to_owned())
+        .or_default()
+        .push(change);
+}
+
+// Goal: eviction frees the document but not the container: digest, heads,
+// counts and names are unchanged, and a write to it loads it back first.
+#[test]
+fn an_evicted_container_keeps_its_place_and_loads_on_use() {
+    let disk = Disk::default();
+    let mut e = engine(b"actor-a", &disk);
+    for i in 0..10 {
+        put(&mut e, &disk, &format!("c{i}"), "k", json!(i));
+    }
+    let _ = e.flush();
+    let digest = e.digest();
+    let heads = e.heads_of("c3");
+    assert_eq!(e.evict_idle(u64::MAX, 2, &["c9"]), 8);
+    assert_eq!((e.loaded_count(), e.container_count()), (2, 10));
+    assert!(e.container("c3").is_none() && e.contains("c3"));
+    assert_eq!(e.heads_of("c3"), heads);
+    assert_eq!(e.change_count_of("c3"), Some(1));
+    assert_eq!(e.digest(), digest);
+    assert_eq!(e.container_names().len(), 10);
+    put(&mut e, &disk, "c3", "k2", json!("after"));
+    let c3 = e.container("c3").expect("loaded back by the write");
+    assert_eq!(c3.to_json(), json!({"k": 3, "k2": "after"}));
+    assert_ne!(e.digest(), digest);
+}
+
+// Goal: nothing leaves memory while it is needed: local changes not yet
+// flushed to peers, queued gossip, or a running exchange with a peer.
+#[test]
+fn nothing_is_evicted_while_it_is_needed() {
+    let disk = Disk::default();
+    let mut a = engine(b"actor-a", &disk);
+    put(&mut a, &disk, "pending", "k", json!(1));
+    assert!(!a.evict("pending"), "a local change not yet flushed");
+    let _ = a.flush();
+    assert!(a.evict("pending"));
+
+    // An exchange in flight with a peer keeps its container: b says (by
+    // its reconciliation list) it holds nothing, so a starts the sync
+    // protocol for "pending" with b.
+    let _ = a.peer_up("b", 0);
+    let empty = nuwa_proto::SyncPayload::Reconcile(vec![nuwa_proto::RangePart {
+        lower: String::new(),
+        upper: None,
+        body: nuwa_proto::RangeBody::Items(Vec::new()),
+    }]);
+    let started = a.handle("b", empty, 1).unwrap().into_iter().any(|x| {
+        matches!(
+            x,
+            Action::Send {
+                payload: nuwa_proto::SyncPayload::Sync { .. },
+                ..
+            }
+        )
+    });
+    assert!(started, "a offers b the container it lacks");
+    assert!(!a.evict("pending"), "evicted during an exchange");
+    // Once the exchange stalls out (no progress for the stall time), it
+    // may go.
+    let _ = a.tick(1 + Config::default().sync_stall_ms + 1);
+    assert!(a.evict("pending"));
+}
+
+// Goal: a container whose storage lost what memory had is not loaded
+// back silently; the error names it, and the container stays evicted.
+#[test]
+fn a_load_that_falls_short_is_an_error() {
+    let disk = Disk::default();
+    let mut e = engine(b"actor-a", &disk);
+    put(&mut e, &disk, "c", "k", json!(1));
+    put(&mut e, &disk, "c", "k", json!(2));
+    let _ = e.flush();
+    assert!(e.evict("c"));
+    disk.lock().unwrap().get_mut("c").unwrap().pop();
+    match e.ensure_loaded("c") {
+        Err(EngineError::Load { container, reason }) => {
+            assert_eq!(container, "c");
+            assert!(reason.contains("less"), "{reason}");
+        }
+        other => panic!("expected a load error, got {other:?}"),
+    }
+    assert!(e.contains("c") && e.container("c").is_none());
+    disk.lock().unwrap().remove("c");
+    assert!(matches!(
+        e.local_put("c", "k", &json!(3)),
+        Err(EngineError::Load { .. })
+    ));
+    // Without a loader, nothing is evicted.
+    let mut plain = Engine::new(b"actor-p".to_vec(), Config::default());
+    plain.local_put("x", "k", &json!(1)).unwrap();
+    let _ = plain.flush();
+    assert!(!plain.evict("x"));
+}
