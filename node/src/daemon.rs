@@ -39,6 +39,7 @@ mod approve;
 mod asm;
 mod batch;
 mod exec;
+mod heads_record;
 mod keeper;
 mod lifecycle;
 mod meta;
@@ -465,6 +466,25 @@ fn open_session(home: &Home, store: &dyn Storage) -> Result<Opened> {
         cold.reserve_exact(names.len());
     }
     for name in names {
+        if cold_at_start && name != asm::REGISTRY_CONTAINER {
+            // The heads record spares reading the container at all.
+            let record = store
+                .get_meta(&heads_record::key(&name))
+                .ok()
+                .flatten()
+                .and_then(|b| heads_record::HeadsRecord::decode(&b));
+            if let Some(r) = record {
+                cold_heads.extend_from_slice(&r.heads);
+                cold.push((
+                    name,
+                    r.heads.len(),
+                    r.changes as usize,
+                    r.last_seq,
+                    r.logged,
+                ));
+                continue;
+            }
+        }
         let loaded = match load_container(store, &actor, &name) {
             Ok(Some(loaded)) => loaded,
             Ok(None) => continue,

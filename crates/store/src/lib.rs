@@ -61,6 +61,28 @@ pub trait Storage: Send + Sync + 'static {
     /// # Errors
     /// As [`Storage::append_changes`]; every name and change is checked
     /// before anything is written.
+    /// [`Storage::append_many`], then the `meta` records ([`Storage::put_meta`])
+    /// written after the changes and made durable by the same flush. A crash
+    /// can lose the records with or without the changes, never keep a
+    /// record and lose the changes written before it.
+    ///
+    /// # Errors
+    /// As [`Storage::append_many`] and [`Storage::put_meta`].
+    fn append_many_with_meta(
+        &self,
+        batches: &[(&str, &[Vec<u8>])],
+        meta: &[(String, Vec<u8>)],
+    ) -> Result<Vec<u64>, StoreError> {
+        for (key, value) in meta {
+            check_meta(key, Some(value))?;
+        }
+        let seqs = self.append_many(batches)?;
+        for (key, value) in meta {
+            self.put_meta(key, value)?;
+        }
+        Ok(seqs)
+    }
+
     fn append_many(&self, batches: &[(&str, &[Vec<u8>])]) -> Result<Vec<u64>, StoreError> {
         for (container, changes) in batches {
             check_changes(container, changes)?;

@@ -415,14 +415,34 @@ impl Storage for SledStore {
     }
 
     fn append_many(&self, batches: &[(&str, &[Vec<u8>])]) -> Result<Vec<u64>, StoreError> {
+        self.append_many_with_meta(batches, &[])
+    }
+
+    fn append_many_with_meta(
+        &self,
+        batches: &[(&str, &[Vec<u8>])],
+        meta: &[(String, Vec<u8>)],
+    ) -> Result<Vec<u64>, StoreError> {
         for (container, changes) in batches {
             check_changes(container, changes)?;
+        }
+        for (key, value) in meta {
+            check_meta(key, Some(value))?;
         }
         let mut out = Vec::with_capacity(batches.len());
         for (container, changes) in batches {
             out.push(self.append_unflushed(container, changes)?);
         }
-        if batches.iter().any(|(_, c)| !c.is_empty()) {
+        // After the changes in sled's log, so a record never outlives
+        // the changes it describes.
+        for (key, value) in meta {
+            let id = self.key.opaque_id(META_ID_DOMAIN, key.as_bytes());
+            let blob = self.seal(META_TREE, &id, value)?;
+            self.meta
+                .insert(id, blob)
+                .map_err(sled_err("writing metadata"))?;
+        }
+        if batches.iter().any(|(_, c)| !c.is_empty()) || !meta.is_empty() {
             self.flush()?;
         }
         Ok(out)

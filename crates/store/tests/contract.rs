@@ -313,3 +313,34 @@ fn append_many_is_append_changes_per_container_checked_first() {
         );
     });
 }
+
+// Goal: `append_many_with_meta` makes the records readable with the
+// changes, and refuses a bad record before writing anything.
+#[test]
+fn append_many_with_meta_writes_records_with_the_changes() {
+    each_backend(|backend, s| {
+        let seqs = s
+            .append_many_with_meta(
+                &[("a", &blobs(1..=2))],
+                &[("heads/a".into(), b"h2".to_vec())],
+            )
+            .expect("append with meta");
+        assert_eq!(seqs, vec![2], "{backend}");
+        assert_eq!(
+            s.get_meta("heads/a").unwrap(),
+            Some(b"h2".to_vec()),
+            "{backend}"
+        );
+        let long = "k".repeat(MAX_META_KEY_BYTES + 1);
+        assert!(
+            s.append_many_with_meta(&[("b", &blobs(1..=1))], &[(long, Vec::new())])
+                .is_err(),
+            "{backend}"
+        );
+        assert_eq!(
+            s.load_container("b").unwrap(),
+            None,
+            "{backend}: nothing written"
+        );
+    });
+}

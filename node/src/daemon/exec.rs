@@ -398,13 +398,14 @@ impl Daemon {
         if logged.is_empty() {
             return Ok(());
         }
+        let records = self.heads_records(&logged);
         let store = self.store.clone();
         let (seqs, logged) = tokio::task::spawn_blocking(move || {
             let batches: Vec<(&str, &[Vec<u8>])> = logged
                 .iter()
                 .map(|(c, _, changes)| (c.as_str(), changes.as_slice()))
                 .collect();
-            let seqs = store.append_many(&batches);
+            let seqs = store.append_many_with_meta(&batches, &records);
             seqs.map(|s| (s, logged))
         })
         .await
@@ -423,6 +424,36 @@ impl Daemon {
             }
         }
         Ok(())
+    }
+
+    /// The heads records of the containers about to be logged, as they will
+    /// be once the append is done (see `heads_record.rs`).
+    fn heads_records(&self, logged: &[(String, Origin, Vec<Vec<u8>>)]) -> Vec<(String, Vec<u8>)> {
+        let mut after: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for (c, _, changes) in logged {
+            let n = changes.len() as u64;
+            let e = after.entry(c.as_str()).or_insert_with(|| {
+                (
+                    self.last_seq.get(c).copied().unwrap_or(0),
+                    self.logged.get(c).copied().unwrap_or(0),
+                )
+            });
+            e.0 += n;
+            e.1 += n;
+        }
+        let engine = self.session.engine();
+        after
+            .into_iter()
+            .filter_map(|(c, (last_seq, logged))| {
+                let record = super::heads_record::HeadsRecord {
+                    heads: engine.heads_of(c)?,
+                    changes: engine.change_count_of(c)? as u64,
+                    last_seq,
+                    logged,
+                };
+                Some((super::heads_record::key(c), record.encode()?))
+            })
+            .collect()
     }
 
     fn emit_change_event(&self, container: &str, n: usize, origin: Origin) {
