@@ -37,9 +37,21 @@ pub struct ColdSyncRun {
     /// `sync --once` of another fresh device before the fill: the fixed
     /// cost of starting, connecting, admission and the convergence check.
     pub baseline_sync_ms: f64,
+    /// Peak resident memory of the syncing process (sampled `VmHWM`).
+    pub sync_peak_rss_mb: f64,
 }
 
-pub async fn run(bin: &NodeBin, dir: &Path, entries: usize) -> Result<ColdSyncRun> {
+/// How node 0's log is filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// One `state.put` per entry (one change each).
+    Puts,
+    /// `state.batch` of this many entries (one change per batch): how a
+    /// runtime writes a big log.
+    Batches(usize),
+}
+
+pub async fn run(bin: &NodeBin, dir: &Path, entries: usize, fill: Fill) -> Result<ColdSyncRun> {
     let master = bin.init(dir, "n0").await?;
     let fresh = bin.provision(&master, dir, "fresh").await?;
     let probe = bin.provision(&master, dir, "probe").await?;
@@ -53,26 +65,43 @@ pub async fn run(bin: &NodeBin, dir: &Path, entries: usize) -> Result<ColdSyncRu
 
     let fill_start = Instant::now();
     let api = n0.api.clone();
-    futures::stream::iter(0..entries)
-        .map(|i| {
-            let api = api.clone();
-            async move {
-                api.put(CONTAINER, &format!("e{i}"), serde_json::json!(i))
-                    .await
+    match fill {
+        Fill::Puts => futures::stream::iter(0..entries)
+            .map(|i| {
+                let api = api.clone();
+                async move {
+                    api.put(CONTAINER, &format!("e{i}"), serde_json::json!(i))
+                        .await
+                }
+            })
+            .buffer_unordered(FILL_IN_FLIGHT)
+            .try_for_each(|_| async { Ok(()) })
+            .await
+            .context("filling node 0")?,
+        Fill::Batches(per) => {
+            for first in (0..entries).step_by(per) {
+                let ops: Vec<serde_json::Value> = (first..(first + per).min(entries))
+                    .map(|i| {
+                        serde_json::json!({"op": "put", "container": CONTAINER, "key": format!("e{i}"), "value": i})
+                    })
+                    .collect();
+                api.batch(&ops).await.context("filling node 0")?;
             }
-        })
-        .buffer_unordered(FILL_IN_FLIGHT)
-        .try_for_each(|_| async { Ok(()) })
-        .await
-        .context("filling node 0")?;
+        }
+    }
     let fill_ms = fill_start.elapsed().as_secs_f64() * 1e3;
     let want = n0.api.status().await?.changes(CONTAINER);
-    if want < entries {
-        bail!("node 0 holds {want} changes after {entries} puts");
+    let expected = match fill {
+        Fill::Puts => entries,
+        Fill::Batches(per) => entries.div_ceil(per),
+    };
+    if want < expected {
+        bail!("node 0 holds {want} changes after filling {entries} entries");
     }
 
     let sync_start = Instant::now();
-    bin.sync_once(&fresh, &n0.addr, SYNC_TIMEOUT_SECS)
+    let sync_peak_rss_mb = bin
+        .sync_once_peak(&fresh, &n0.addr, SYNC_TIMEOUT_SECS)
         .await
         .context("cold sync of the fresh device")?;
     let sync = sync_start.elapsed();
@@ -110,5 +139,6 @@ pub async fn run(bin: &NodeBin, dir: &Path, entries: usize) -> Result<ColdSyncRu
         rss_after_sync_mb,
         fill_ms,
         baseline_sync_ms,
+        sync_peak_rss_mb,
     })
 }

@@ -83,12 +83,16 @@ struct Cli {
     /// batches of 100 (default 20000).
     #[arg(long, value_name = "I")]
     batch_items: Option<usize>,
+    /// Entries of the log in the `big` workload, written through
+    /// `state.batch` 1,000 at a time (default 1000000).
+    #[arg(long, value_name = "E")]
+    big_entries: Option<usize>,
     /// Container counts of the `containers` workload (default
     /// 10,1000,10000).
     #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
     container_counts: Option<Vec<usize>>,
     /// Workloads to run: latency, throughput, cold-sync, reads, batch,
-    /// containers (default: all).
+    /// containers, big (default: all).
     #[arg(long, value_name = "W,W,...", value_delimiter = ',')]
     only: Option<Vec<Workload>>,
     /// Directory for report.md, results.json and the PNG charts.
@@ -131,6 +135,7 @@ enum Workload {
     Reads,
     Batch,
     Containers,
+    Big,
 }
 
 /// The effective parameters after `--quick` and the explicit options.
@@ -145,6 +150,7 @@ struct Params {
     gets: usize,
     batch_items: usize,
     container_counts: Vec<usize>,
+    big_entries: usize,
     reps: usize,
     quick: bool,
     workloads: Vec<Workload>,
@@ -165,6 +171,9 @@ impl Params {
             read_keys: cli.read_keys.unwrap_or(if q { 10_000 } else { 100_000 }),
             gets: cli.gets.unwrap_or(if q { 300 } else { 2000 }),
             batch_items: cli.batch_items.unwrap_or(if q { 2000 } else { 20_000 }),
+            big_entries: cli
+                .big_entries
+                .unwrap_or(if q { 20_000 } else { 1_000_000 }),
             container_counts: cli.container_counts.clone().unwrap_or_else(|| {
                 if q {
                     vec![10, 1000]
@@ -182,6 +191,7 @@ impl Params {
                     Workload::Reads,
                     Workload::Batch,
                     Workload::Containers,
+                    Workload::Big,
                 ]
             }),
         };
@@ -205,6 +215,7 @@ impl Params {
             "read_keys": self.read_keys,
             "gets": self.gets,
             "batch_items": self.batch_items,
+            "big_entries": self.big_entries,
             "container_counts": self.container_counts,
             "sizes": self.sizes,
             "quick": self.quick,
@@ -444,7 +455,7 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
     if p.workloads.contains(&Workload::ColdSync) {
         for rep in 0..p.reps {
             let dir = RepDir::new(&root_path, &format!("cold-sync-r{rep}"), cli.keep)?;
-            let r = coldsync::run(bin, &dir.path, p.log_entries)
+            let r = coldsync::run(bin, &dir.path, p.log_entries, coldsync::Fill::Puts)
                 .await
                 .with_context(|| format!("cold sync run, repetition {}", rep + 1))?;
             eprintln!(
@@ -531,9 +542,51 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
             }
         }
     }
+    let mut big = Vec::new();
+    if p.workloads.contains(&Workload::Big) {
+        for rep in 0..p.reps {
+            let dir = RepDir::new(&root_path, &format!("big-r{rep}"), cli.keep)?;
+            let r = coldsync::run(bin, &dir.path, p.big_entries, coldsync::Fill::Batches(1000))
+                .await
+                .with_context(|| format!("big run, repetition {}", rep + 1))?;
+            eprintln!(
+                "big rep {}/{}: cold sync of {} entries {} ms, local load {} ms (ratio {}); \
+                 peak RSS of the syncing device {} MB",
+                rep + 1,
+                p.reps,
+                p.big_entries,
+                report::num(r.sync_ms),
+                report::num(r.local_load_ms),
+                report::num(r.ratio),
+                report::num(r.sync_peak_rss_mb),
+            );
+            big.push(r);
+        }
+    }
     let mut doc = results_json(p, &lat, &thr, &cold, &rd);
     extra_json(&mut doc, &bt, &ct);
-    if p.workloads.len() == 6 {
+    if !big.is_empty() {
+        let col = |f: fn(&coldsync::ColdSyncRun) -> f64| big.iter().map(f).collect::<Vec<_>>();
+        let mut m = Map::new();
+        m.insert("entries".into(), json!(p.big_entries));
+        insert(&mut m, "sync_ms", stat_json(&col(|r| r.sync_ms)));
+        insert(
+            &mut m,
+            "local_load_ms",
+            stat_json(&col(|r| r.local_load_ms)),
+        );
+        insert(&mut m, "ratio", stat_json(&col(|r| r.ratio)));
+        insert(
+            &mut m,
+            "sync_peak_rss_mb",
+            stat_json(&col(|r| r.sync_peak_rss_mb)),
+        );
+        insert(&mut m, "fill_ms", stat_json(&col(|r| r.fill_ms)));
+        if let Some(d) = doc.as_object_mut() {
+            d.insert("big".into(), Value::Object(m));
+        }
+    }
+    if p.workloads.len() == 7 {
         let missing = report::missing(&doc, &report::required_paths(&p.sizes));
         if !missing.is_empty() {
             eprintln!(

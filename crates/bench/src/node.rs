@@ -84,6 +84,51 @@ impl NodeBin {
         Ok(out)
     }
 
+    /// `sync --once` like [`NodeBin::sync_once`], sampling the process's
+    /// peak resident memory (`VmHWM`) every 50 ms; returns it in MB.
+    pub async fn sync_once_peak(&self, home: &Path, peer: &str, timeout_secs: u64) -> Result<f64> {
+        let timeout = format!("{timeout_secs}s");
+        let mut args = vec!["sync", "--once", "--timeout", &timeout, "--peer", peer];
+        args.extend_from_slice(LOOPBACK_ONLY);
+        let mut child = self
+            .command(home)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot run {}", self.0.display()))?;
+        let pid = child.id().context("the sync process has no pid")?;
+        let mut peak_kb = 0u64;
+        let status = loop {
+            tokio::select! {
+                st = child.wait() => break st?,
+                () = tokio::time::sleep(std::time::Duration::from_millis(50)) => {
+                    let hwm = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                        .ok()
+                        .and_then(|t| {
+                            t.lines()
+                                .find_map(|l| l.strip_prefix("VmHWM:"))
+                                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                        });
+                    if let Some(kb) = hwm {
+                        peak_kb = peak_kb.max(kb);
+                    }
+                }
+            }
+        };
+        if !status.success() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                use tokio::io::AsyncReadExt as _;
+                let _ = e.read_to_string(&mut err).await;
+            }
+            bail!("`sync --once` failed ({status}): {}", err.trim());
+        }
+        Ok(peak_kb as f64 * 1024.0 / 1e6)
+    }
+
     /// `sync --once` of `home` against `peer` only; returns once it exited 0.
     pub async fn sync_once(&self, home: &Path, peer: &str, timeout_secs: u64) -> Result<()> {
         let timeout = format!("{timeout_secs}s");

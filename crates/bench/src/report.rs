@@ -242,6 +242,36 @@ fn rows(docs: &[&Value]) -> Vec<Row> {
             None,
         ),
     ]);
+    out.extend([
+        row(
+            "cold sync of a big log (state.batch fill)",
+            &["big", "sync_ms"],
+            "ms",
+            Lower,
+            None,
+        ),
+        row(
+            "big log: local decrypt + load",
+            &["big", "local_load_ms"],
+            "ms",
+            Lower,
+            None,
+        ),
+        row(
+            "big log: cold sync / local load",
+            &["big", "ratio"],
+            "×",
+            Lower,
+            Some(Target::AtMost(1.5)),
+        ),
+        row(
+            "big log: peak RSS of the syncing device",
+            &["big", "sync_peak_rss_mb"],
+            "MB",
+            Lower,
+            None,
+        ),
+    ]);
     for n in container_counts(docs) {
         let idle_target = (n == "10000").then_some(Target::AtMost(1024.0));
         let rss_target = (n == "10000").then_some(Target::AtMost(64.0));
