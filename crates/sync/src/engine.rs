@@ -955,7 +955,12 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let mut heads = heads;
         heads.sort();
-        let ours = self.container_mut(container)?.heads();
+        // An evicted container compares by its kept heads; it loads only
+        // if they differ (the exchange that follows needs the document).
+        let ours = match self.heads_of(container) {
+            Some(h) => h,
+            None => self.container_mut(container)?.heads(),
+        };
         let pc = self.peer_container(peer, container);
         pc.their_heads = Some(heads.clone());
         if ours == heads {

@@ -123,3 +123,43 @@ fn a_load_that_falls_short_is_an_error() {
     let _ = plain.flush();
     assert!(!plain.evict("x"));
 }
+
+// Goal: a peer that holds the same heads costs no load: reconciliation
+// compares an evicted container by the heads it kept.
+#[test]
+fn equal_heads_from_a_peer_load_nothing() {
+    let disk = Disk::default();
+    let mut a = engine(b"actor-a", &disk);
+    for i in 0..20 {
+        put(&mut a, &disk, &format!("c{i:02}"), "k", json!(i));
+    }
+    let _ = a.flush();
+    assert_eq!(a.evict_idle(0, 0, &[]), 20);
+    let _ = a.peer_up("b", 0);
+    let items = a
+        .container_names()
+        .into_iter()
+        .map(|n| nuwa_proto::ContainerHeads {
+            container: n.clone(),
+            heads: a.heads_of(n).unwrap(),
+        })
+        .collect();
+    let same = nuwa_proto::SyncPayload::Reconcile(vec![nuwa_proto::RangePart {
+        lower: String::new(),
+        upper: None,
+        body: nuwa_proto::RangeBody::Items(items),
+    }]);
+    let out = a.handle("b", same, 1).unwrap();
+    assert_eq!(a.loaded_count(), 0, "nothing loaded for equal heads");
+    assert!(
+        !out.iter().any(|x| matches!(
+            x,
+            Action::Send {
+                payload: nuwa_proto::SyncPayload::Sync { .. },
+                ..
+            }
+        )),
+        "no exchange started"
+    );
+    assert!(a.converged_with("b", "c07"));
+}
