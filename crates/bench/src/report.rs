@@ -274,7 +274,6 @@ fn rows(docs: &[&Value]) -> Vec<Row> {
     ]);
     for n in container_counts(docs) {
         let idle_target = (n == "10000").then_some(Target::AtMost(1024.0));
-        let rss_target = (n == "10000").then_some(Target::AtMost(64.0));
         out.push(row(
             &format!("idle anti-entropy, {n} containers"),
             &["containers", &n, "idle_bytes_per_peer_round"],
@@ -289,12 +288,15 @@ fn rows(docs: &[&Value]) -> Vec<Row> {
             Lower,
             None,
         ));
+        // Read about 20 s after the containers were written, before the
+        // daemon's one-minute idle eviction: not issue 13's "on disk" row,
+        // which scripts/bench/cold-containers.sh measures after a restart.
         out.push(row(
-            &format!("idle RSS with {n} containers"),
+            &format!("RSS 20 s after writing {n} containers"),
             &["containers", &n, "idle_rss_mb"],
             "MB",
             Lower,
-            rss_target,
+            None,
         ));
     }
     for n in sizes(docs) {
