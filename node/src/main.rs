@@ -274,16 +274,19 @@ enum StateCommand {
         /// A JSON value, e.g. '"text"', '42' or '{"a":[1,2]}'.
         json: String,
     },
-    /// Apply many writes from an NDJSON file (`-` for stdin), one
-    /// operation per line:
+    /// Apply many writes from an NDJSON file (`-` for stdin).
+    ///
+    /// One operation per line:
     ///   {"op":"put","container":"notes","key":"k","value":1}
     ///   {"op":"create","schema_uri":"did:nuwa:state:note#v1","object":{...},"id":"n1"}
     ///   {"op":"update","schema_uri":"...","id":"n1","patch":[...]}
     ///   {"op":"delete","schema_uri":"...","id":"n1","mode":"hard"}
+    ///
     /// Every line is checked before anything is sent. Lines go in batches
     /// (state.batch): within a batch, the operations on one container are
     /// all applied or none is. Failed lines are listed with their number;
     /// the exit status is 1 if any failed.
+    #[command(verbatim_doc_comment)]
     Import {
         /// The NDJSON file, or `-` for standard input.
         file: PathBuf,
