@@ -80,7 +80,9 @@ fn not_online_together_through_a_keeper_that_compacts() {
             put_many(&a, "notes", &format!("b{burst}-"), 10);
             std::thread::sleep(Duration::from_millis(250));
         }
-        wait_for("A: everything pushed", Duration::from_secs(30), || {
+        // Compaction is tried at most once a minute; the deadline covers
+        // one retry.
+        wait_for("A: everything pushed", Duration::from_secs(90), || {
             (keeper_field(&a, "pushed_all")? == serde_json::json!(true)).then_some(())
         });
         let a_log = c.logs();

@@ -48,6 +48,8 @@ const ENVELOPE_CHANGES: usize = 1024;
 const ENVELOPE_BYTES: usize = 512 * 1024;
 /// At most one snapshot per keeper this often.
 const COMPACT_EVERY_MS: u64 = 60_000;
+/// How soon a compaction that found nothing pulled yet is tried again.
+const COMPACT_RETRY_MS: u64 = 1_000;
 /// Largest snapshot push (the frame cap is 8 MiB).
 const SNAPSHOT_BYTES: usize = 6 * 1024 * 1024;
 /// Bytes asked for per pull.
@@ -396,8 +398,16 @@ impl Daemon {
     /// atomic and frees the quota it needs). A history too big for one push
     /// is not compacted (logged and counted); pushes then wait for room.
     async fn keeper_snapshot(&mut self, peer: PeerId, now: u64) {
-        if !self.keepers.links.contains_key(&peer) {
-            return;
+        match self.keepers.links.get_mut(&peer) {
+            None => return,
+            Some(link) if link.state.cursor == 0 => {
+                // Nothing pulled yet, so nothing a snapshot could replace:
+                // try again once a pull has moved the cursor, not in a
+                // minute (the push that asked for room is still waiting).
+                link.next_compact_ms = now + COMPACT_RETRY_MS;
+                return;
+            }
+            Some(_) => {}
         }
         // The snapshot holds every container: the evicted ones load first.
         let names: Vec<String> = self
@@ -421,7 +431,7 @@ impl Daemon {
         let mut envelopes = Vec::new();
         let mut bytes = 0usize;
         let mut covered = BTreeMap::new();
-        let mut too_big = through == 0;
+        let mut too_big = false;
         'containers: for (name, c) in self.session.engine().containers() {
             if too_big {
                 break;
