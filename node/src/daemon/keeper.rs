@@ -143,18 +143,14 @@ impl Daemon {
             .links
             .iter()
             .map(|(peer, l)| {
-                let pushed_all = l.connected && l.knows_log && {
-                    let e = self.session.engine();
-                    e.container_names().into_iter().all(|name| {
-                        let heads: Vec<String> = e
-                            .heads_of(name)
-                            .unwrap_or_default()
-                            .iter()
-                            .map(hex::encode)
-                            .collect();
-                        l.state.pushed.get(name) == Some(&heads)
-                    })
-                };
+                let pushed_all = l.connected
+                    && l.knows_log
+                    && self
+                        .session
+                        .engine()
+                        .container_names()
+                        .into_iter()
+                        .all(|name| l.state.pushed.get(name) == Some(&self.heads_hex(name)));
                 crate::status::KeeperStatus {
                     peer_id: peer.to_string(),
                     connected: l.connected,
@@ -300,15 +296,7 @@ impl Daemon {
                 e.container_names()
                     .into_iter()
                     .filter(|name| e.container(name).is_none())
-                    .filter(|name| {
-                        let heads: Vec<String> = e
-                            .heads_of(name)
-                            .unwrap_or_default()
-                            .iter()
-                            .map(hex::encode)
-                            .collect();
-                        link.state.pushed.get(*name) != Some(&heads)
-                    })
+                    .filter(|name| link.state.pushed.get(*name) != Some(&self.heads_hex(name)))
                     .cloned()
                     .collect()
             }

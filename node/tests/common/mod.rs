@@ -278,15 +278,8 @@ pub fn cli_ok(home: &Path, args: &[&str]) -> String {
 /// running daemon's HTTP API, 16 requests in flight, and panics unless every
 /// put is acknowledged as durable. Far faster than one CLI process per put.
 pub fn put_many(home: &Path, container: &str, key_prefix: &str, n: usize) {
-    let api: Value =
-        serde_json::from_slice(&fs::read(home.join("api.json")).expect("api.json")).unwrap();
-    let url = format!("{}/v1/state/put", api["url"].as_str().unwrap());
-    let token = api["token"].as_str().unwrap().to_owned();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    let (url, token) = api_of(home, "/v1/state/put");
+    block_on(async {
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let mut tasks = tokio::task::JoinSet::new();
         for lane in 0..16 {
@@ -489,18 +482,28 @@ impl Pairing {
     }
 }
 
-/// POSTs `body` to `path` on the running daemon of `home`; returns the HTTP
-/// status and the JSON reply.
-pub fn api_post(home: &Path, path: &str, body: &Value) -> (u16, Value) {
+/// The URL of `path` on the running daemon of `home`, and its token.
+fn api_of(home: &Path, path: &str) -> (String, String) {
     let api: Value =
         serde_json::from_slice(&fs::read(home.join("api.json")).expect("api.json")).unwrap();
     let url = format!("{}{path}", api["url"].as_str().unwrap());
-    let token = api["token"].as_str().unwrap().to_owned();
-    let rt = tokio::runtime::Builder::new_current_thread()
+    (url, api["token"].as_str().unwrap().to_owned())
+}
+
+/// Runs `f` to completion on a fresh single-threaded runtime.
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
-    rt.block_on(async {
+        .unwrap()
+        .block_on(f)
+}
+
+/// POSTs `body` to `path` on the running daemon of `home`; returns the HTTP
+/// status and the JSON reply.
+pub fn api_post(home: &Path, path: &str, body: &Value) -> (u16, Value) {
+    let (url, token) = api_of(home, path);
+    block_on(async {
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let resp = http
             .post(&url)
@@ -516,15 +519,8 @@ pub fn api_post(home: &Path, path: &str, body: &Value) -> (u16, Value) {
 
 /// A counter of the daemon's `/metrics` (0 when absent).
 pub fn metric(home: &Path, name: &str) -> f64 {
-    let api: Value =
-        serde_json::from_slice(&fs::read(home.join("api.json")).expect("api.json")).unwrap();
-    let url = format!("{}/metrics", api["url"].as_str().unwrap());
-    let token = api["token"].as_str().unwrap().to_owned();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let text = rt.block_on(async {
+    let (url, token) = api_of(home, "/metrics");
+    let text = block_on(async {
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         http.get(&url)
             .bearer_auth(&token)
