@@ -506,6 +506,53 @@ fn check_sync_changes(msg: &automerge::sync::Message) -> Result<(), StateError> 
     Ok(())
 }
 
+/// A sync-protocol message, decoded and its Bloom filters checked (cheap:
+/// the changes it carries are only copied, not read). Their checks run
+/// where they are applied.
+pub struct SyncInbound {
+    msg: automerge::sync::Message,
+}
+
+impl std::fmt::Debug for SyncInbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncInbound")
+            .field("heads", &self.msg.heads.len())
+            .field("change_bytes", &self.change_bytes())
+            .finish()
+    }
+}
+
+impl SyncInbound {
+    /// Decodes an encoded sync-protocol message.
+    pub fn decode(message: &[u8]) -> Result<Self, StateError> {
+        let msg = no_panic("decoding a sync message", || {
+            automerge::sync::Message::decode(message)
+        })
+        .map_err(|e| StateError::BadSyncMessage(e.to_string()))?
+        .map_err(|e| StateError::BadSyncMessage(e.to_string()))?;
+        check_blooms(&msg)?;
+        Ok(SyncInbound { msg })
+    }
+
+    /// Bytes of changes (or of a whole document) the message carries: what
+    /// receiving it costs grows with this.
+    pub fn change_bytes(&self) -> usize {
+        self.msg.changes.iter().map(|c| c.len()).sum()
+    }
+
+    /// Whether `doc` already holds every head this message names (then
+    /// receiving it applies nothing).
+    pub fn known_to(&self, doc: &Container) -> bool {
+        holds_all(&doc.doc, &self.msg.heads)
+    }
+}
+
+fn holds_all(doc: &Automerge, heads: &[ChangeHash]) -> bool {
+    heads
+        .iter()
+        .all(|h| doc.get_change_meta_by_hash(h).is_some())
+}
+
 impl Container {
     /// An empty container whose local edits are attributed to `actor`.
     pub fn new(actor: &[u8]) -> Self {
@@ -766,6 +813,51 @@ impl Container {
             .all(|h| self.doc.get_change_by_hash(&ChangeHash(*h)).is_some())
     }
 
+    /// Applies only the changes a sync message carries, leaving every sync
+    /// state alone, and returns the raw bytes of what became part of the
+    /// document (to be persisted). This is the expensive half of receiving
+    /// a big message, meant for a worker thread on a [`Container::fork`];
+    /// [`Container::receive_inbound`] of the same message afterwards costs
+    /// almost nothing.
+    pub fn catch_up(&mut self, inbound: &SyncInbound) -> Result<Vec<Vec<u8>>, StateError> {
+        check_sync_changes(&inbound.msg)?;
+        if inbound.msg.changes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let bytes = inbound.msg.changes.iter().collect::<Vec<_>>().concat();
+        let result = self.guarded(|doc| {
+            let before = doc.get_heads();
+            doc.load_incremental(&bytes)?;
+            if doc.get_heads() == before {
+                return Ok(Vec::new());
+            }
+            check_op_numbering(doc, &before)?;
+            Ok(doc
+                .get_changes(&before)
+                .into_iter()
+                .map(|c| c.raw_bytes().to_vec())
+                .collect::<Vec<_>>())
+        });
+        self.recount(result.as_ref().map(Vec::len));
+        result
+    }
+
+    /// Operations in the document: what copying it ([`Container::fork`])
+    /// costs grows with this.
+    pub fn op_count(&self) -> u64 {
+        self.doc.stats().num_ops
+    }
+
+    /// A copy of this container (same actor, same history): the base of a
+    /// catch-up run on another thread. Costs a copy of the document.
+    pub fn fork(&self) -> Container {
+        Container {
+            doc: self.doc.clone(),
+            poisoned: self.poisoned,
+            changes: self.changes,
+        }
+    }
+
     /// Next Automerge sync-protocol message for a peer, if one is due.
     pub fn generate_sync_message(&self, state: &mut SyncState) -> Option<Vec<u8>> {
         self.doc.generate_sync_message(state).map(|m| m.encode())
@@ -779,12 +871,25 @@ impl Container {
         state: &mut SyncState,
         message: &[u8],
     ) -> Result<Vec<Vec<u8>>, StateError> {
-        let msg = no_panic("decoding a sync message", || {
-            automerge::sync::Message::decode(message)
-        })
-        .map_err(|e| StateError::BadSyncMessage(e.to_string()))?
-        .map_err(|e| StateError::BadSyncMessage(e.to_string()))?;
-        check_blooms(&msg)?;
+        self.receive_inbound(state, SyncInbound::decode(message)?)
+    }
+
+    /// Receives a decoded sync-protocol message (see
+    /// [`Container::receive_sync_message`]). When this document already
+    /// holds every head the message names, the changes it carries are
+    /// dropped unread: they are all ancestors of those heads, and reading
+    /// a whole document again (the answer to a device that had nothing)
+    /// would cost as much as loading it. This is how a catch-up applied by
+    /// [`Container::catch_up`] on another thread is then received cheaply.
+    pub fn receive_inbound(
+        &mut self,
+        state: &mut SyncState,
+        inbound: SyncInbound,
+    ) -> Result<Vec<Vec<u8>>, StateError> {
+        let mut msg = inbound.msg;
+        if !msg.changes.is_empty() && holds_all(&self.doc, &msg.heads) {
+            msg.changes = automerge::sync::ChunkList::empty();
+        }
         check_sync_changes(&msg)?;
         let result = self.guarded(|doc| {
             let before = doc.get_heads();
