@@ -25,11 +25,21 @@
 //!   container and peer at each [`Engine::flush`], so that many writes
 //!   travel together. A delta whose changes lack dependencies starts the sync
 //!   protocol, which fetches whatever is missing.
+//!
+//! Catch-up off the loop: a sync message that carries more than
+//! [`Config::catch_up_inline_bytes`] of changes (a whole document, for a
+//! device that had nothing) is not applied by [`Engine::handle`]. The engine
+//! forks the container and hands the runtime a [`CatchUp`]
+//! ([`Engine::take_catch_ups`]) to run on any thread; the result comes back
+//! through [`Engine::finish_catch_up`], which swaps the caught-up document
+//! in if nothing touched the container meanwhile, or else runs another,
+//! smaller round over what did. Until then the container serves local
+//! writes and gossip as usual, and further sync messages for it wait.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use nuwa_proto::{ContainerHeads, RangeBody, RangePart, SyncPayload};
-use nuwa_state::{Container, Hash, StateError, SyncState};
+use nuwa_state::{Container, Hash, StateError, SyncInbound, SyncState};
 
 use crate::reconcile::{self, Fingerprint, FingerprintSet};
 
@@ -68,6 +78,13 @@ pub struct Config {
     /// Most containers a node holds; a peer's container beyond it is
     /// refused (`TooManyContainers`).
     pub max_containers: usize,
+    /// A sync message carrying more change bytes than this is applied off
+    /// the loop ([`CatchUp`]); `usize::MAX` applies everything inline.
+    pub catch_up_inline_bytes: usize,
+    /// Largest document (in operations) forked for an off-loop catch-up:
+    /// the copy is made on the loop (about 50 ns per operation), so a
+    /// bigger one is caught up inline.
+    pub catch_up_fork_max_ops: u64,
 }
 
 impl Default for Config {
@@ -76,8 +93,147 @@ impl Default for Config {
             anti_entropy_ms: 5_000,
             sync_stall_ms: 10_000,
             max_containers: 16_384,
+            // Loading a whole document runs at roughly 10 MB/s of saved
+            // bytes at one change per entry (crates/state/examples/
+            // catchup_cost.rs), so 64 KiB is a few milliseconds.
+            catch_up_inline_bytes: 64 * 1024,
+            catch_up_fork_max_ops: 500_000,
         }
     }
+}
+
+/// Most sync messages held for a container while its catch-up runs (the
+/// protocol sends one at a time per peer; more is a misbehaving peer).
+const CATCH_UP_HELD_MAX: usize = 64;
+/// Rounds of an off-loop catch-up before the last one is applied inline
+/// (each round covers what local writes and gossip added meanwhile).
+const CATCH_UP_ROUNDS_MAX: u32 = 3;
+
+/// Work the engine hands the runtime: apply a big sync message (or, in a
+/// later round, the changes made meanwhile) to a fork of a container, on
+/// any thread. Run it with [`CatchUp::run`] and give the result to
+/// [`Engine::finish_catch_up`].
+pub struct CatchUp {
+    id: u64,
+    container: String,
+    base: Container,
+    work: Work,
+}
+
+enum Work {
+    Message(SyncInbound),
+    Changes(Vec<Vec<u8>>),
+}
+
+impl std::fmt::Debug for CatchUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatchUp")
+            .field("id", &self.id)
+            .field("container", &self.container)
+            .finish()
+    }
+}
+
+impl CatchUp {
+    /// The container being caught up.
+    pub fn container(&self) -> &str {
+        &self.container
+    }
+
+    /// Does the work: the expensive part, meant for a worker thread.
+    pub fn run(self) -> CaughtUp {
+        let CatchUp {
+            id,
+            container,
+            mut base,
+            work,
+        } = self;
+        let (result, message) = match work {
+            Work::Message(inbound) => (base.catch_up(&inbound), Some(inbound)),
+            Work::Changes(changes) => (applied_beyond(&mut base, changes), None),
+        };
+        CaughtUp {
+            id,
+            container,
+            doc: base,
+            result,
+            message,
+        }
+    }
+}
+
+/// Applies `changes` (which the live container already holds and has
+/// persisted) and returns what else became part of the document: changes
+/// of the catch-up that waited for them.
+fn applied_beyond(doc: &mut Container, changes: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, StateError> {
+    let given: BTreeSet<Vec<u8>> = changes.iter().cloned().collect();
+    let applied = doc.apply_changes(changes)?;
+    Ok(applied
+        .new_changes
+        .into_iter()
+        .filter(|c| !given.contains(c))
+        .collect())
+}
+
+/// A finished [`CatchUp`].
+pub struct CaughtUp {
+    id: u64,
+    container: String,
+    doc: Container,
+    result: Result<Vec<Vec<u8>>, StateError>,
+    message: Option<SyncInbound>,
+}
+
+impl std::fmt::Debug for CaughtUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaughtUp")
+            .field("id", &self.id)
+            .field("container", &self.container)
+            .field("ok", &self.result.is_ok())
+            .finish()
+    }
+}
+
+impl CaughtUp {
+    /// The container caught up.
+    pub fn container(&self) -> &str {
+        &self.container
+    }
+
+    /// The caught-up document (for a runtime that saves a snapshot of it
+    /// off the loop before handing it back).
+    pub fn doc(&self) -> &Container {
+        &self.doc
+    }
+
+    /// Changes this round added to the document.
+    pub fn new_changes(&self) -> usize {
+        self.result.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Bytes of the changes this round added.
+    pub fn new_change_bytes(&self) -> usize {
+        self.result
+            .as_ref()
+            .map_or(0, |c| c.iter().map(Vec::len).sum())
+    }
+}
+
+/// A catch-up under way for one container.
+struct Running {
+    id: u64,
+    /// Heads of the live container when the running round forked it.
+    base_heads: Vec<Hash>,
+    /// The peer whose message started it, and that message once applied.
+    peer: PeerKey,
+    message: Option<SyncInbound>,
+    /// Changes the catch-up added that the live container lacks (later
+    /// rounds re-apply what the live container added meanwhile, which may
+    /// release more of the catch-up's own).
+    new_changes: Vec<Vec<u8>>,
+    /// Sync messages for the container that arrived meanwhile.
+    held: Vec<(PeerKey, Vec<u8>)>,
+    rounds: u32,
 }
 
 /// What the runtime must do, in this order.
@@ -163,6 +319,9 @@ struct PeerContainer {
     progress_mark: (Vec<Hash>, Option<Vec<Hash>>),
     their_heads: Option<Vec<Hash>>,
     converged: bool,
+    /// Our heads when our whole document last went to this peer, which
+    /// then held nothing (see `receive`); cleared once it holds something.
+    doc_sent_at: Option<Vec<Hash>>,
 }
 
 struct Peer {
@@ -219,6 +378,11 @@ pub struct Engine {
     /// latest `now_ms` any input carried).
     last_use: BTreeMap<String, u64>,
     now_ms: u64,
+    /// Off-loop catch-ups under way, per container.
+    running: BTreeMap<String, Running>,
+    /// Catch-ups ready for [`Engine::take_catch_ups`].
+    ready: Vec<CatchUp>,
+    next_catch_up: u64,
 }
 
 impl Engine {
@@ -237,6 +401,9 @@ impl Engine {
             loader: None,
             last_use: BTreeMap::new(),
             now_ms: 0,
+            running: BTreeMap::new(),
+            ready: Vec::new(),
+            next_catch_up: 0,
         }
     }
 
@@ -360,6 +527,7 @@ impl Engine {
             && self.containers.get(name).is_some_and(|c| !c.is_poisoned())
             && !self.pending_local.contains_key(name)
             && !self.queued.contains_key(name)
+            && !self.running.contains_key(name)
             && !self.peers.values().any(|p| {
                 p.containers
                     .get(name)
@@ -381,6 +549,7 @@ impl Engine {
         for p in self.peers.values_mut() {
             if let Some(pc) = p.containers.get_mut(name) {
                 pc.state = SyncState::new();
+                pc.doc_sent_at = None;
             }
         }
         self.cold.insert(
@@ -778,7 +947,12 @@ impl Engine {
                     payload: summary.clone(),
                 });
             }
-            for pc in peer.containers.values_mut() {
+            for (name, pc) in peer.containers.iter_mut() {
+                if self.running.contains_key(name) {
+                    // Waiting for our own catch-up, not for the peer.
+                    pc.last_progress_ms = now_ms;
+                    continue;
+                }
                 if pc.active_since_ms.is_some()
                     && now_ms.saturating_sub(pc.last_progress_ms) > stall
                 {
@@ -786,6 +960,7 @@ impl Engine {
                     // forever; a fresh state re-announces our heads.
                     pc.state = SyncState::new();
                     pc.active_since_ms = None;
+                    pc.doc_sent_at = None;
                 }
             }
         }
@@ -978,6 +1153,7 @@ impl Engine {
                 // Still different after a stall: start afresh.
                 pc.state = SyncState::new();
                 pc.active_since_ms = None;
+                pc.doc_sent_at = None;
             }
         }
         self.start_sync(peer, container, now_ms, out);
@@ -1004,6 +1180,7 @@ impl Engine {
             // The state believes a message is still in flight; a fresh state
             // always produces one.
             pc.state = SyncState::new();
+            pc.doc_sent_at = None;
             msg = doc.generate_sync_message(&mut pc.state);
         }
         if let Some(message) = msg {
@@ -1027,6 +1204,191 @@ impl Engine {
         now_ms: u64,
         out: &mut Vec<Action>,
     ) -> Result<(), EngineError> {
+        if let Some(r) = self.running.get_mut(container) {
+            // Answered once the catch-up is in; the protocol sends one
+            // message at a time, so a longer queue is a misbehaving peer
+            // (its exchange restarts when it stalls).
+            if r.held.len() < CATCH_UP_HELD_MAX {
+                r.held.push((peer.to_owned(), message.to_vec()));
+            }
+            return Ok(());
+        }
+        self.container_mut(container)?;
+        let inbound = match SyncInbound::decode(message) {
+            Ok(i) => i,
+            Err(source) => return Err(self.state_error(container, source)),
+        };
+        let doc = self.containers.get(container).expect("created above");
+        if inbound.change_bytes() > self.config.catch_up_inline_bytes
+            && doc.op_count() <= self.config.catch_up_fork_max_ops
+            && !inbound.known_to(doc)
+        {
+            let base = doc.fork();
+            let base_heads = doc.heads();
+            let id = self.next_catch_up;
+            self.next_catch_up += 1;
+            self.running.insert(
+                container.to_owned(),
+                Running {
+                    id,
+                    base_heads,
+                    peer: peer.to_owned(),
+                    message: None,
+                    new_changes: Vec::new(),
+                    held: Vec::new(),
+                    rounds: 1,
+                },
+            );
+            let pc = self.peer_container(peer, container);
+            pc.active_since_ms = Some(now_ms);
+            pc.last_progress_ms = now_ms;
+            self.ready.push(CatchUp {
+                id,
+                container: container.to_owned(),
+                base,
+                work: Work::Message(inbound),
+            });
+            return Ok(());
+        }
+        self.receive(peer, container, inbound, now_ms, out)
+    }
+
+    /// Catch-ups that [`Engine::handle`] set aside since the last call: run
+    /// each ([`CatchUp::run`], on any thread) and hand the result to
+    /// [`Engine::finish_catch_up`].
+    pub fn take_catch_ups(&mut self) -> Vec<CatchUp> {
+        std::mem::take(&mut self.ready)
+    }
+
+    /// Whether an off-loop catch-up of `container` is under way.
+    pub fn catching_up(&self, container: &str) -> bool {
+        self.running.contains_key(container)
+    }
+
+    /// Takes a finished [`CatchUp`] back. If the container did not move
+    /// meanwhile, the caught-up document replaces it (no Automerge work);
+    /// otherwise another round applies what was added meanwhile to the
+    /// caught-up document (a new [`CatchUp`] to take), or inline after
+    /// three rounds. Then the message that started it and the ones held
+    /// since are received. Returns the actions and the errors (a refused
+    /// message leaves the container as it was).
+    pub fn finish_catch_up(
+        &mut self,
+        done: CaughtUp,
+        now_ms: u64,
+    ) -> (Vec<Action>, Vec<EngineError>) {
+        self.clock(now_ms);
+        let mut out = Vec::new();
+        let mut errors = Vec::new();
+        let CaughtUp {
+            id,
+            container,
+            mut doc,
+            result,
+            message,
+        } = done;
+        let Some(mut run) = self.running.remove(&container) else {
+            return (out, errors);
+        };
+        if run.id != id {
+            // Not ours (cannot happen with one runtime); keep waiting.
+            self.running.insert(container, run);
+            return (out, errors);
+        }
+        match result {
+            Err(source) => {
+                // Only the fork saw the bad input; the live container is
+                // intact (so a panic inside is not a poisoned container).
+                let source = match source {
+                    StateError::Poisoned(why) => StateError::BadSyncMessage(why),
+                    other => other,
+                };
+                errors.push(self.state_error(&container, source));
+                if let Some(pc) = self.peer_container_opt(&run.peer, &container) {
+                    pc.active_since_ms = None;
+                }
+            }
+            Ok(new_changes) => {
+                run.new_changes.extend(new_changes);
+                if run.rounds == 1 {
+                    run.message = message;
+                }
+                let live_heads = self.heads_of(&container);
+                let moved = live_heads.as_ref() != Some(&run.base_heads);
+                if moved {
+                    let extra = self
+                        .containers
+                        .get(&container)
+                        .map(|c| c.changes_since(&run.base_heads))
+                        .unwrap_or_default();
+                    if run.rounds < CATCH_UP_ROUNDS_MAX {
+                        let id = self.next_catch_up;
+                        self.next_catch_up += 1;
+                        run.id = id;
+                        run.rounds += 1;
+                        run.base_heads = live_heads.unwrap_or_default();
+                        self.ready.push(CatchUp {
+                            id,
+                            container: container.clone(),
+                            base: doc,
+                            work: Work::Changes(extra),
+                        });
+                        self.running.insert(container, run);
+                        return (out, errors);
+                    }
+                    match applied_beyond(&mut doc, extra) {
+                        Ok(released) => run.new_changes.extend(released),
+                        Err(source) => {
+                            errors.push(self.state_error(&container, source));
+                            return (out, errors);
+                        }
+                    }
+                }
+                self.containers.insert(container.clone(), doc);
+                self.dirty.insert(container.clone());
+                self.touch(&container);
+                if !run.new_changes.is_empty() {
+                    for peer in self.peers.values_mut() {
+                        if let Some(pc) = peer.containers.get_mut(&container) {
+                            pc.converged = false;
+                        }
+                    }
+                    out.push(Action::Persist {
+                        container: container.clone(),
+                        changes: std::mem::take(&mut run.new_changes),
+                    });
+                }
+                if let Some(inbound) = run.message.take() {
+                    if self.peers.contains_key(&run.peer) {
+                        if let Err(e) =
+                            self.receive(&run.peer, &container, inbound, now_ms, &mut out)
+                        {
+                            errors.push(e);
+                        }
+                    }
+                }
+            }
+        }
+        for (peer, message) in run.held {
+            if !self.peers.contains_key(&peer) {
+                continue;
+            }
+            if let Err(e) = self.on_sync(&peer, &container, &message, now_ms, &mut out) {
+                errors.push(e);
+            }
+        }
+        (out, errors)
+    }
+
+    /// Receives a decoded sync message into the live container and answers.
+    fn receive(
+        &mut self,
+        peer: &str,
+        container: &str,
+        inbound: SyncInbound,
+        now_ms: u64,
+        out: &mut Vec<Action>,
+    ) -> Result<(), EngineError> {
         self.container_mut(container)?;
         let doc = self.containers.get_mut(container).expect("created above");
         let peer_state = self
@@ -1037,7 +1399,7 @@ impl Engine {
             .containers
             .entry(container.to_owned())
             .or_default();
-        let new_changes = match doc.receive_sync_message(&mut pc.state, message) {
+        let new_changes = match doc.receive_inbound(&mut pc.state, inbound) {
             Ok(new) => new,
             Err(source) => return Err(self.state_error(container, source)),
         };
@@ -1064,18 +1426,34 @@ impl Engine {
             pc.progress_mark = mark;
             pc.last_progress_ms = now_ms;
         }
-        match doc.generate_sync_message(&mut pc.state) {
-            Some(reply) => {
-                pc.active_since_ms = Some(now_ms);
-                out.push(Action::Send {
-                    peer: peer.to_owned(),
-                    payload: SyncPayload::Sync {
-                        container: container.to_owned(),
-                        message: reply,
-                    },
-                });
+        // A peer that holds nothing is answered with the whole document.
+        // When both sides opened the exchange, its second message still
+        // says it holds nothing (it was sent before our document arrived),
+        // and Automerge would save and send the whole document again.
+        let theirs_empty = pc.their_heads.as_ref().is_some_and(Vec::is_empty);
+        let ours = doc.heads();
+        if !theirs_empty {
+            pc.doc_sent_at = None;
+        }
+        if theirs_empty && !ours.is_empty() && pc.doc_sent_at.as_ref() == Some(&ours) {
+            pc.active_since_ms = Some(now_ms);
+        } else {
+            match doc.generate_sync_message(&mut pc.state) {
+                Some(reply) => {
+                    if theirs_empty && !ours.is_empty() {
+                        pc.doc_sent_at = Some(ours);
+                    }
+                    pc.active_since_ms = Some(now_ms);
+                    out.push(Action::Send {
+                        peer: peer.to_owned(),
+                        payload: SyncPayload::Sync {
+                            container: container.to_owned(),
+                            message: reply,
+                        },
+                    });
+                }
+                None => pc.active_since_ms = None,
             }
-            None => pc.active_since_ms = None,
         }
         self.check_converged(peer, container, out);
         Ok(())

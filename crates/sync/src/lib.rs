@@ -21,7 +21,9 @@ pub mod reconcile;
 pub mod secure;
 pub mod session;
 
-pub use engine::{Action, Config, Engine, EngineError, Loader, LocalEditError, PeerKey};
+pub use engine::{
+    Action, CatchUp, CaughtUp, Config, Engine, EngineError, Loader, LocalEditError, PeerKey,
+};
 pub use membership::{Membership, Rejection, VerifiedPeer};
 pub use secure::{OpenError, SecureChannel};
 pub use session::{Count, Door, Effect, Origin, PeerState, Session, SessionConfig, Stored};

@@ -983,6 +983,23 @@ impl Session {
         out
     }
 
+    /// Catch-ups to run off the loop (see [`Engine::take_catch_ups`]).
+    pub fn take_catch_ups(&mut self) -> Vec<crate::engine::CatchUp> {
+        self.engine.take_catch_ups()
+    }
+
+    /// Takes a finished catch-up back (see [`Engine::finish_catch_up`]);
+    /// what it adds is persisted like any change from a peer.
+    pub fn finish_catch_up(&mut self, done: crate::engine::CaughtUp, now_ms: u64) -> Vec<Effect> {
+        let mut out = Vec::new();
+        let (actions, errors) = self.engine.finish_catch_up(done, now_ms);
+        self.engine_actions(actions, &mut out);
+        for e in errors {
+            self.engine_error(e, &mut out);
+        }
+        out
+    }
+
     /// Whether we hold exactly what a verified peer holds.
     pub fn in_sync_with(&mut self, peer: &str) -> bool {
         self.engine.in_sync_with(peer)

@@ -9,6 +9,12 @@
 //! log). After the chaos the network heals and every replica must end with
 //! the same heads and JSON, holding every acknowledged write.
 //!
+//! Off-loop catch-ups ([`nuwa_sync::CatchUp`]): per seed, the engines apply
+//! sync messages above a threshold drawn from the seed (none, 0, 300 or
+//! 3,000 bytes) off the loop; the simulated runtime runs each catch-up at
+//! once but hands the result back after a random delay, so local writes,
+//! gossip, crashes and other peers' messages land in between.
+//!
 //! The simulator leaves the wire format, encryption and membership to other
 //! tests: payloads travel as [`SyncPayload`] values between verified peers.
 //!
@@ -23,7 +29,7 @@ use std::time::Instant;
 
 use nuwa_proto::SyncPayload;
 use nuwa_state::{Container, Hash};
-use nuwa_sync::{Action, Config, Engine};
+use nuwa_sync::{Action, CaughtUp, Config, Engine};
 use serde_json::{Value, json};
 
 /// How often the simulated runtime calls [`Engine::tick`].
@@ -54,8 +60,13 @@ const DEFAULT_FAULTS: Faults = Faults {
 /// - 220 and 266 (all faults): a container a peer had named but that held
 ///   no change yet was evicted; storage had nothing of it, so it never
 ///   loaded again and never converged.
+/// - 817 and 1407 (all faults): a second round of an off-loop catch-up
+///   (over writes made meanwhile) released changes of the first that had
+///   waited for those writes; they entered memory but were never persisted.
 const REGRESSION_SEEDS: &[(u64, &str)] = &[
     (10, "all"),
+    (817, "all"),
+    (1407, "all"),
     (563, "delta-loss"),
     (60, "all"),
     (108, "loss"),
@@ -151,8 +162,12 @@ type Durable = Arc<Mutex<BTreeMap<String, Vec<Vec<u8>>>>>;
 
 /// An engine whose evicted containers load from `durable`, as the daemon's
 /// load from its store.
-fn engine_on(actor: &[u8], durable: &Durable) -> Engine {
-    let mut engine = Engine::new(actor.to_vec(), Config::default());
+fn engine_on(actor: &[u8], durable: &Durable, catch_up_inline_bytes: usize) -> Engine {
+    let config = Config {
+        catch_up_inline_bytes,
+        ..Config::default()
+    };
+    let mut engine = Engine::new(actor.to_vec(), config);
     let (actor, durable) = (actor.to_vec(), durable.clone());
     engine.set_loader(Box::new(move |name: &str| {
         let log = durable.lock().unwrap().get(name).cloned();
@@ -206,6 +221,13 @@ enum Event {
     Restart(usize),
     /// Evict containers from memory: the idle ones, then down to this many.
     Evict(usize, usize),
+    /// A catch-up the node's runtime ran off the loop comes back (dropped
+    /// if the node restarted since: `incarnation`).
+    CaughtUp {
+        node: usize,
+        incarnation: u64,
+        done: Box<CaughtUp>,
+    },
 }
 
 /// Counters reported at the end of a run.
@@ -223,6 +245,8 @@ struct Stats {
     crashes: u64,
     /// Containers evicted from memory (and loaded again on use).
     evictions: u64,
+    /// Off-loop catch-ups run.
+    catch_ups: u64,
     events: u64,
     /// Virtual time from the heal until all replicas were equal.
     heal_to_converged_ms: u64,
@@ -254,6 +278,13 @@ struct Sim {
     errors: Vec<String>,
     stats: Stats,
     trace: bool,
+    /// Sync messages above this many bytes are caught up off the loop.
+    catch_up_inline_bytes: usize,
+    /// Delays of catch-up results: a stream of its own, so that seeds that
+    /// never catch up keep the event stream they had.
+    catch_rng: Rng,
+    /// Bumped at each restart of a node.
+    incarnation: Vec<u64>,
 }
 
 fn link_key(a: usize, b: usize) -> (usize, usize) {
@@ -300,6 +331,8 @@ impl Sim {
     /// `n` engines, all links up at time 0, ticking every [`TICK_MS`].
     fn new(seed: u64, n: usize, net: NetParams) -> Self {
         let mut rng = Rng::new(seed);
+        let mut catch_rng = Rng::new(seed ^ 0xCA7C_4B0F_F10A_D000);
+        let catch_up_inline_bytes = [usize::MAX, 0, 300, 3_000][catch_rng.index(4)];
         let mut nodes = Vec::new();
         let mut index_by_name = BTreeMap::new();
         for i in 0..n {
@@ -308,7 +341,7 @@ impl Sim {
             let actor = format!("actor-{i:02}").into_bytes();
             let durable = Durable::default();
             nodes.push(Node {
-                engine: Some(engine_on(&actor, &durable)),
+                engine: Some(engine_on(&actor, &durable, catch_up_inline_bytes)),
                 actor,
                 durable,
                 name,
@@ -339,6 +372,9 @@ impl Sim {
             errors: Vec::new(),
             stats: Stats::default(),
             trace: std::env::var_os("SIM_TRACE").is_some(),
+            catch_up_inline_bytes,
+            catch_rng,
+            incarnation: vec![0; n],
         };
         for (i, phase) in phases.into_iter().enumerate() {
             sim.schedule(phase, Event::Tick(i));
@@ -416,6 +452,32 @@ impl Sim {
                 Action::Send { peer, payload } => self.send(node, &peer, payload),
                 Action::Converged { .. } => self.stats.converged_actions += 1,
             }
+        }
+        self.start_catch_ups(node);
+    }
+
+    /// Runs the catch-ups the node's engine set aside and schedules their
+    /// results after a random delay, as a worker thread would hand them
+    /// back.
+    fn start_catch_ups(&mut self, node: usize) {
+        let Some(engine) = self.nodes[node].engine.as_mut() else {
+            return;
+        };
+        for job in engine.take_catch_ups() {
+            self.stats.catch_ups += 1;
+            let container = job.container().to_owned();
+            let done = Box::new(job.run());
+            let at = self.now_ms + self.catch_rng.range(0, 400);
+            self.log(|| format!("n{node} catch-up of {container} back at {at} ms"));
+            let incarnation = self.incarnation[node];
+            self.schedule(
+                at,
+                Event::CaughtUp {
+                    node,
+                    incarnation,
+                    done,
+                },
+            );
         }
     }
 
@@ -540,8 +602,9 @@ impl Sim {
         if self.online(node) {
             return;
         }
+        self.incarnation[node] += 1;
         let n = &mut self.nodes[node];
-        let mut engine = engine_on(&n.actor, &n.durable);
+        let mut engine = engine_on(&n.actor, &n.durable, self.catch_up_inline_bytes);
         let durable = n.durable.lock().unwrap().clone();
         for (name, changes) in &durable {
             match Container::load(&n.actor, None, changes.iter().cloned()) {
@@ -650,6 +713,24 @@ impl Sim {
                     let n = engine.evict_idle(u64::MAX, keep, &[]);
                     self.stats.evictions += n as u64;
                     self.log(|| format!("n{node} evicted {n} container(s)"));
+                }
+            }
+            Event::CaughtUp {
+                node,
+                incarnation,
+                done,
+            } => {
+                if incarnation != self.incarnation[node] {
+                    return true;
+                }
+                let now = self.now_ms;
+                if let Some(engine) = self.nodes[node].engine.as_mut() {
+                    let (actions, errors) = engine.finish_catch_up(*done, now);
+                    for e in errors {
+                        self.errors
+                            .push(format!("n{node} catch-up refused at {now} ms: {e}"));
+                    }
+                    self.perform(node, actions);
                 }
             }
         }
@@ -1127,6 +1208,7 @@ fn seeded_chaos_converges() {
         total.cuts += s.cuts;
         total.crashes += s.crashes;
         total.evictions += s.evictions;
+        total.catch_ups += s.catch_ups;
         total.events += s.events;
         total.heal_to_converged_ms += s.heal_to_converged_ms;
         if s.heal_to_converged_ms >= worst_heal_ms.0 {
@@ -1136,7 +1218,7 @@ fn seeded_chaos_converges() {
     let passed = seeds.len() - failures.len();
     eprintln!(
         "sim: {passed}/{} seeds passed in {:.1?} with {faults:?}; stats of the passing seeds: {} puts, {} sends ({} lost, {} duplicated, \
-         {} died with their link), {} partitions, {} crashes, {} evictions, {} events; heal-to-converged \
+         {} died with their link), {} partitions, {} crashes, {} evictions, {} off-loop catch-ups, {} events; heal-to-converged \
          mean {} ms, worst {} ms (seed {})",
         seeds.len(),
         started.elapsed(),
@@ -1148,6 +1230,7 @@ fn seeded_chaos_converges() {
         total.cuts,
         total.crashes,
         total.evictions,
+        total.catch_ups,
         total.events,
         total.heal_to_converged_ms / passed.max(1) as u64,
         worst_heal_ms.0,

@@ -1,0 +1,228 @@
+//! Catch-up off the loop (issue 13): a sync message carrying a big document
+//! is not applied by `handle`; the engine hands out a `CatchUp` to run on
+//! another thread, keeps serving the container meanwhile, and swaps the
+//! caught-up document in (or runs another round over what moved) when the
+//! result comes back.
+
+use std::collections::VecDeque;
+
+use nuwa_proto::SyncPayload;
+use nuwa_sync::{Action, Config, Engine};
+use serde_json::json;
+
+const ENTRIES: usize = 3_000;
+
+fn config() -> Config {
+    Config {
+        catch_up_inline_bytes: 4 * 1024,
+        ..Config::default()
+    }
+}
+
+/// Sends between two engines until both are quiet; catch-ups that `b` sets
+/// aside are handed to `on_catch_up`, which returns them finished (or keeps
+/// them: then they come back only when the caller finishes them).
+fn exchange(
+    a: &mut Engine,
+    b: &mut Engine,
+    (first, first_to_b): (Vec<Action>, bool),
+    now: u64,
+    mut on_catch_up: impl FnMut(&mut Engine, nuwa_sync::CatchUp),
+) -> Vec<Action> {
+    let mut seen_by_b = Vec::new();
+    let mut wire: VecDeque<(bool, SyncPayload)> = VecDeque::new();
+    let push = |wire: &mut VecDeque<(bool, SyncPayload)>, to_b: bool, actions: &[Action]| {
+        for x in actions {
+            if let Action::Send { payload, .. } = x {
+                wire.push_back((to_b, payload.clone()));
+            }
+        }
+    };
+    push(&mut wire, first_to_b, &first);
+    let mut steps = 0;
+    while let Some((to_b, payload)) = wire.pop_front() {
+        steps += 1;
+        assert!(steps < 10_000, "the exchange never ends");
+        if to_b {
+            let out = b.handle("a", payload, now).expect("b accepts a's payload");
+            push(&mut wire, false, &out);
+            seen_by_b.extend(out);
+            for job in b.take_catch_ups() {
+                on_catch_up(b, job);
+            }
+        } else {
+            let out = a.handle("b", payload, now).expect("a accepts b's payload");
+            push(&mut wire, true, &out);
+        }
+    }
+    seen_by_b
+}
+
+fn filled() -> Engine {
+    let mut a = Engine::new(b"actor-a".to_vec(), config());
+    for i in 0..ENTRIES {
+        a.local_put("log", &format!("k{i:05}"), &json!(i))
+            .unwrap()
+            .unwrap();
+    }
+    let _ = a.flush();
+    a
+}
+
+// Goal: a device that has nothing receives the whole document off the loop:
+// `handle` applies nothing, the catch-up does, and once it is back the
+// device holds every entry, persists every change once, and converges.
+#[test]
+fn a_whole_document_is_applied_off_the_loop() {
+    let mut a = filled();
+    let mut b = Engine::new(b"actor-b".to_vec(), config());
+    let first = a.peer_up("b", 0);
+    let _ = b.peer_up("a", 0);
+    let mut jobs = Vec::new();
+    let during = exchange(&mut a, &mut b, (first, true), 1, |_, job| jobs.push(job));
+    assert_eq!(jobs.len(), 1, "one catch-up for the big message");
+    assert!(b.catching_up("log"));
+    assert!(
+        !during.iter().any(|x| matches!(x, Action::Persist { .. })),
+        "nothing was applied on the loop"
+    );
+    assert!(!b.evict("log"), "a container being caught up stays");
+
+    let done = jobs.pop().unwrap().run();
+    assert_eq!(done.new_changes(), ENTRIES);
+    let (actions, errors) = b.finish_catch_up(done, 2);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(!b.catching_up("log"));
+    let persisted: usize = actions
+        .iter()
+        .map(|x| match x {
+            Action::Persist { changes, .. } => changes.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(persisted, ENTRIES, "every change persisted once");
+    // The rest of the protocol runs inline and finishes the exchange.
+    let _ = exchange(&mut a, &mut b, (actions, false), 3, |_, _| {
+        panic!("no second catch-up")
+    });
+    assert_eq!(b.heads_of("log"), a.heads_of("log"));
+    assert_eq!(
+        b.container("log").unwrap().to_json(),
+        a.container("log").unwrap().to_json()
+    );
+    assert!(b.converged_with("a", "log"));
+}
+
+// Goal: writes made while the catch-up runs are neither lost nor block it:
+// the result comes back to a container that moved, so the engine runs a
+// second round over the new write, and the final document has both.
+#[test]
+fn a_write_during_the_catch_up_is_kept() {
+    let mut a = filled();
+    let mut b = Engine::new(b"actor-b".to_vec(), config());
+    let first = a.peer_up("b", 0);
+    let _ = b.peer_up("a", 0);
+    let mut jobs = Vec::new();
+    let _ = exchange(&mut a, &mut b, (first, true), 1, |_, job| jobs.push(job));
+    let job = jobs.pop().expect("a catch-up");
+
+    // The container serves local writes meanwhile.
+    b.local_put("log", "mine", &json!("written during the catch-up"))
+        .unwrap()
+        .unwrap();
+
+    let (actions, errors) = b.finish_catch_up(job.run(), 2);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(actions.is_empty(), "nothing swapped in yet: {actions:?}");
+    let mut second = b.take_catch_ups();
+    assert_eq!(second.len(), 1, "a second round over the write");
+    assert!(b.catching_up("log"));
+
+    let (actions, errors) = b.finish_catch_up(second.pop().unwrap().run(), 3);
+    assert!(errors.is_empty(), "{errors:?}");
+    let persisted: usize = actions
+        .iter()
+        .map(|x| match x {
+            Action::Persist { changes, .. } => changes.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(
+        persisted, ENTRIES,
+        "the peer's changes, once (the write was ours)"
+    );
+    let doc = b.container("log").unwrap().to_json();
+    assert_eq!(doc["mine"], json!("written during the catch-up"));
+    assert_eq!(doc["k02999"], json!(2999));
+    assert_eq!(b.change_count_of("log"), Some(ENTRIES + 1));
+    // Both sides end with the union.
+    let mut out = actions;
+    out.extend(b.flush());
+    let _ = exchange(&mut a, &mut b, (out, false), 4, |_, _| {
+        panic!("no further catch-up")
+    });
+    assert_eq!(a.heads_of("log"), b.heads_of("log"));
+    assert_eq!(
+        a.container("log").unwrap().to_json()["mine"],
+        json!("written during the catch-up")
+    );
+}
+
+// Goal: a catch-up whose input turns out bad (a whole document that does not
+// load) is refused with an error and leaves the live container untouched.
+#[test]
+fn a_bad_document_in_a_catch_up_changes_nothing() {
+    let mut a = filled();
+    let mut b = Engine::new(b"actor-b".to_vec(), config());
+    let _ = b.peer_up("a", 0);
+    let mut wire: VecDeque<SyncPayload> = a
+        .peer_up("b", 0)
+        .into_iter()
+        .filter_map(|x| match x {
+            Action::Send { payload, .. } => Some(payload),
+            _ => None,
+        })
+        .collect();
+    let mut job = None;
+    let mut steps = 0;
+    while let Some(payload) = wire.pop_front() {
+        steps += 1;
+        assert!(steps < 1_000, "the exchange never ends");
+        let payload = match payload {
+            SyncPayload::Sync {
+                container,
+                mut message,
+            } if message.len() > 4 * 1024 => {
+                // Flip a byte inside the document the message carries (its
+                // checksum no longer matches).
+                let mid = message.len() / 2;
+                message[mid] ^= 0xff;
+                SyncPayload::Sync { container, message }
+            }
+            p => p,
+        };
+        for x in b.handle("a", payload, 1).expect("decodes") {
+            if let Action::Send { payload, .. } = x {
+                for y in a.handle("b", payload, 1).unwrap() {
+                    if let Action::Send { payload, .. } = y {
+                        wire.push_back(payload);
+                    }
+                }
+            }
+        }
+        if let Some(j) = b.take_catch_ups().pop() {
+            job = Some(j);
+            break;
+        }
+    }
+    let job = job.expect("the big message became a catch-up");
+    let (actions, errors) = b.finish_catch_up(job.run(), 2);
+    assert_eq!(errors.len(), 1, "the bad document is refused: {actions:?}");
+    assert!(
+        errors[0].poisoned_container().is_none(),
+        "the live container is intact"
+    );
+    assert!(!actions.iter().any(|x| matches!(x, Action::Persist { .. })));
+    assert_eq!(b.change_count_of("log").unwrap_or(0), 0);
+    assert!(!b.catching_up("log"));
+}
