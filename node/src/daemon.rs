@@ -38,6 +38,7 @@ use crate::status::{ContainerStatus, DeviceStatus, PeerStatus, RejectionStatus, 
 mod approve;
 mod asm;
 mod batch;
+mod catch_up;
 mod exec;
 mod heads_record;
 mod keeper;
@@ -157,6 +158,8 @@ struct Daemon {
     skew_warned: BTreeMap<String, i64>,
     /// Keepers: what was pushed to and pulled from each.
     keepers: keeper::Keepers,
+    /// Big sync messages being applied on worker threads.
+    catch_ups: catch_up::CatchUps,
 }
 
 pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
@@ -308,6 +311,13 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     let once_deadline = opts.once.map(|t| home::now_ms() + t.as_millis() as u64);
     let mut once_last_line = String::new();
     let mut once_result: Option<Result<(), String>> = None;
+    let mut caught_up = d
+        .catch_ups
+        .take_receiver()
+        .context("the catch-up channel was taken twice")?;
+    // Each arm holds the loop while it runs: timed, so that a turn that
+    // holds it too long shows in `loop_turn_seconds`.
+    let turns = d.metrics.clone();
     info!(did = %did, context_id = %context_id, peer_id = %local_peer, "daemon running");
     loop {
         tokio::select! {
@@ -317,6 +327,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
             }
             ev = net_events.recv() => match ev {
                 Some(ev) if carries_data(&ev) => {
+                    let _turn = crate::metrics::TurnTimer::start(&turns, "network frames");
                     // A run of frames and gossip already waiting is handled
                     // as one turn: one group commit instead of one each
                     // (2,000 containers' deltas arrive as 2,000 messages).
@@ -342,11 +353,19 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                         d.on_net(ev).await;
                     }
                 }
-                Some(ev) => d.on_net(ev).await,
+                Some(ev) => {
+                    let _turn = crate::metrics::TurnTimer::start(&turns, "network");
+                    d.on_net(ev).await
+                }
                 None => { error!("network task stopped"); break; }
             },
+            Some(finished) = caught_up.recv() => {
+                let _turn = crate::metrics::TurnTimer::start(&turns, "catch-up result");
+                d.on_caught_up(finished).await;
+            }
             req = api_rx.recv() => {
                 let Some(first) = req else { break };
+                let _turn = crate::metrics::TurnTimer::start(&turns, "api");
                 let mut batch = vec![first];
                 while batch.len() < MAX_API_BATCH {
                     match api_rx.try_recv() {
@@ -357,15 +376,22 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                 d.on_api_batch(batch).await;
             }
             ev = reader_events.recv() => match ev {
-                Some(ev) => d.on_reader(ev).await,
+                Some(ev) => {
+                    let _turn = crate::metrics::TurnTimer::start(&turns, "reader");
+                    d.on_reader(ev).await
+                }
                 // The reader thread died: reads cannot be served.
                 None => { error!("the reader stopped"); break; }
             },
             ev = recv_opt(&mut mdns_events) => match ev {
-                Some(ev) => d.on_discovery(ev).await,
+                Some(ev) => {
+                    let _turn = crate::metrics::TurnTimer::start(&turns, "discovery");
+                    d.on_discovery(ev).await
+                }
                 None => { mdns_events = None; }
             },
             _ = tick.tick() => {
+                let _turn = crate::metrics::TurnTimer::start(&turns, "tick");
                 let now = home::now_ms();
                 d.pairing_tick(now).await;
                 d.asm_lifecycle(now).await;
@@ -395,6 +421,8 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                 }
             }
         }
+        // Whatever this turn set aside runs on worker threads.
+        d.start_catch_ups();
         if let Some(e) = d.fatal.take() {
             error!(error = %e, "fatal storage error; stopping so that nothing unacknowledged is reported durable");
             cancel.cancel();
@@ -621,6 +649,7 @@ impl Daemon {
                     .filter_map(|a| nuwa_net::peer_of(a).map(|p| (p, a.clone())))
                     .collect(),
             ),
+            catch_ups: catch_up::CatchUps::new(),
         }
     }
 }

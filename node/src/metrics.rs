@@ -54,6 +54,7 @@ events! {
     ContainersPoisoned => "containers_poisoned", "Containers reloaded from the store after Automerge panicked on peer input";
     ContainersEvicted => "containers_evicted", "Containers whose document left memory (idle, or over the memory budget); they load again on use";
     ContainersLoaded => "containers_loaded", "Evicted containers loaded back into memory on use";
+    CatchUpsOffLoop => "catch_ups_off_loop", "Big sync messages (a whole document, a long partition) applied on a worker thread instead of the daemon loop";
     DevicesRevoked => "devices_revoked", "Devices revoked from this device";
     DhtBootstrapFailed => "dht_bootstrap_failed", "Failed DHT bootstraps";
     DhtPointerTopicMismatch => "dht_pointer_topic_mismatch", "Verified DHT pointers naming another topic";
@@ -172,6 +173,11 @@ pub struct Metrics {
     )>,
     write_ack: Histogram,
     propagation_apply: Histogram,
+    loop_turn: Histogram,
+    /// Longest loop turn since start, in microseconds.
+    pub loop_turn_longest_us: Gauge,
+    /// What the longest loop turn handled.
+    loop_turn_longest_what: Mutex<&'static str>,
     api_requests: Family<RouteLabels, Histogram>,
     api_errors: Family<CodeLabels, Counter>,
     pub peers_verified: Gauge,
@@ -223,6 +229,18 @@ impl Metrics {
             "From a peer sealing changes (its clock) to their being durable here",
             propagation_apply.clone(),
         );
+        let loop_turn = latency_histogram();
+        registry.register(
+            "loop_turn_seconds",
+            "How long one turn of the daemon loop held it (no other input is taken meanwhile)",
+            loop_turn.clone(),
+        );
+        let loop_turn_longest_us = Gauge::default();
+        registry.register(
+            "loop_turn_longest_us",
+            "The longest turn of the daemon loop since start, in microseconds",
+            loop_turn_longest_us.clone(),
+        );
         let api_requests =
             Family::<RouteLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
         registry.register(
@@ -258,6 +276,9 @@ impl Metrics {
             seen: Mutex::new(Default::default()),
             write_ack,
             propagation_apply,
+            loop_turn,
+            loop_turn_longest_us,
+            loop_turn_longest_what: Mutex::new("nothing yet"),
             api_requests,
             api_errors,
             peers_verified,
@@ -314,6 +335,29 @@ impl Metrics {
 
     pub fn observe_write_ack(&self, d: Duration) {
         self.write_ack.observe(d.as_secs_f64());
+    }
+
+    /// One turn of the daemon loop, handling `what`, took `d`.
+    pub fn observe_loop_turn(&self, what: &'static str, d: Duration) {
+        self.loop_turn.observe(d.as_secs_f64());
+        let us = i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+        if us > self.loop_turn_longest_us.get() {
+            self.loop_turn_longest_us.set(us);
+            *self
+                .loop_turn_longest_what
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = what;
+        }
+    }
+
+    /// The longest loop turn since start, in microseconds, and what it
+    /// handled.
+    pub fn loop_turn_longest(&self) -> (i64, &'static str) {
+        let what = *self
+            .loop_turn_longest_what
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        (self.loop_turn_longest_us.get(), what)
     }
 
     pub fn observe_propagation_apply(&self, d: Duration) {
@@ -408,6 +452,32 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Times one turn of the daemon loop: records it in the metrics when
+/// dropped at the end of the turn.
+pub struct TurnTimer<'a> {
+    metrics: &'a Metrics,
+    what: &'static str,
+    started: std::time::Instant,
+}
+
+impl<'a> TurnTimer<'a> {
+    /// Starts timing a turn that handles `what` (for `status`).
+    pub fn start(metrics: &'a Metrics, what: &'static str) -> Self {
+        TurnTimer {
+            metrics,
+            what,
+            started: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for TurnTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .observe_loop_turn(self.what, self.started.elapsed());
     }
 }
 

@@ -378,7 +378,8 @@ impl Daemon {
         let mut logged: Vec<(String, Origin, Vec<Vec<u8>>)> = Vec::with_capacity(batches.len());
         for ((container, origin), changes) in batches {
             let n = changes.len() as u64;
-            if n >= COMPACT_AFTER_CHANGES && self.session.engine().container(&container).is_some() {
+            let big = n >= COMPACT_AFTER_CHANGES || self.catch_ups.has_snapshot(&container);
+            if big && self.session.engine().container(&container).is_some() {
                 // A batch this large (a cold sync, a long partition healing)
                 // would be compacted right after being logged. The document
                 // already holds every one of these changes, so one snapshot
@@ -476,8 +477,24 @@ impl Daemon {
             return Ok(());
         };
         // Every logged change up to `covers` is already in the document.
-        let mut snapshot = doc.save();
-        if let Some(c) = self.asm.registry.get(container).and_then(|s| s.compression) {
+        // A catch-up's worker may have saved exactly this document already.
+        let heads = doc.heads();
+        let (mut snapshot, final_form) = match self.catch_ups.take_snapshot(container, &heads) {
+            // Already compressed as the container asks.
+            Some(ready) => {
+                debug!(
+                    container,
+                    bytes = ready.len(),
+                    "snapshot saved off the loop"
+                );
+                (ready, true)
+            }
+            None => (doc.save(), false),
+        };
+        if let (false, Some(c)) = (
+            final_form,
+            self.asm.registry.get(container).and_then(|s| s.compression),
+        ) {
             let plain = snapshot.len();
             snapshot = crate::snapshot::compress(&snapshot, c)?;
             debug!(

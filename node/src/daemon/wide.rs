@@ -732,6 +732,13 @@ impl Daemon {
 
     /// `sync --once`: `Some(Ok)` once converged with every verified peer,
     /// `Some(Err)` at the deadline, `None` while still working.
+    /// How long the loop was held at most, for the last line of
+    /// `sync --once` (a catch-up must not hold it for long).
+    fn longest_turn(&self) -> String {
+        let (us, what) = self.metrics.loop_turn_longest();
+        format!("longest loop turn {:.1} ms ({what})", us as f64 / 1e3)
+    }
+
     pub(super) fn once_progress(
         &mut self,
         now: u64,
@@ -765,7 +772,8 @@ impl Daemon {
                 eprintln!();
             }
             eprintln!(
-                "converged through the keeper (no other device online); {containers} container(s)"
+                "converged through the keeper (no other device online); {containers} container(s); {}",
+                self.longest_turn()
             );
             return Some(Ok(()));
         }
@@ -774,8 +782,9 @@ impl Daemon {
                 eprintln!();
             }
             eprintln!(
-                "converged with {} peer(s); {containers} container(s) in sync",
-                verified.len()
+                "converged with {} peer(s); {containers} container(s) in sync; {}",
+                verified.len(),
+                self.longest_turn()
             );
             return Some(Ok(()));
         }

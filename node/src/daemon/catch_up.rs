@@ -1,0 +1,132 @@
+//! Catch-up off the loop: the engine sets aside a sync message that carries
+//! a big document ([`nuwa_sync::CatchUp`]); this module runs it on a
+//! blocking thread, together with the snapshot that will make it durable
+//! (saving and compressing a big document costs as much as the apply), and
+//! hands the result back to the loop, which swaps the document in and
+//! persists it. The loop keeps serving everything else meanwhile.
+
+use std::collections::BTreeMap;
+
+use nuwa_state::Hash;
+use nuwa_sync::{CatchUp, CaughtUp};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::{COMPACT_AFTER_CHANGES, Daemon};
+use crate::home;
+use crate::metrics::Event;
+
+/// Catch-ups whose results may wait in the channel at once; a worker
+/// blocks when it is full (the loop drains it every turn).
+const FINISHED_MAX: usize = 16;
+/// A catch-up that brings this many bytes of changes is persisted as a
+/// snapshot saved by its worker (smaller than the changes, and written in
+/// one piece), as one of [`COMPACT_AFTER_CHANGES`] changes is.
+const SNAPSHOT_AFTER_BYTES: usize = 1024 * 1024;
+
+/// A catch-up back from its worker.
+pub(super) struct Finished {
+    done: CaughtUp,
+    /// The caught-up document saved (and compressed as its container asks),
+    /// when it brought enough changes to be persisted as a snapshot.
+    snapshot: Option<Vec<u8>>,
+}
+
+/// The daemon's side of off-loop catch-ups.
+pub(super) struct CatchUps {
+    tx: mpsc::Sender<Finished>,
+    rx: Option<mpsc::Receiver<Finished>>,
+    /// Snapshots made by workers, by container, with the heads they cover;
+    /// taken by the compaction that persists the caught-up document.
+    snapshots: BTreeMap<String, (Vec<Hash>, Vec<u8>)>,
+}
+
+impl CatchUps {
+    pub(super) fn new() -> Self {
+        let (tx, rx) = mpsc::channel(FINISHED_MAX);
+        CatchUps {
+            tx,
+            rx: Some(rx),
+            snapshots: BTreeMap::new(),
+        }
+    }
+
+    /// The receiving end, for the loop (once).
+    pub(super) fn take_receiver(&mut self) -> Option<mpsc::Receiver<Finished>> {
+        self.rx.take()
+    }
+
+    /// A worker's snapshot of `container` if it covers exactly `heads`.
+    pub(super) fn take_snapshot(&mut self, container: &str, heads: &[Hash]) -> Option<Vec<u8>> {
+        let (covers, bytes) = self.snapshots.remove(container)?;
+        (covers == heads).then_some(bytes)
+    }
+
+    /// Whether a worker's snapshot of `container` waits to be written.
+    pub(super) fn has_snapshot(&self, container: &str) -> bool {
+        self.snapshots.contains_key(container)
+    }
+}
+
+impl Daemon {
+    /// Sends every catch-up the session set aside to a blocking thread.
+    pub(super) fn start_catch_ups(&mut self) {
+        for job in self.session.take_catch_ups() {
+            self.count(Event::CatchUpsOffLoop);
+            let container = job.container().to_owned();
+            let compression = self
+                .asm
+                .registry
+                .get(&container)
+                .and_then(|s| s.compression);
+            debug!(container, "catch-up off the loop");
+            let tx = self.catch_ups.tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let finished = run(job, compression);
+                // The loop is gone only at shutdown, and then nothing waits
+                // for this result: the peer sends it again next time.
+                let _ = tx.blocking_send(finished);
+            });
+        }
+    }
+
+    /// Takes a finished catch-up back into the session and executes what
+    /// follows (persist, answer the peer).
+    pub(super) async fn on_caught_up(&mut self, f: Finished) {
+        let container = f.done.container().to_owned();
+        if let Some(snapshot) = f.snapshot {
+            self.catch_ups
+                .snapshots
+                .insert(container.clone(), (f.done.doc().heads(), snapshot));
+        }
+        let effects = self.session.finish_catch_up(f.done, home::now_ms());
+        self.execute(effects, Vec::new()).await;
+        // Not taken: the container moved meanwhile (another round runs).
+        if self.catch_ups.snapshots.remove(&container).is_some() {
+            debug!(container, "catch-up snapshot superseded");
+        }
+        self.start_catch_ups();
+    }
+}
+
+fn run(job: CatchUp, compression: Option<nuwa_asm::model::Compression>) -> Finished {
+    let done = job.run();
+    let snapshot = if done.new_changes() as u64 >= COMPACT_AFTER_CHANGES
+        || done.new_change_bytes() >= SNAPSHOT_AFTER_BYTES
+    {
+        let saved = done.doc().save();
+        match compression {
+            None => Some(saved),
+            Some(c) => match crate::snapshot::compress(&saved, c) {
+                Ok(bytes) => Some(bytes),
+                Err(e) => {
+                    warn!(container = done.container(), error = %e, "cannot compress the catch-up snapshot; the loop saves it");
+                    None
+                }
+            },
+        }
+    } else {
+        None
+    };
+    Finished { done, snapshot }
+}
