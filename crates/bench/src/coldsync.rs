@@ -39,6 +39,9 @@ pub struct ColdSyncRun {
     pub baseline_sync_ms: f64,
     /// Peak resident memory of the syncing process (sampled `VmHWM`).
     pub sync_peak_rss_mb: f64,
+    /// The longest turn of the syncing device's loop (a catch-up must not
+    /// hold it for long).
+    pub sync_longest_turn_ms: f64,
 }
 
 /// How node 0's log is filled.
@@ -100,7 +103,7 @@ pub async fn run(bin: &NodeBin, dir: &Path, entries: usize, fill: Fill) -> Resul
     }
 
     let sync_start = Instant::now();
-    let sync_peak_rss_mb = bin
+    let once = bin
         .sync_once_peak(&fresh, &n0.addr, SYNC_TIMEOUT_SECS)
         .await
         .context("cold sync of the fresh device")?;
@@ -139,6 +142,7 @@ pub async fn run(bin: &NodeBin, dir: &Path, entries: usize, fill: Fill) -> Resul
         rss_after_sync_mb,
         fill_ms,
         baseline_sync_ms,
-        sync_peak_rss_mb,
+        sync_peak_rss_mb: once.peak_rss_mb,
+        sync_longest_turn_ms: once.longest_turn_ms,
     })
 }

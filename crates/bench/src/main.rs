@@ -42,7 +42,8 @@ Examples:
   nuwa-bench --quick                                   # seconds; a smoke run
   nuwa-bench --node-bin target/release/nuwa-node       # the full benchmark
   nuwa-bench --results bench-out/results.json --compare scripts/bench/out/automerge-repo.json
-  nuwa-bench --quick --automerge-repo                  # both tools, one table (needs Node.js)";
+  nuwa-bench --quick --automerge-repo                  # both tools, one table (needs Node.js)
+  nuwa-bench --quick --samod                           # against samod (builds it with cargo)";
 
 #[derive(Parser, Debug)]
 #[command(name = "nuwa-bench", version, about = ABOUT, after_help = AFTER_HELP)]
@@ -116,6 +117,16 @@ struct Cli {
     /// The automerge-repo script to run with --automerge-repo.
     #[arg(long, value_name = "PATH", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench/run.sh"))]
     automerge_repo_script: PathBuf,
+    /// After measuring nuwa-node (and automerge-repo, when both are given),
+    /// run the same workloads with the same parameters on samod, the Rust
+    /// automerge-repo (scripts/bench/samod/run.sh; builds it with cargo, so
+    /// crates.io on first use), and add a table for it. Its JSON goes to
+    /// OUT/samod.json.
+    #[arg(long, conflicts_with_all = ["compare", "results"])]
+    samod: bool,
+    /// The samod script to run with --samod.
+    #[arg(long, value_name = "PATH", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench/samod/run.sh"))]
+    samod_script: PathBuf,
     /// Run nothing: render the report from an earlier results.json.
     #[arg(long, value_name = "FILE")]
     results: Option<PathBuf>,
@@ -254,9 +265,9 @@ async fn real_main(cli: Cli) -> Result<()> {
             (measure_all(&cli, &params, &bin).await?, Some(params))
         }
     };
-    let others: Vec<Value> = match (&params, cli.automerge_repo) {
-        (Some(p), true) => {
-            // Keep nuwa-node's figures even if the comparison fails.
+    let others: Vec<Value> = match &params {
+        Some(p) if cli.automerge_repo || cli.samod => {
+            // Keep nuwa-node's figures even if a comparison fails.
             std::fs::create_dir_all(&cli.out)
                 .with_context(|| format!("cannot create {}", cli.out.display()))?;
             std::fs::write(
@@ -264,12 +275,26 @@ async fn real_main(cli: Cli) -> Result<()> {
                 serde_json::to_string_pretty(&doc)?,
             )
             .context("cannot write results.json")?;
-            // Twice: at the library's defaults, and with its 100 ms sync
-            // debounce at 0 (which dominates its latency row).
-            vec![
-                run_automerge_repo(&cli, p, None).await?,
-                run_automerge_repo(&cli, p, Some(0)).await?,
-            ]
+            let mut others = Vec::new();
+            if cli.automerge_repo {
+                // Twice: at the library's defaults, and with its 100 ms sync
+                // debounce at 0 (which dominates its latency row).
+                others.push(run_script(&cli, p, &Side::AutomergeRepo { debounce_ms: None }).await?);
+                others.push(
+                    run_script(
+                        &cli,
+                        p,
+                        &Side::AutomergeRepo {
+                            debounce_ms: Some(0),
+                        },
+                    )
+                    .await?,
+                );
+            }
+            if cli.samod {
+                others.push(run_script(&cli, p, &Side::Samod).await?);
+            }
+            others
         }
         _ => cli
             .compare
@@ -282,59 +307,119 @@ async fn real_main(cli: Cli) -> Result<()> {
     write_outputs(&cli, &doc, &others)
 }
 
-/// Runs scripts/bench/run.sh with the parameters nuwa-node was measured
+/// A comparison run by a script of scripts/bench/.
+enum Side {
+    /// scripts/bench/run.sh (Node.js), optionally with its sync debounce set.
+    AutomergeRepo { debounce_ms: Option<u32> },
+    /// scripts/bench/samod/run.sh (a Rust program built by the script).
+    Samod,
+}
+
+impl Side {
+    fn name(&self) -> &'static str {
+        match self {
+            Side::AutomergeRepo { .. } => "automerge-repo",
+            Side::Samod => "samod",
+        }
+    }
+
+    fn script<'a>(&self, cli: &'a Cli) -> (&'a Path, &'static str) {
+        match self {
+            Side::AutomergeRepo { .. } => (&cli.automerge_repo_script, "--automerge-repo-script"),
+            Side::Samod => (&cli.samod_script, "--samod-script"),
+        }
+    }
+
+    fn json_file(&self) -> String {
+        match self {
+            Side::AutomergeRepo { debounce_ms: None } => "automerge-repo.json".to_owned(),
+            Side::AutomergeRepo {
+                debounce_ms: Some(ms),
+            } => format!("automerge-repo-debounce-{ms}.json"),
+            Side::Samod => "samod.json".to_owned(),
+        }
+    }
+
+    /// What the script needs to start, for the error when it cannot.
+    fn needs(&self) -> &'static str {
+        match self {
+            Side::AutomergeRepo { .. } => "is Node.js 20+ installed?",
+            Side::Samod => "is cargo on the PATH?",
+        }
+    }
+
+    /// The options only this script takes.
+    fn extra_args(&self, p: &Params) -> Vec<String> {
+        match self {
+            Side::AutomergeRepo { debounce_ms } => debounce_ms
+                .map(|ms| vec!["--sync-debounce-ms".to_owned(), ms.to_string()])
+                .unwrap_or_default(),
+            Side::Samod => {
+                // Its batch run follows nuwa-bench's `batch` workload.
+                let items = if p.workloads.contains(&Workload::Batch) {
+                    p.batch_items
+                } else {
+                    0
+                };
+                vec!["--batch-items".to_owned(), items.to_string()]
+            }
+        }
+    }
+}
+
+/// The options every comparison script shares (the CLI of
+/// scripts/bench/bench.mjs), with the parameters nuwa-node was measured with.
+fn script_args(p: &Params, json_out: &Path) -> Vec<std::ffi::OsString> {
+    let sizes: Vec<String> = p.sizes.iter().map(ToString::to_string).collect();
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    if p.quick {
+        args.push("--quick".into());
+    }
+    for (name, value) in [
+        ("--reps", p.reps.to_string()),
+        ("--samples", p.samples.to_string()),
+        ("--sizes", sizes.join(",")),
+        ("--writes", p.writes.to_string()),
+        ("--in-flight", p.in_flight.to_string()),
+        ("--log-entries", p.log_entries.to_string()),
+    ] {
+        args.push(name.into());
+        args.push(value.into());
+    }
+    args.push("--json-out".into());
+    args.push(json_out.as_os_str().to_owned());
+    args
+}
+
+/// Runs a comparison script with the parameters nuwa-node was measured
 /// with, right after it (the daemons are gone, so the two do not compete
 /// for the cores), and reads its JSON.
-async fn run_automerge_repo(cli: &Cli, p: &Params, debounce_ms: Option<u32>) -> Result<Value> {
-    let script = &cli.automerge_repo_script;
+async fn run_script(cli: &Cli, p: &Params, side: &Side) -> Result<Value> {
+    let name = side.name();
+    let (script, option) = side.script(cli);
     if !script.is_file() {
         bail!(
-            "the automerge-repo script is not at {}; pass --automerge-repo-script PATH",
+            "the {name} script is not at {}; pass {option} PATH",
             script.display()
         );
     }
     std::fs::create_dir_all(&cli.out)
         .with_context(|| format!("cannot create {}", cli.out.display()))?;
-    let file = match debounce_ms {
-        None => "automerge-repo.json".to_owned(),
-        Some(ms) => format!("automerge-repo-debounce-{ms}.json"),
-    };
-    let json_out =
-        std::path::absolute(cli.out.join(file)).context("cannot resolve the output directory")?;
-    let sizes: Vec<String> = p.sizes.iter().map(ToString::to_string).collect();
+    let json_out = std::path::absolute(cli.out.join(side.json_file()))
+        .context("cannot resolve the output directory")?;
     let mut cmd = tokio::process::Command::new(script);
-    if p.quick {
-        cmd.arg("--quick");
-    }
-    if let Some(ms) = debounce_ms {
-        cmd.arg("--sync-debounce-ms").arg(ms.to_string());
-    }
-    cmd.arg("--reps")
-        .arg(p.reps.to_string())
-        .arg("--samples")
-        .arg(p.samples.to_string())
-        .arg("--sizes")
-        .arg(sizes.join(","))
-        .arg("--writes")
-        .arg(p.writes.to_string())
-        .arg("--in-flight")
-        .arg(p.in_flight.to_string())
-        .arg("--log-entries")
-        .arg(p.log_entries.to_string())
-        .arg("--json-out")
-        .arg(&json_out)
+    cmd.args(script_args(p, &json_out))
+        .args(side.extra_args(p))
         // Its table goes to our stderr, so our stdout stays one report.
         .stdout(std::process::Stdio::from(std::io::stderr()));
-    eprintln!("automerge-repo: running {}", script.display());
-    let status = cmd.status().await.with_context(|| {
-        format!(
-            "cannot run {} (is Node.js 20+ installed?)",
-            script.display()
-        )
-    })?;
+    eprintln!("{name}: running {}", script.display());
+    let status = cmd
+        .status()
+        .await
+        .with_context(|| format!("cannot run {} ({})", script.display(), side.needs()))?;
     if !status.success() {
         bail!(
-            "the automerge-repo script failed ({status}); nuwa-node's figures are in {}",
+            "the {name} script failed ({status}); nuwa-node's figures are in {}",
             cli.out.display()
         );
     }
@@ -551,7 +636,7 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
                 .with_context(|| format!("big run, repetition {}", rep + 1))?;
             eprintln!(
                 "big rep {}/{}: cold sync of {} entries {} ms, local load {} ms (ratio {}); \
-                 peak RSS of the syncing device {} MB",
+                 peak RSS of the syncing device {} MB, its longest loop turn {} ms",
                 rep + 1,
                 p.reps,
                 p.big_entries,
@@ -559,6 +644,7 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
                 report::num(r.local_load_ms),
                 report::num(r.ratio),
                 report::num(r.sync_peak_rss_mb),
+                report::num(r.sync_longest_turn_ms),
             );
             big.push(r);
         }
@@ -580,6 +666,11 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
             &mut m,
             "sync_peak_rss_mb",
             stat_json(&col(|r| r.sync_peak_rss_mb)),
+        );
+        insert(
+            &mut m,
+            "sync_longest_turn_ms",
+            stat_json(&col(|r| r.sync_longest_turn_ms)),
         );
         insert(&mut m, "fill_ms", stat_json(&col(|r| r.fill_ms)));
         if let Some(d) = doc.as_object_mut() {
@@ -998,4 +1089,65 @@ fn write_outputs(cli: &Cli, doc: &Value, others: &[Value]) -> Result<()> {
         .with_context(|| format!("cannot write {}", out.join("report.md").display()))?;
     eprintln!("report: {}", out.join("report.md").display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Goal: both comparison scripts get the parameters nuwa-node ran with,
+    // from one list, plus only their own options; method: build the
+    // arguments for a --quick run limited to two workloads.
+    #[test]
+    fn scripts_share_the_parameter_list() {
+        let cli = Cli::parse_from([
+            "nuwa-bench",
+            "--quick",
+            "--automerge-repo",
+            "--samod",
+            "--only",
+            "latency,throughput",
+        ]);
+        let p = Params::from_cli(&cli).expect("valid parameters");
+        let text = |v: Vec<std::ffi::OsString>| -> Vec<String> {
+            v.into_iter()
+                .map(|s| s.to_string_lossy().into_owned())
+                .collect()
+        };
+        let common = text(script_args(&p, Path::new("/o/x.json")));
+        assert_eq!(
+            common,
+            [
+                "--quick",
+                "--reps",
+                "1",
+                "--samples",
+                "20",
+                "--sizes",
+                "3",
+                "--writes",
+                "500",
+                "--in-flight",
+                "32",
+                "--log-entries",
+                "2000",
+                "--json-out",
+                "/o/x.json"
+            ]
+        );
+        // No batch workload asked for: samod skips its batch run.
+        assert_eq!(Side::Samod.extra_args(&p), ["--batch-items", "0"]);
+        assert_eq!(Side::Samod.json_file(), "samod.json");
+        let am = Side::AutomergeRepo {
+            debounce_ms: Some(0),
+        };
+        assert_eq!(am.extra_args(&p), ["--sync-debounce-ms", "0"]);
+        assert_eq!(am.json_file(), "automerge-repo-debounce-0.json");
+        assert!(
+            Side::AutomergeRepo { debounce_ms: None }
+                .extra_args(&p)
+                .is_empty()
+        );
+        assert!(cli.samod_script.ends_with("scripts/bench/samod/run.sh"));
+    }
 }

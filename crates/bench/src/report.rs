@@ -271,6 +271,13 @@ fn rows(docs: &[&Value]) -> Vec<Row> {
             Lower,
             None,
         ),
+        row(
+            "big log: longest loop turn of the syncing device",
+            &["big", "sync_longest_turn_ms"],
+            "ms",
+            Lower,
+            Some(Target::AtMost(50.0)),
+        ),
     ]);
     for n in container_counts(docs) {
         let idle_target = (n == "10000").then_some(Target::AtMost(1024.0));
