@@ -97,7 +97,15 @@ pub(super) async fn run(
             a = listener.accept() => a,
         };
         let stream = match accepted {
-            Ok((stream, _)) => stream,
+            Ok((stream, _)) => {
+                // Small replies and event-stream chunks must not wait for
+                // the client's delayed ACK (Nagle's algorithm held a change
+                // event for about 40 ms after an idle spell).
+                if let Err(e) = stream.set_nodelay(true) {
+                    debug!(error = %e, "cannot set TCP_NODELAY on an API connection");
+                }
+                stream
+            }
             Err(e) => {
                 // Out of file handles, most likely: wait a little rather
                 // than spin, and let idle timeouts free some.
