@@ -825,9 +825,20 @@ impl Container {
             return Ok(Vec::new());
         }
         let bytes = inbound.msg.changes.iter().collect::<Vec<_>>().concat();
+        self.integrate(|doc| doc.load_incremental(&bytes).map(drop))
+    }
+
+    /// Runs `f` (which takes a peer's input into the document) guarded
+    /// against panics, checks the operation numbering of what it added,
+    /// keeps the change count, and returns the raw bytes of every change
+    /// that became part of the document.
+    fn integrate(
+        &mut self,
+        f: impl FnOnce(&mut Automerge) -> Result<(), automerge::AutomergeError>,
+    ) -> Result<Vec<Vec<u8>>, StateError> {
         let result = self.guarded(|doc| {
             let before = doc.get_heads();
-            doc.load_incremental(&bytes)?;
+            f(doc)?;
             if doc.get_heads() == before {
                 return Ok(Vec::new());
             }
@@ -891,21 +902,7 @@ impl Container {
             msg.changes = automerge::sync::ChunkList::empty();
         }
         check_sync_changes(&msg)?;
-        let result = self.guarded(|doc| {
-            let before = doc.get_heads();
-            doc.receive_sync_message(state, msg)?;
-            if doc.get_heads() == before {
-                return Ok(Vec::new());
-            }
-            check_op_numbering(doc, &before)?;
-            Ok(doc
-                .get_changes(&before)
-                .into_iter()
-                .map(|c| c.raw_bytes().to_vec())
-                .collect::<Vec<_>>())
-        });
-        self.recount(result.as_ref().map(Vec::len));
-        result
+        self.integrate(|doc| doc.receive_sync_message(state, msg))
     }
 }
 

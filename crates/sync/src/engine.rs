@@ -85,6 +85,9 @@ pub struct Config {
     /// the copy is made on the loop (about 50 ns per operation), so a
     /// bigger one is caught up inline.
     pub catch_up_fork_max_ops: u64,
+    /// Most catch-ups under way at once (each holds a copy of its
+    /// container and its message); beyond it, messages are applied inline.
+    pub catch_up_max_running: usize,
 }
 
 impl Default for Config {
@@ -98,6 +101,7 @@ impl Default for Config {
             // catchup_cost.rs), so 64 KiB is a few milliseconds.
             catch_up_inline_bytes: 64 * 1024,
             catch_up_fork_max_ops: 500_000,
+            catch_up_max_running: 4,
         }
     }
 }
@@ -1220,6 +1224,7 @@ impl Engine {
         };
         let doc = self.containers.get(container).expect("created above");
         if inbound.change_bytes() > self.config.catch_up_inline_bytes
+            && self.running.len() < self.config.catch_up_max_running
             && doc.op_count() <= self.config.catch_up_fork_max_ops
             && !inbound.known_to(doc)
         {

@@ -69,17 +69,25 @@ fn filled() -> Engine {
     a
 }
 
-// Goal: a device that has nothing receives the whole document off the loop:
-// `handle` applies nothing, the catch-up does, and once it is back the
-// device holds every entry, persists every change once, and converges.
-#[test]
-fn a_whole_document_is_applied_off_the_loop() {
+/// `a` holds the log, `b` nothing; they connect and exchange until `b`
+/// has set the big message aside. Returns both, the catch-ups `b` handed
+/// out, and what `b` did meanwhile.
+fn connect() -> (Engine, Engine, Vec<nuwa_sync::CatchUp>, Vec<Action>) {
     let mut a = filled();
     let mut b = Engine::new(b"actor-b".to_vec(), config());
     let first = a.peer_up("b", 0);
     let _ = b.peer_up("a", 0);
     let mut jobs = Vec::new();
     let during = exchange(&mut a, &mut b, (first, true), 1, |_, job| jobs.push(job));
+    (a, b, jobs, during)
+}
+
+// Goal: a device that has nothing receives the whole document off the loop:
+// `handle` applies nothing, the catch-up does, and once it is back the
+// device holds every entry, persists every change once, and converges.
+#[test]
+fn a_whole_document_is_applied_off_the_loop() {
+    let (mut a, mut b, mut jobs, during) = connect();
     assert_eq!(jobs.len(), 1, "one catch-up for the big message");
     assert!(b.catching_up("log"));
     assert!(
@@ -118,12 +126,7 @@ fn a_whole_document_is_applied_off_the_loop() {
 // second round over the new write, and the final document has both.
 #[test]
 fn a_write_during_the_catch_up_is_kept() {
-    let mut a = filled();
-    let mut b = Engine::new(b"actor-b".to_vec(), config());
-    let first = a.peer_up("b", 0);
-    let _ = b.peer_up("a", 0);
-    let mut jobs = Vec::new();
-    let _ = exchange(&mut a, &mut b, (first, true), 1, |_, job| jobs.push(job));
+    let (mut a, mut b, mut jobs, _) = connect();
     let job = jobs.pop().expect("a catch-up");
 
     // The container serves local writes meanwhile.
@@ -225,4 +228,45 @@ fn a_bad_document_in_a_catch_up_changes_nothing() {
     assert!(!actions.iter().any(|x| matches!(x, Action::Persist { .. })));
     assert_eq!(b.change_count_of("log").unwrap_or(0), 0);
     assert!(!b.catching_up("log"));
+}
+
+// Goal: catch-ups under way at once are bounded (each holds a copy and its
+// message): past the bound, a big message is applied inline, as before.
+#[test]
+fn catch_ups_at_once_are_bounded() {
+    let mut a = Engine::new(b"actor-a".to_vec(), config());
+    for c in ["one", "two"] {
+        for i in 0..ENTRIES {
+            a.local_put(c, &format!("k{i:05}"), &json!(i))
+                .unwrap()
+                .unwrap();
+        }
+    }
+    let _ = a.flush();
+    let mut b = Engine::new(
+        b"actor-b".to_vec(),
+        Config {
+            catch_up_max_running: 1,
+            ..config()
+        },
+    );
+    let first = a.peer_up("b", 0);
+    let _ = b.peer_up("a", 0);
+    let mut jobs = Vec::new();
+    let during = exchange(&mut a, &mut b, (first, true), 1, |_, job| jobs.push(job));
+    assert_eq!(jobs.len(), 1, "one catch-up at a time");
+    let inline: Vec<&str> = during
+        .iter()
+        .filter_map(|x| match x {
+            Action::Persist { container, .. } => Some(container.as_str()),
+            _ => None,
+        })
+        .collect();
+    let off = jobs[0].container().to_owned();
+    assert_eq!(inline.len(), 1, "the other container was applied inline");
+    assert_ne!(inline[0], off);
+    let (_, errors) = b.finish_catch_up(jobs.pop().unwrap().run(), 2);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(b.change_count_of("one"), Some(ENTRIES));
+    assert_eq!(b.change_count_of("two"), Some(ENTRIES));
 }
