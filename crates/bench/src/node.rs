@@ -434,10 +434,8 @@ pub struct OnceFigures {
 
 fn longest_turn_ms(stderr: &str) -> f64 {
     stderr
-        .rsplit("longest loop turn ")
-        .next()
-        .filter(|_| stderr.contains("longest loop turn "))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .rsplit_once("longest loop turn ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
         .unwrap_or(f64::NAN)
 }
 

@@ -328,6 +328,15 @@ struct PeerContainer {
     doc_sent_at: Option<Vec<Hash>>,
 }
 
+impl PeerContainer {
+    /// Starts the Automerge sync state afresh (a lost message, a stall, an
+    /// evicted document): nothing we sent before counts as sent.
+    fn fresh_state(&mut self) {
+        self.state = SyncState::new();
+        self.doc_sent_at = None;
+    }
+}
+
 struct Peer {
     containers: BTreeMap<String, PeerContainer>,
     next_summary_ms: u64,
@@ -552,8 +561,7 @@ impl Engine {
         // Sync states built on the document restart from scratch.
         for p in self.peers.values_mut() {
             if let Some(pc) = p.containers.get_mut(name) {
-                pc.state = SyncState::new();
-                pc.doc_sent_at = None;
+                pc.fresh_state();
             }
         }
         self.cold.insert(
@@ -962,9 +970,8 @@ impl Engine {
                 {
                     // A lost message leaves Automerge's state "in flight"
                     // forever; a fresh state re-announces our heads.
-                    pc.state = SyncState::new();
+                    pc.fresh_state();
                     pc.active_since_ms = None;
-                    pc.doc_sent_at = None;
                 }
             }
         }
@@ -1155,9 +1162,8 @@ impl Engine {
                     return Ok(());
                 }
                 // Still different after a stall: start afresh.
-                pc.state = SyncState::new();
+                pc.fresh_state();
                 pc.active_since_ms = None;
-                pc.doc_sent_at = None;
             }
         }
         self.start_sync(peer, container, now_ms, out);
@@ -1183,8 +1189,7 @@ impl Engine {
         if msg.is_none() {
             // The state believes a message is still in flight; a fresh state
             // always produces one.
-            pc.state = SyncState::new();
-            pc.doc_sent_at = None;
+            pc.fresh_state();
             msg = doc.generate_sync_message(&mut pc.state);
         }
         if let Some(message) = msg {

@@ -58,6 +58,17 @@ fn exchange(
     seen_by_b
 }
 
+/// Changes the actions ask to persist.
+fn persisted(actions: &[Action]) -> usize {
+    actions
+        .iter()
+        .map(|x| match x {
+            Action::Persist { changes, .. } => changes.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
 fn filled() -> Engine {
     let mut a = Engine::new(b"actor-a".to_vec(), config());
     for i in 0..ENTRIES {
@@ -101,13 +112,7 @@ fn a_whole_document_is_applied_off_the_loop() {
     let (actions, errors) = b.finish_catch_up(done, 2);
     assert!(errors.is_empty(), "{errors:?}");
     assert!(!b.catching_up("log"));
-    let persisted: usize = actions
-        .iter()
-        .map(|x| match x {
-            Action::Persist { changes, .. } => changes.len(),
-            _ => 0,
-        })
-        .sum();
+    let persisted = persisted(&actions);
     assert_eq!(persisted, ENTRIES, "every change persisted once");
     // The rest of the protocol runs inline and finishes the exchange.
     let _ = exchange(&mut a, &mut b, (actions, false), 3, |_, _| {
@@ -143,13 +148,7 @@ fn a_write_during_the_catch_up_is_kept() {
 
     let (actions, errors) = b.finish_catch_up(second.pop().unwrap().run(), 3);
     assert!(errors.is_empty(), "{errors:?}");
-    let persisted: usize = actions
-        .iter()
-        .map(|x| match x {
-            Action::Persist { changes, .. } => changes.len(),
-            _ => 0,
-        })
-        .sum();
+    let persisted = persisted(&actions);
     assert_eq!(
         persisted, ENTRIES,
         "the peer's changes, once (the write was ours)"
