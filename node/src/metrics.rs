@@ -474,10 +474,20 @@ impl<'a> TurnTimer<'a> {
     }
 }
 
+/// A turn this long is logged (at debug: it names what held the loop).
+const LONG_TURN: Duration = Duration::from_millis(50);
+
 impl Drop for TurnTimer<'_> {
     fn drop(&mut self) {
-        self.metrics
-            .observe_loop_turn(self.what, self.started.elapsed());
+        let took = self.started.elapsed();
+        if took >= LONG_TURN {
+            tracing::debug!(
+                what = self.what,
+                ms = took.as_millis() as u64,
+                "long loop turn"
+            );
+        }
+        self.metrics.observe_loop_turn(self.what, took);
     }
 }
 

@@ -122,6 +122,8 @@ pub struct CatchUp {
     container: String,
     base: Container,
     work: Work,
+    /// Changes (count, bytes) earlier rounds of this catch-up added.
+    carried: (usize, usize),
 }
 
 enum Work {
@@ -151,6 +153,7 @@ impl CatchUp {
             container,
             mut base,
             work,
+            carried,
         } = self;
         let (result, message) = match work {
             Work::Message(inbound) => (base.catch_up(&inbound), Some(inbound)),
@@ -162,6 +165,7 @@ impl CatchUp {
             doc: base,
             result,
             message,
+            carried,
         }
     }
 }
@@ -186,6 +190,7 @@ pub struct CaughtUp {
     doc: Container,
     result: Result<Vec<Vec<u8>>, StateError>,
     message: Option<SyncInbound>,
+    carried: (usize, usize),
 }
 
 impl std::fmt::Debug for CaughtUp {
@@ -210,16 +215,19 @@ impl CaughtUp {
         &self.doc
     }
 
-    /// Changes this round added to the document.
+    /// Changes this catch-up added to the document, over all its rounds
+    /// so far: what its swap will persist.
     pub fn new_changes(&self) -> usize {
-        self.result.as_ref().map_or(0, Vec::len)
+        self.carried.0 + self.result.as_ref().map_or(0, Vec::len)
     }
 
-    /// Bytes of the changes this round added.
+    /// Bytes of those changes.
     pub fn new_change_bytes(&self) -> usize {
-        self.result
-            .as_ref()
-            .map_or(0, |c| c.iter().map(Vec::len).sum())
+        self.carried.1
+            + self
+                .result
+                .as_ref()
+                .map_or(0, |c| c.iter().map(Vec::len).sum())
     }
 }
 
@@ -1257,6 +1265,7 @@ impl Engine {
                 container: container.to_owned(),
                 base,
                 work: Work::Message(inbound),
+                carried: (0, 0),
             });
             return Ok(());
         }
@@ -1296,6 +1305,7 @@ impl Engine {
             mut doc,
             result,
             message,
+            carried: _,
         } = done;
         let Some(mut run) = self.running.remove(&container) else {
             return (out, errors);
@@ -1337,11 +1347,16 @@ impl Engine {
                         run.id = id;
                         run.rounds += 1;
                         run.base_heads = live_heads.unwrap_or_default();
+                        let carried = (
+                            run.new_changes.len(),
+                            run.new_changes.iter().map(Vec::len).sum(),
+                        );
                         self.ready.push(CatchUp {
                             id,
                             container: container.clone(),
                             base: doc,
                             work: Work::Changes(extra),
+                            carried,
                         });
                         self.running.insert(container, run);
                         return (out, errors);

@@ -269,3 +269,56 @@ fn catch_ups_at_once_are_bounded() {
     assert_eq!(b.change_count_of("one"), Some(ENTRIES));
     assert_eq!(b.change_count_of("two"), Some(ENTRIES));
 }
+
+// Goal: a device that wrote to the container before the whole document
+// arrived still converges (found on real daemons: it did not).
+#[test]
+fn a_write_before_the_document_arrives_converges() {
+    let mut a = filled();
+    let mut b = Engine::new(b"actor-b".to_vec(), config());
+    let _ = b.peer_up("a", 0);
+    let mut wire: VecDeque<(bool, SyncPayload)> = a
+        .peer_up("b", 0)
+        .into_iter()
+        .filter_map(|x| match x {
+            Action::Send { payload, .. } => Some((true, payload)),
+            _ => None,
+        })
+        .collect();
+    let mut wrote = false;
+    let mut steps = 0;
+    while let Some((to_b, payload)) = wire.pop_front() {
+        steps += 1;
+        assert!(steps < 1_000, "the exchange never ends");
+        if to_b {
+            if !wrote
+                && matches!(&payload, SyncPayload::Sync { message, .. } if message.len() > 4 * 1024)
+            {
+                b.local_put("log", "mine", &json!(1)).unwrap().unwrap();
+                wrote = true;
+            }
+            for x in b.handle("a", payload, 1).unwrap() {
+                if let Action::Send { payload, .. } = x {
+                    wire.push_back((false, payload));
+                }
+            }
+            for job in b.take_catch_ups() {
+                let (out, errors) = b.finish_catch_up(job.run(), 2);
+                assert!(errors.is_empty(), "{errors:?}");
+                for x in out {
+                    if let Action::Send { payload, .. } = x {
+                        wire.push_back((false, payload));
+                    }
+                }
+            }
+        } else {
+            for x in a.handle("b", payload, 1).unwrap() {
+                if let Action::Send { payload, .. } = x {
+                    wire.push_back((true, payload));
+                }
+            }
+        }
+    }
+    assert!(wrote);
+    assert_eq!(b.change_count_of("log"), Some(ENTRIES + 1));
+}

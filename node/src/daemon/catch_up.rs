@@ -19,9 +19,10 @@ use crate::metrics::Event;
 /// Catch-ups whose results may wait in the channel at once; a worker
 /// blocks when it is full (the loop drains it every turn).
 const FINISHED_MAX: usize = 16;
-/// A catch-up that brings this many bytes of changes is persisted as a
-/// snapshot saved by its worker (smaller than the changes, and written in
-/// one piece), as one of [`COMPACT_AFTER_CHANGES`] changes is.
+/// A catch-up that brings this many bytes of changes (over all its
+/// rounds) is persisted as a snapshot saved by its worker (smaller than the
+/// changes, and written in one piece), as one of [`COMPACT_AFTER_CHANGES`]
+/// changes is.
 const SNAPSHOT_AFTER_BYTES: usize = 1024 * 1024;
 
 /// A catch-up back from its worker.
