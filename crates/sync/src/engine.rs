@@ -198,7 +198,7 @@ impl std::fmt::Debug for CaughtUp {
         f.debug_struct("CaughtUp")
             .field("id", &self.id)
             .field("container", &self.container)
-            .field("ok", &self.result.is_ok())
+            .field("error", &self.result.as_ref().err())
             .finish()
     }
 }

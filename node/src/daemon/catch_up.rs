@@ -95,6 +95,7 @@ impl Daemon {
     /// follows (persist, answer the peer).
     pub(super) async fn on_caught_up(&mut self, f: Finished) {
         let container = f.done.container().to_owned();
+        debug!(done = ?f.done, "catch-up back");
         if let Some(snapshot) = f.snapshot {
             self.catch_ups
                 .snapshots
