@@ -1176,6 +1176,7 @@ impl Daemon {
                             clock_offset_ms: *clock_offset_ms,
                             transport: path.transport.to_owned(),
                             relayed: path.relayed,
+                            ..PeerStatus::default()
                         })
                     }
                     PeerState::Pending { .. } => None,
@@ -1231,6 +1232,15 @@ impl Daemon {
                 relays: self.wide.relays.iter().map(|r| r.to_string()).collect(),
             },
             keepers: self.keeper_status(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            uptime_s: 0,
+            key_epoch: 0,
+            in_sync: false,
+            catch_ups: Vec::new(),
+            mdns: Default::default(),
+            rendezvous: Vec::new(),
+            dht_pointer: None,
+            master_key: false,
         }
     }
 }

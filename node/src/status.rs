@@ -28,6 +28,86 @@ pub struct Status {
     /// Keepers configured for this device.
     #[serde(default)]
     pub keepers: Vec<KeeperStatus>,
+    /// The daemon's version (`CARGO_PKG_VERSION`).
+    #[serde(default)]
+    pub version: String,
+    /// Seconds since the daemon started.
+    #[serde(default)]
+    pub uptime_s: u64,
+    /// The agent's current key epoch (raised by every revocation).
+    #[serde(default)]
+    pub key_epoch: u64,
+    /// `true` when at least one peer is connected and every container is
+    /// in sync with every connected peer (see [`PeerSyncStatus`]).
+    #[serde(default)]
+    pub in_sync: bool,
+    /// Whole-document catch-ups running now (a cold sync), with progress.
+    #[serde(default)]
+    pub catch_ups: Vec<CatchUpStatus>,
+    /// LAN discovery: whether mDNS is on and the interfaces it watches.
+    #[serde(default)]
+    pub mdns: MdnsStatus,
+    /// Rendezvous servers configured for this device.
+    #[serde(default)]
+    pub rendezvous: Vec<InfraPeerStatus>,
+    /// Size of the DID-log pointer this device publishes in the DHT.
+    #[serde(default)]
+    pub dht_pointer: Option<DhtPointerStatus>,
+    /// Whether this home holds the agent's master key.
+    #[serde(default)]
+    pub master_key: bool,
+}
+
+/// A whole-document catch-up in progress.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CatchUpStatus {
+    pub container: String,
+    /// The peer whose document is being applied, when known.
+    #[serde(default)]
+    pub peer_id: String,
+    /// Changes received so far in this catch-up.
+    pub changes: u64,
+    /// Bytes of changes received so far.
+    pub bytes: u64,
+    pub started_unix_ms: u64,
+}
+
+/// LAN discovery as the daemon runs it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MdnsStatus {
+    pub enabled: bool,
+    /// Interfaces mDNS announces and listens on; empty while enabled means
+    /// it watches nothing.
+    pub interfaces: Vec<String>,
+}
+
+/// A configured infrastructure node (rendezvous server).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct InfraPeerStatus {
+    pub address: String,
+    pub connected: bool,
+}
+
+/// The DHT pointer (this agent's DID log as a Kademlia record).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DhtPointerStatus {
+    pub bytes: u64,
+    /// Largest record the DHT carries.
+    pub limit: u64,
+}
+
+/// One container's sync state against one connected peer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PeerSyncStatus {
+    pub container: String,
+    /// `in_sync` (both hold the same heads), `behind` (the peer holds
+    /// changes this device has not applied yet), `ahead` (this device holds
+    /// changes the peer has not acknowledged), `syncing` (both), or
+    /// `unknown` (no exchange yet).
+    pub state: String,
+    /// Changes this device still lacks, when known.
+    #[serde(default)]
+    pub behind: Option<u64>,
 }
 
 /// One keeper, as this device sees it.
@@ -66,7 +146,7 @@ pub struct DeviceStatus {
     pub did_log_len: usize,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PeerStatus {
     pub peer_id: String,
     pub context_id: String,
@@ -81,6 +161,15 @@ pub struct PeerStatus {
     /// Through a relay circuit rather than direct.
     #[serde(default)]
     pub relayed: bool,
+    /// The device's name in the DID document (may be empty).
+    #[serde(default)]
+    pub name: String,
+    /// Round-trip time from the last ping, in milliseconds.
+    #[serde(default)]
+    pub rtt_ms: Option<u64>,
+    /// Per-container sync state against this peer.
+    #[serde(default)]
+    pub sync: Vec<PeerSyncStatus>,
 }
 
 /// A container moved aside at start because its records could not be read.
