@@ -122,6 +122,7 @@ fn frame(c: &Corpus) -> Result<()> {
             SyncPayload::Heads(vec![ContainerHeads {
                 container: "notes".into(),
                 heads: vec![[9; 32], [8; 32]],
+                changes: 12,
             }]),
         ),
         (
@@ -148,6 +149,7 @@ fn frame(c: &Corpus) -> Result<()> {
                     body: RangeBody::Items(vec![ContainerHeads {
                         container: "notes".into(),
                         heads: vec![[9; 32]],
+                        changes: 3,
                     }]),
                 },
             ]),

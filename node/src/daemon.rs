@@ -160,6 +160,17 @@ struct Daemon {
     keepers: keeper::Keepers,
     /// Big sync messages being applied on worker threads.
     catch_ups: catch_up::CatchUps,
+    /// When the daemon started (status: uptime).
+    started: std::time::Instant,
+    /// Last ping round trip per peer, in milliseconds.
+    rtt_ms: BTreeMap<PeerId, u64>,
+    /// Interfaces mDNS watches (empty when it is off or sees nothing).
+    mdns_watching: Vec<String>,
+    /// When each running catch-up started, by container.
+    catch_up_started: BTreeMap<String, u64>,
+    /// This device was listed in the DID log and no longer is: it refuses
+    /// local writes and redials with backoff (see [`Daemon::check_revoked`]).
+    revoked: bool,
 }
 
 pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
@@ -295,6 +306,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         reads,
     );
     d.seen = crate::devices::Seen::load(d.store.as_ref());
+    d.check_revoked();
     d.metrics
         .add(Event::ContainersQuarantined, d.quarantined.len() as u64);
     d.asm_start().await;
@@ -650,7 +662,68 @@ impl Daemon {
                     .collect(),
             ),
             catch_ups: catch_up::CatchUps::new(),
+            started: std::time::Instant::now(),
+            rtt_ms: BTreeMap::new(),
+            mdns_watching: if mdns_on {
+                nuwa_discovery::watched_interfaces(&opts.mdns_interfaces)
+            } else {
+                Vec::new()
+            },
+            catch_up_started: BTreeMap::new(),
+            revoked: false,
         }
+    }
+
+    /// Whether this device was revoked: its key was listed by an earlier
+    /// version of the DID document and the current one lacks it (an
+    /// expired key is not revoked: renewing it brings it back).
+    fn is_revoked_now(&self) -> bool {
+        let m = self.session.membership();
+        let ctx = m.context_id();
+        let listed_before = m.log().updates().iter().any(|u| {
+            u.document
+                .verification_method
+                .iter()
+                .any(|vm| nuwa_identity::document::DidDocument::fragment(&vm.id) == ctx)
+        });
+        let listed_now = m
+            .log()
+            .current()
+            .verification_method
+            .iter()
+            .any(|vm| nuwa_identity::document::DidDocument::fragment(&vm.id) == ctx);
+        listed_before && !listed_now
+    }
+
+    /// Re-checks [`Daemon::revoked`] (at start and when the log grows),
+    /// and says once what it means.
+    fn check_revoked(&mut self) {
+        let now = self.is_revoked_now();
+        if now && !self.revoked {
+            warn!(
+                context_id = %self.session.membership().context_id(),
+                "this device was revoked from the agent: its peers refuse it, it receives \
+                 nothing new and it refuses local writes (they would never sync). To use this \
+                 machine again: export what you need (`nuwa-node state export`), stop the \
+                 daemon, move this home aside and pair anew (`nuwa-node pair`)"
+            );
+        }
+        self.revoked = now;
+    }
+
+    /// The error for a write on a revoked device.
+    fn revoked_error(&self) -> ApiError {
+        ApiError::new(
+            ErrorCode::DeviceRevoked,
+            format!(
+                "this device ({}) was revoked from the agent, so nothing written here would \
+                 reach another device; the write was refused. To use this machine again: \
+                 export what you need (`nuwa-node state export`), stop the daemon, move this \
+                 home aside and pair anew (`nuwa-node pair`, approved on the device holding \
+                 the master key)",
+                self.session.membership().context_id()
+            ),
+        )
     }
 }
 
@@ -877,7 +950,11 @@ impl Daemon {
                     self.pairing_on_connected(peer).await;
                 }
             }
+            NetEvent::Rtt { peer, rtt } => {
+                self.rtt_ms.insert(peer, rtt.as_millis() as u64);
+            }
             NetEvent::Disconnected { peer } => {
+                self.rtt_ms.remove(&peer);
                 self.wide.on_disconnected(&peer);
                 self.keepers.on_disconnected(&peer);
                 let effects = self.session.disconnected(&peer.to_string());
@@ -942,6 +1019,22 @@ impl Daemon {
         let mut acks: Vec<Ack> = Vec::new();
         let mut effects: Vec<Effect> = Vec::new();
         for req in batch {
+            let req = match req {
+                // A revoked device takes no writes: they would never sync.
+                ApiRequest::Put(_, reply) if self.revoked => {
+                    let _ = reply.send(Err(self.revoked_error()));
+                    continue;
+                }
+                ApiRequest::Batch(_, reply) if self.revoked => {
+                    let _ = reply.send(Err(self.revoked_error()));
+                    continue;
+                }
+                ApiRequest::Tool(t, reply) if self.revoked && t.writes() => {
+                    let _ = reply.send(Err(self.revoked_error()));
+                    continue;
+                }
+                req => req,
+            };
             match req {
                 ApiRequest::Put(body, reply) => {
                     match self
@@ -1118,6 +1211,11 @@ impl Daemon {
         // Only verified announcements of active devices get here, so the
         // map is bounded by the DID document.
         self.wide.mdns_hints.insert(peer, addrs.clone());
+        if self.revoked {
+            // Refused anyway: the backed-off redial (wide_tick) uses the
+            // hint when its time comes.
+            return;
+        }
         let _ = self.net.dial(Some(peer), addrs).await;
     }
 
@@ -1128,9 +1226,46 @@ impl Daemon {
         }
     }
 
-    fn status(&self) -> Status {
+    fn status(&mut self) -> Status {
         let now = home::now_ms();
         let peer_id = self.net.local_peer_id().to_string();
+        let verified: Vec<String> = self.session.verified().map(|(p, _)| p.clone()).collect();
+        let mut sync: BTreeMap<String, Vec<crate::status::PeerSyncStatus>> = BTreeMap::new();
+        for p in &verified {
+            let report = self.session.sync_report(p);
+            sync.insert(
+                p.clone(),
+                report
+                    .into_iter()
+                    .map(|r| crate::status::PeerSyncStatus {
+                        container: r.container,
+                        state: r.state.as_str().to_owned(),
+                        behind: r.behind,
+                    })
+                    .collect(),
+            );
+        }
+        let in_sync = !verified.is_empty()
+            && sync
+                .values()
+                .all(|v| v.iter().all(|c| c.state == "in_sync" || c.state == "ahead"));
+        let catch_ups: Vec<crate::status::CatchUpStatus> = self
+            .session
+            .engine()
+            .catch_up_progress()
+            .into_iter()
+            .map(|c| crate::status::CatchUpStatus {
+                started_unix_ms: self
+                    .catch_up_started
+                    .get(&c.container)
+                    .copied()
+                    .unwrap_or(now),
+                container: c.container,
+                peer_id: c.peer,
+                changes: c.changes,
+                bytes: c.bytes,
+            })
+            .collect();
         let m = self.session.membership();
         Status {
             agent_did: m.did().to_owned(),
@@ -1176,7 +1311,12 @@ impl Daemon {
                             clock_offset_ms: *clock_offset_ms,
                             transport: path.transport.to_owned(),
                             relayed: path.relayed,
-                            ..PeerStatus::default()
+                            name: self.seen.name_of(context_id).unwrap_or_default().to_owned(),
+                            rtt_ms: p
+                                .parse::<PeerId>()
+                                .ok()
+                                .and_then(|id| self.rtt_ms.get(&id).copied()),
+                            sync: sync.get(p).cloned().unwrap_or_default(),
                         })
                     }
                     PeerState::Pending { .. } => None,
@@ -1233,14 +1373,23 @@ impl Daemon {
             },
             keepers: self.keeper_status(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            uptime_s: 0,
-            key_epoch: 0,
-            in_sync: false,
-            catch_ups: Vec::new(),
-            mdns: Default::default(),
-            rendezvous: Vec::new(),
-            dht_pointer: None,
-            master_key: false,
+            uptime_s: self.started.elapsed().as_secs(),
+            key_epoch: self.session.secure().epoch(),
+            in_sync,
+            catch_ups,
+            mdns: crate::status::MdnsStatus {
+                enabled: self.mdns_on,
+                interfaces: self.mdns_watching.clone(),
+            },
+            rendezvous: self.wide.rendezvous_status(),
+            dht_pointer: self
+                .wide
+                .pointer_bytes
+                .map(|bytes| crate::status::DhtPointerStatus {
+                    bytes,
+                    limit: nuwa_sync::pointer::MAX_POINTER_BYTES as u64,
+                }),
+            master_key: self.home_dir.join(home::MASTER_KEY).exists(),
         }
     }
 }

@@ -57,6 +57,14 @@ impl Seen {
         }
     }
 
+    /// The name stored for `context_id`, if any.
+    pub fn name_of(&self, context_id: &str) -> Option<&str> {
+        self.0
+            .get(context_id)
+            .map(|e| e.name.as_str())
+            .filter(|n| !n.is_empty())
+    }
+
     pub fn load(store: &dyn Storage) -> Seen {
         match store.get_meta(SEEN_META) {
             Ok(Some(bytes)) => Seen(serde_json::from_slice(&bytes).unwrap_or_default()),

@@ -213,6 +213,44 @@ pub struct ContainerStatus {
 }
 
 impl Status {
+    /// One line answering "is this device in sync?".
+    pub fn sync_summary(&self) -> String {
+        if self.peers.is_empty() {
+            return "no peer connected: nothing to compare with".to_owned();
+        }
+        if !self.catch_ups.is_empty() {
+            return format!("catching up ({} container(s))", self.catch_ups.len());
+        }
+        if self.in_sync {
+            return format!(
+                "IN SYNC with {} peer(s) over {} container(s)",
+                self.peers.len(),
+                self.containers.len()
+            );
+        }
+        let behind: Vec<&str> = self
+            .peers
+            .iter()
+            .filter(|p| {
+                p.sync
+                    .iter()
+                    .any(|c| c.state == "behind" || c.state == "syncing")
+            })
+            .map(|p| {
+                if p.name.is_empty() {
+                    p.context_id.as_str()
+                } else {
+                    p.name.as_str()
+                }
+            })
+            .collect();
+        if behind.is_empty() {
+            "syncing (exchanging heads with peers)".to_owned()
+        } else {
+            format!("BEHIND {}", behind.join(", "))
+        }
+    }
+
     /// Human-readable rendering for `nuwa-node status`.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -221,6 +259,7 @@ impl Status {
         } else {
             "NOT AUTHORISED (key not active in the DID document)"
         };
+        out.push_str(&format!("sync       {}\n", self.sync_summary()));
         out.push_str(&format!("agent      {}\n", self.agent_did));
         out.push_str(&format!(
             "device     {} ({}) {}\n",
@@ -233,6 +272,50 @@ impl Status {
             auth
         ));
         out.push_str(&format!("peer id    {}\n", self.device.peer_id));
+        if !self.version.is_empty() {
+            out.push_str(&format!(
+                "daemon     v{}, up {}, key epoch {}{}\n",
+                self.version,
+                humantime::format_duration(std::time::Duration::from_secs(self.uptime_s)),
+                self.key_epoch,
+                if self.master_key {
+                    ", holds the master key"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if self.mdns.enabled {
+            if self.mdns.interfaces.is_empty() {
+                out.push_str(
+                    "mdns       WATCHING NO INTERFACE: finds no device (see `nuwa-node doctor`)\n",
+                );
+            } else {
+                out.push_str(&format!(
+                    "mdns       on {}\n",
+                    self.mdns.interfaces.join(", ")
+                ));
+            }
+        } else {
+            out.push_str("mdns       off\n");
+        }
+        for r in &self.rendezvous {
+            out.push_str(&format!(
+                "rendezvous {} {}\n",
+                r.address,
+                if r.connected {
+                    "connected"
+                } else {
+                    "not connected"
+                }
+            ));
+        }
+        if let Some(p) = &self.dht_pointer {
+            out.push_str(&format!(
+                "dht        pointer {} of {} bytes\n",
+                p.bytes, p.limit
+            ));
+        }
         for a in &self.listen_addrs {
             out.push_str(&format!("listening  {a}\n"));
         }
@@ -273,12 +356,34 @@ impl Status {
         out.push_str(&format!("\nverified peers ({}):\n", self.peers.len()));
         for p in &self.peers {
             out.push_str(&format!(
-                "  {}  {}  {} ({} {})\n",
+                "  {} {}  {}  {} ({} {}{})\n",
                 p.context_id,
+                if p.name.is_empty() {
+                    String::new()
+                } else {
+                    format!("({})", p.name)
+                },
                 p.peer_id,
                 p.address,
                 if p.relayed { "relayed" } else { "direct" },
-                p.transport
+                p.transport,
+                p.rtt_ms
+                    .map(|r| format!(", rtt {r} ms"))
+                    .unwrap_or_default()
+            ));
+            out.push_str(&format!("      {}\n", peer_sync_line(&p.sync)));
+        }
+        for c in &self.catch_ups {
+            out.push_str(&format!(
+                "\ncatching up {} from {}: {} changes, {} so far\n",
+                c.container,
+                if c.peer_id.is_empty() {
+                    "a peer"
+                } else {
+                    &c.peer_id
+                },
+                c.changes,
+                human_bytes(c.bytes)
             ));
         }
         for c in &self.clock_skew {
@@ -323,5 +428,43 @@ impl Status {
             }
         }
         out
+    }
+}
+
+/// "in sync over N containers", or the containers that are not.
+fn peer_sync_line(sync: &[PeerSyncStatus]) -> String {
+    if sync.is_empty() {
+        return "no container exchanged yet".to_owned();
+    }
+    let not: Vec<&PeerSyncStatus> = sync.iter().filter(|c| c.state != "in_sync").collect();
+    if not.is_empty() {
+        return format!("in sync over {} container(s)", sync.len());
+    }
+    let mut parts: Vec<String> = not
+        .iter()
+        .take(8)
+        .map(|c| match (c.state.as_str(), c.behind) {
+            ("behind", Some(n)) => format!("{} {} changes behind", c.container, n),
+            (state, _) => format!("{} {}", c.container, state.replace('_', " ")),
+        })
+        .collect();
+    if not.len() > 8 {
+        parts.push(format!("and {} more", not.len() - 8));
+    }
+    format!(
+        "{} of {} in sync; {}",
+        sync.len() - not.len(),
+        sync.len(),
+        parts.join("; ")
+    )
+}
+
+fn human_bytes(n: u64) -> String {
+    if n >= 1 << 20 {
+        format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64)
+    } else if n >= 1 << 10 {
+        format!("{:.1} KiB", n as f64 / 1024.0)
+    } else {
+        format!("{n} B")
     }
 }

@@ -284,19 +284,45 @@ fn revoked_device_gets_nothing_new() {
             (va == vb && va["after_a"] == json!(2) && va["after_b"] == json!(3)).then_some(())
         });
 
-        // The revoked device writes; wait until both remaining devices
-        // refused it again after that write, then check nothing crossed.
+        // The revoked device learns it from the next Hello it gets (the
+        // log travels in it), then refuses local writes with a reason.
+        wait_for(
+            "the revoked device to know it",
+            Duration::from_secs(30),
+            || (status(&r).ok()?["device"]["authorised"] == json!(false)).then_some(()),
+        );
+        let out = cli(&r, &["state", "put", "notes", "from_revoked", "\"evil\""]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("device_revoked") && err.contains("pair"),
+            "a revoked device accepted a write, or did not say what to do: {err}"
+        );
+        // It keeps trying (with backoff) and both remaining devices keep
+        // refusing it; nothing crossed either way.
         let refused = |h: &Path| {
             status(h)
                 .map(|s| counter(&s, "rejected_connection_unknown_key"))
                 .unwrap_or(0)
         };
         let (ra, rb) = (refused(&a), refused(&b));
-        cli_ok(&r, &["state", "put", "notes", "from_revoked", "\"evil\""]);
         wait_for(
             "the revoked device to be refused again",
-            Duration::from_secs(20),
+            Duration::from_secs(45),
             || (refused(&a) > ra && refused(&b) > rb).then_some(()),
+        );
+        // Each remaining daemon logged the refusal once, then counted it.
+        let logs = c.logs();
+        let r_peer = status(&r).unwrap()["device"]["peer_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let rejected_lines = logs
+            .lines()
+            .filter(|l| l.contains("peer rejected (repeats") && l.contains(&r_peer))
+            .count();
+        assert!(
+            (1..=2).contains(&rejected_lines),
+            "refusals of the revoked device were logged {rejected_lines} times:\n{logs}"
         );
         for h in [&a, &b] {
             let v = get_json(h, "notes").unwrap();

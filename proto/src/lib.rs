@@ -217,6 +217,8 @@ pub enum RangeBody {
 pub struct ContainerHeads {
     pub container: String,
     pub heads: Vec<[u8; 32]>,
+    /// How many changes the sender holds (0: not said).
+    pub changes: u64,
 }
 
 /// The response to every frame: a receipt with a status code.
@@ -596,6 +598,7 @@ fn encode_heads(c: &ContainerHeads) -> pb::ContainerHeads {
     pb::ContainerHeads {
         container: c.container.clone(),
         heads: c.heads.iter().map(|h| h.to_vec()).collect(),
+        changes: c.changes,
     }
 }
 
@@ -697,6 +700,7 @@ fn decode_heads_list(list: Vec<pb::ContainerHeads>) -> Result<Vec<ContainerHeads
         out.push(ContainerHeads {
             container: c.container,
             heads,
+            changes: c.changes,
         });
     }
     Ok(out)

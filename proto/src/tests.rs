@@ -48,6 +48,7 @@ fn round_trips() {
         SyncPayload::Heads(vec![ContainerHeads {
             container: "c".into(),
             heads: vec![[9; 32]],
+            changes: 7,
         }]),
         SyncPayload::Digest {
             fingerprint: [3; 16],
@@ -72,6 +73,7 @@ fn round_trips() {
                 body: RangeBody::Items(vec![ContainerHeads {
                     container: "notes".into(),
                     heads: vec![[2; 32], [4; 32]],
+                    changes: 0,
                 }]),
             },
         ]),
@@ -169,6 +171,7 @@ fn rejects_bad_input() {
             containers: vec![pb::ContainerHeads {
                 container: "c".into(),
                 heads: vec![vec![0; 31]],
+                changes: 0,
             }],
         })),
     };
@@ -234,6 +237,7 @@ fn items_part(lower: &str, upper: &str, names: &[&str]) -> pb::RangePart {
                 .map(|n| pb::ContainerHeads {
                     container: (*n).into(),
                     heads: vec![vec![0; 32]],
+                    changes: 0,
                 })
                 .collect(),
         })),

@@ -27,7 +27,9 @@ pub use announce::{
     AgentRef, AnnounceError, Announcement, MAX_CONTEXT_ID_LEN, MAX_INLINE_DID_LEN, MAX_PEER_ID_LEN,
     MAX_TXT_ENTRIES,
 };
-pub use mdns::{DiscoveryError, DiscoveryEvent, EVENT_CHANNEL_CAPACITY, Mdns, MdnsConfig};
+pub use mdns::{
+    DiscoveryError, DiscoveryEvent, EVENT_CHANNEL_CAPACITY, Mdns, MdnsConfig, watched_interfaces,
+};
 
 /// Re-exported so callers can name and `recv_async` the event receiver
 /// without adding their own dependency.

@@ -255,12 +255,22 @@ impl Mdns {
             .map_err(|source| DiscoveryError::Spawn { source })?;
         mdns.stop = Some(stop_tx);
         mdns.worker = Some(handle);
+        let watched = watched_interfaces(&mdns.interfaces);
         info!(
             instance = %mdns.instance_name,
             port = mdns.port,
-            interfaces = ?mdns.interfaces,
+            configured = ?mdns.interfaces,
+            watching = ?watched,
             "mdns discovery started"
         );
+        if watched.is_empty() {
+            warn!(
+                "mDNS watches no network interface (this host has only loopback, or none of \
+                 the configured ones), so it finds no device; devices on this host: \
+                 --mdns-interface lo; other hosts: --peer MULTIADDR or --rendezvous MULTIADDR \
+                 (`nuwa-node doctor` checks this)"
+            );
+        }
         Ok((mdns, events_rx))
     }
 
@@ -437,6 +447,28 @@ fn host_label(instance: &str) -> String {
             }
         })
         .collect()
+}
+
+/// The interfaces mDNS watches for a configured list: the configured
+/// ones the host has, or (an empty list) every non-loopback interface the
+/// host has an address on. Empty means mDNS sees nothing: a host (or
+/// network namespace) with only loopback, unless `lo` is configured.
+pub fn watched_interfaces(configured: &[String]) -> Vec<String> {
+    let host = if_addrs::get_if_addrs().unwrap_or_default();
+    let mut names: Vec<String> = host
+        .iter()
+        .filter(|i| {
+            if configured.is_empty() {
+                !i.is_loopback()
+            } else {
+                configured.contains(&i.name)
+            }
+        })
+        .map(|i| i.name.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 fn selects_loopback(interfaces: &[String]) -> bool {

@@ -394,6 +394,11 @@ pub enum NetEvent {
         peer: PeerId,
         remote: Multiaddr,
     },
+    /// A ping to `peer` came back after `rtt`.
+    Rtt {
+        peer: PeerId,
+        rtt: std::time::Duration,
+    },
     /// A hole punch to `peer` (DCUtR) finished.
     HolePunch {
         peer: PeerId,
@@ -1812,6 +1817,11 @@ impl Actor {
                     listen_addrs,
                 }]
             }
+            BehaviourEvent::Ping(ping::Event {
+                peer,
+                result: Ok(rtt),
+                ..
+            }) => vec![NetEvent::Rtt { peer, rtt }],
             BehaviourEvent::Ping(ping::Event {
                 peer,
                 connection,

@@ -248,6 +248,52 @@ struct Running {
     rounds: u32,
 }
 
+/// One container's sync state against one peer ([`Engine::sync_report`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerSyncState {
+    /// Both hold the same heads.
+    InSync,
+    /// The peer holds changes we lack.
+    Behind,
+    /// We hold changes the peer has not reported holding.
+    Ahead,
+    /// A whole-document catch-up of the container is running.
+    Syncing,
+    /// No heads exchanged yet.
+    Unknown,
+}
+
+impl PeerSyncState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeerSyncState::InSync => "in_sync",
+            PeerSyncState::Behind => "behind",
+            PeerSyncState::Ahead => "ahead",
+            PeerSyncState::Syncing => "syncing",
+            PeerSyncState::Unknown => "unknown",
+        }
+    }
+}
+
+/// See [`Engine::sync_report`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSync {
+    pub container: String,
+    pub state: PeerSyncState,
+    /// Changes we still lack, when the peer said how many it holds.
+    pub behind: Option<u64>,
+}
+
+/// See [`Engine::catch_up_progress`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatchUpProgress {
+    pub container: String,
+    pub peer: PeerKey,
+    pub changes: u64,
+    pub bytes: u64,
+    pub rounds: u32,
+}
+
 /// What the runtime must do, in this order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
@@ -334,6 +380,9 @@ struct PeerContainer {
     /// Our heads when our whole document last went to this peer, which
     /// then held nothing (see `receive`); cleared once it holds something.
     doc_sent_at: Option<Vec<Hash>>,
+    /// How many changes the peer said it holds, in its last reconcile
+    /// items (0 or absent: not said). For status only.
+    their_changes: Option<u64>,
 }
 
 impl PeerContainer {
@@ -675,6 +724,78 @@ impl Engine {
                     .all(|name| p.containers.get(name).is_some_and(|pc| pc.converged)))
     }
 
+    /// Every container's sync state against `peer`, for status: compares
+    /// our heads with the heads the peer last reported. Reads only: it
+    /// loads nothing (an evicted container compares by its kept heads).
+    pub fn sync_report(&mut self, peer: &str) -> Vec<PeerSync> {
+        let (ours_digest, _) = self.digest();
+        let Some(p) = self.peers.get(peer) else {
+            return Vec::new();
+        };
+        let all_equal = p.digest_equal == Some(ours_digest);
+        let mut names: Vec<&String> = self.containers.keys().chain(self.cold.keys()).collect();
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .map(|name| {
+                let pc = p.containers.get(name);
+                let ours = self.heads_of(name).unwrap_or_default();
+                let our_changes = self.change_count_of(name).unwrap_or(0) as u64;
+                let (state, behind) = if self.running.contains_key(name.as_str()) {
+                    (PeerSyncState::Syncing, None)
+                } else if all_equal || pc.is_some_and(|pc| pc.converged) {
+                    (PeerSyncState::InSync, Some(0))
+                } else {
+                    match pc.and_then(|pc| pc.their_heads.as_ref()) {
+                        None => (PeerSyncState::Unknown, None),
+                        Some(theirs) if *theirs == ours => (PeerSyncState::InSync, Some(0)),
+                        Some(theirs) => {
+                            // Heads of theirs we lack: we are behind. Ours
+                            // missing from theirs: they are (at least).
+                            let have_theirs = match self.containers.get(name) {
+                                Some(c) => c.has_all(theirs),
+                                None => theirs.iter().all(|h| ours.contains(h)),
+                            };
+                            // A count said before later changes arrived
+                            // by gossip can be stale: 0 then means unknown.
+                            let count = pc
+                                .and_then(|pc| pc.their_changes)
+                                .map(|t| t.saturating_sub(our_changes))
+                                .filter(|n| *n > 0);
+                            if have_theirs {
+                                (PeerSyncState::Ahead, Some(0))
+                            } else {
+                                (PeerSyncState::Behind, count)
+                            }
+                        }
+                    }
+                };
+                PeerSync {
+                    container: name.clone(),
+                    state,
+                    behind,
+                }
+            })
+            .collect()
+    }
+
+    /// Off-loop catch-ups under way: (container, peer, changes and bytes
+    /// of changes they bring so far).
+    pub fn catch_up_progress(&self) -> Vec<CatchUpProgress> {
+        self.running
+            .iter()
+            .map(|(name, r)| CatchUpProgress {
+                container: name.clone(),
+                peer: r.peer.clone(),
+                changes: r.new_changes.len() as u64,
+                bytes: r.new_changes.iter().map(|c| c.len() as u64).sum::<u64>()
+                    + r.message.as_ref().map_or(0, |m| m.change_bytes() as u64),
+                rounds: r.rounds,
+            })
+            .collect()
+    }
+
     /// Applies a delta that arrived by gossip (its author need not be a
     /// direct peer). Missing dependencies are left to anti-entropy.
     pub fn handle_gossip(&mut self, payload: SyncPayload) -> Result<Vec<Action>, EngineError> {
@@ -1003,8 +1124,14 @@ impl Engine {
                 if let Some(p) = self.peers.get_mut(peer) {
                     p.summary_seen = true;
                 }
-                for ContainerHeads { container, heads } in list {
+                for ContainerHeads {
+                    container,
+                    heads,
+                    changes,
+                } in list
+                {
                     self.on_heads(peer, &container, heads, now_ms, &mut out)?;
+                    self.note_their_changes(peer, &container, changes);
                 }
             }
             SyncPayload::Digest { fingerprint, count } => {
@@ -1082,8 +1209,12 @@ impl Engine {
     }
 
     fn answer_range(&self, lower: &str, upper: Option<&str>) -> Vec<RangePart> {
-        self.fingerprints
-            .answer(lower, upper, |name| self.heads_of(name).unwrap_or_default())
+        self.fingerprints.answer(lower, upper, |name| {
+            (
+                self.heads_of(name).unwrap_or_default(),
+                self.change_count_of(name).unwrap_or(0) as u64,
+            )
+        })
     }
 
     fn on_reconcile(
@@ -1113,8 +1244,14 @@ impl Engine {
                     // container, and offer it what it lacks.
                     let listed: BTreeSet<String> =
                         items.iter().map(|c| c.container.clone()).collect();
-                    for ContainerHeads { container, heads } in items {
+                    for ContainerHeads {
+                        container,
+                        heads,
+                        changes,
+                    } in items
+                    {
                         self.on_heads(peer, &container, heads, now_ms, out)?;
+                        self.note_their_changes(peer, &container, changes);
                     }
                     let missing: Vec<String> = self
                         .fingerprints
@@ -1495,6 +1632,14 @@ impl Engine {
 
     fn peer_container_opt(&mut self, peer: &str, container: &str) -> Option<&mut PeerContainer> {
         self.peers.get_mut(peer)?.containers.get_mut(container)
+    }
+
+    /// Records the change count a peer gave with its heads (only for a
+    /// container it already has state for: `on_heads` made it).
+    fn note_their_changes(&mut self, peer: &str, container: &str, changes: u64) {
+        if let Some(pc) = self.peer_container_opt(peer, container) {
+            pc.their_changes = (changes > 0).then_some(changes);
+        }
     }
 
     fn check_converged(&mut self, peer: &str, container: &str, out: &mut Vec<Action>) {

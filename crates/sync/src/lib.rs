@@ -22,7 +22,8 @@ pub mod secure;
 pub mod session;
 
 pub use engine::{
-    Action, CatchUp, CaughtUp, Config, Engine, EngineError, Loader, LocalEditError, PeerKey,
+    Action, CatchUp, CatchUpProgress, CaughtUp, Config, Engine, EngineError, Loader,
+    LocalEditError, PeerKey, PeerSync, PeerSyncState,
 };
 pub use membership::{Membership, Rejection, VerifiedPeer};
 pub use secure::{OpenError, SecureChannel};

@@ -146,15 +146,19 @@ impl FingerprintSet {
         &self,
         lower: &str,
         upper: Option<&str>,
-        heads: impl Fn(&str) -> Vec<Hash>,
+        heads: impl Fn(&str) -> (Vec<Hash>, u64),
     ) -> Vec<RangePart> {
         let names: Vec<&String> = self.names_in(lower, upper).collect();
         if names.len() <= ITEMS_BELOW {
             let items = names
                 .iter()
-                .map(|n| ContainerHeads {
-                    container: (*n).clone(),
-                    heads: heads(n),
+                .map(|n| {
+                    let (heads, changes) = heads(n);
+                    ContainerHeads {
+                        container: (*n).clone(),
+                        heads,
+                        changes,
+                    }
                 })
                 .collect();
             return vec![RangePart {
@@ -220,8 +224,8 @@ mod tests {
     /// Plays the protocol between two sets until nothing is left to send and
     /// returns the names either side learnt differ, and the round trips.
     fn reconcile(a: &FingerprintSet, b: &FingerprintSet) -> (Vec<String>, usize) {
-        let heads_a = |_: &str| vec![[0; 32]];
-        let heads_b = |_: &str| vec![[0; 32]];
+        let heads_a = |_: &str| (vec![[0; 32]], 0);
+        let heads_b = |_: &str| (vec![[0; 32]], 0);
         if a.digest() == b.digest() {
             return (Vec::new(), 0);
         }

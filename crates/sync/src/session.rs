@@ -1004,4 +1004,9 @@ impl Session {
     pub fn in_sync_with(&mut self, peer: &str) -> bool {
         self.engine.in_sync_with(peer)
     }
+
+    /// Every container's sync state against a peer (for status).
+    pub fn sync_report(&mut self, peer: &str) -> Vec<crate::engine::PeerSync> {
+        self.engine.sync_report(peer)
+    }
 }

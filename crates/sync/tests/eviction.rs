@@ -142,6 +142,7 @@ fn equal_heads_from_a_peer_load_nothing() {
         .map(|n| nuwa_proto::ContainerHeads {
             container: n.clone(),
             heads: a.heads_of(n).unwrap(),
+            changes: a.change_count_of(n).unwrap_or(0) as u64,
         })
         .collect();
     let same = nuwa_proto::SyncPayload::Reconcile(vec![nuwa_proto::RangePart {

@@ -278,6 +278,8 @@ pub enum ErrorCode {
     CannotRevoke,
     /// 403: only the home holding the master key can do this.
     NotKeyManager,
+    /// 403: this device was revoked: it writes nothing that would sync.
+    DeviceRevoked,
     /// 400: a device name that is empty or too long.
     BadName,
     /// 409: pairing needs mDNS, which is off.
@@ -333,6 +335,7 @@ impl ErrorCode {
         ErrorCode::BatchAborted,
         ErrorCode::CannotRevoke,
         ErrorCode::NotKeyManager,
+        ErrorCode::DeviceRevoked,
         ErrorCode::BadName,
         ErrorCode::NoDiscovery,
         ErrorCode::Busy,
@@ -374,6 +377,7 @@ impl ErrorCode {
             ErrorCode::BatchAborted => 409,
             ErrorCode::CannotRevoke => 400,
             ErrorCode::NotKeyManager => 403,
+            ErrorCode::DeviceRevoked => 403,
             ErrorCode::BadName => 400,
             ErrorCode::NoDiscovery => 409,
             ErrorCode::Busy => 409,
@@ -416,6 +420,7 @@ impl ErrorCode {
             ErrorCode::BatchAborted => "batch_aborted",
             ErrorCode::CannotRevoke => "cannot_revoke",
             ErrorCode::NotKeyManager => "not_key_manager",
+            ErrorCode::DeviceRevoked => "device_revoked",
             ErrorCode::BadName => "bad_name",
             ErrorCode::NoDiscovery => "no_discovery",
             ErrorCode::Busy => "busy",
@@ -491,6 +496,21 @@ pub enum Tool {
     Describe(String),
     Compact(String),
     Reset(String),
+}
+
+impl Tool {
+    /// Whether the tool writes state that syncs (refused on a revoked
+    /// device).
+    pub fn writes(&self) -> bool {
+        match self {
+            Tool::SchemaAdd(_)
+            | Tool::Create { .. }
+            | Tool::Update { .. }
+            | Tool::Delete { .. }
+            | Tool::Reset(_) => true,
+            Tool::SchemaList | Tool::Query(_) | Tool::Describe(_) | Tool::Compact(_) => false,
+        }
+    }
 }
 
 /// Work for the daemon loop.

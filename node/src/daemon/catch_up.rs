@@ -81,6 +81,9 @@ impl Daemon {
                 .get(&container)
                 .and_then(|s| s.compression);
             debug!(container, "catch-up off the loop");
+            self.catch_up_started
+                .entry(container.clone())
+                .or_insert_with(home::now_ms);
             let tx = self.catch_ups.tx.clone();
             tokio::task::spawn_blocking(move || {
                 let finished = run(job, compression);
@@ -103,6 +106,9 @@ impl Daemon {
         }
         let effects = self.session.finish_catch_up(f.done, home::now_ms());
         self.execute(effects, Vec::new()).await;
+        if !self.session.engine().catching_up(&container) {
+            self.catch_up_started.remove(&container);
+        }
         // Not taken: the container moved meanwhile (another round runs).
         if self.catch_ups.snapshots.remove(&container).is_some() {
             debug!(container, "catch-up snapshot superseded");

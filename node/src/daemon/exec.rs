@@ -297,8 +297,22 @@ impl Daemon {
                 door,
                 rejection,
             } => {
+                // The first rejection of a peer for a reason is logged; the
+                // rest are counted (`status`, metrics), or a revoked device
+                // that redials would fill the log.
+                let repeat = self
+                    .rejections
+                    .get(&(door.as_str().to_owned(), peer.clone()))
+                    .is_some_and(|r| r.label == rejection.label());
                 match door {
-                    Door::Connection => info!(%peer, reason = %rejection, "peer rejected"),
+                    Door::Connection if repeat => {
+                        debug!(%peer, reason = %rejection, "peer rejected again")
+                    }
+                    Door::Connection => info!(
+                        %peer,
+                        reason = %rejection,
+                        "peer rejected (repeats are counted in `nuwa-node status`, not logged)"
+                    ),
                     Door::Gossip => debug!(%peer, reason = %rejection, "gossip rejected"),
                     Door::Keeper => {
                         debug!(%peer, reason = %rejection, "envelope from the keeper rejected")
@@ -316,7 +330,10 @@ impl Daemon {
             }
             Effect::LogExtended => {
                 info!(len = self.session.log().len(), "adopted a newer DID log");
-                if let Err(r) = self.session.self_authorised(now) {
+                self.check_revoked();
+                if self.revoked {
+                    // check_revoked said what it means.
+                } else if let Err(r) = self.session.self_authorised(now) {
                     warn!(
                         reason = %r,
                         "this device is no longer an active device of the agent (revoked?); \
@@ -329,7 +346,12 @@ impl Daemon {
                 info!(%peer, epoch, "adopted a new key epoch");
             }
             Effect::GrantRejected { peer, reason } => {
-                warn!(%peer, %reason, "epoch grant rejected");
+                if self.revoked {
+                    // Expected: a revoked device gets no grant (said once).
+                    debug!(%peer, %reason, "epoch grant rejected");
+                } else {
+                    warn!(%peer, %reason, "epoch grant rejected");
+                }
             }
             Effect::Converged { peer, container } => {
                 let ctx = self.session.context_of(&peer).unwrap_or_default();

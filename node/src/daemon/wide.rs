@@ -39,6 +39,8 @@ const MAX_KNOWN_PEERS: usize = 64;
 const KNOWN_PEERS_META: &str = "known_peers";
 /// Redial known and static peers that are not connected this often.
 const REDIAL_MS: u64 = 5_000;
+/// Longest pause between redials of a revoked device.
+const REVOKED_REDIAL_MAX_MS: u64 = 15 * 60_000;
 /// DHT and rendezvous lookups: fast while starting, then slower.
 const LOOKUP_FAST_MS: u64 = 2_000;
 const LOOKUP_SLOW_MS: u64 = 30_000;
@@ -113,12 +115,27 @@ pub struct Wide {
     next_redial_ms: u64,
     next_lookup_ms: u64,
     next_pointer_ms: u64,
+    /// Size of the DHT pointer last published.
+    pub(super) pointer_bytes: Option<u64>,
+    /// Current pause between redials (grows while this device is revoked).
+    pub(super) redial_backoff_ms: u64,
 }
 
 impl Wide {
     /// The rendezvous servers configured (with their PeerIds).
     pub fn rv_servers(&self) -> &[(PeerId, Multiaddr)] {
         &self.rv_servers
+    }
+
+    /// Each configured rendezvous server and whether it is connected.
+    pub fn rendezvous_status(&self) -> Vec<crate::status::InfraPeerStatus> {
+        self.rv_servers
+            .iter()
+            .map(|(p, a)| crate::status::InfraPeerStatus {
+                address: a.to_string(),
+                connected: self.connected_infra.contains(p),
+            })
+            .collect()
     }
 
     pub fn new(did: &str, opts: &RunOptions) -> Self {
@@ -175,6 +192,8 @@ impl Wide {
             next_redial_ms: 0,
             next_lookup_ms: 0,
             next_pointer_ms: 0,
+            pointer_bytes: None,
+            redial_backoff_ms: REDIAL_MS,
         }
     }
 
@@ -277,6 +296,16 @@ impl Daemon {
             }
         }
         for (peer, addrs) in &self.wide.known {
+            // Nor is a remembered device that was revoked since.
+            let active = public_from_peer_id(peer).is_some_and(|public| {
+                self.session
+                    .membership()
+                    .authorise_public(&public, now)
+                    .is_ok()
+            });
+            if !active {
+                continue;
+            }
             let entry = member_addrs.entry(*peer).or_default();
             for a in addrs {
                 if !entry.contains(a) {
@@ -415,7 +444,15 @@ impl Daemon {
     pub(super) async fn wide_tick(&mut self, now: u64) {
         self.relay_tick(now).await;
         if now >= self.wide.next_redial_ms {
-            self.wide.next_redial_ms = now + REDIAL_MS;
+            // A revoked device is refused by every peer: it backs off
+            // (doubling up to REVOKED_REDIAL_MAX_MS) instead of redialing
+            // every few seconds.
+            self.wide.redial_backoff_ms = if self.revoked {
+                (self.wide.redial_backoff_ms.max(REDIAL_MS / 2) * 2).min(REVOKED_REDIAL_MAX_MS)
+            } else {
+                REDIAL_MS
+            };
+            self.wide.next_redial_ms = now + self.wide.redial_backoff_ms;
             self.redial().await;
         }
         let fast =
@@ -483,6 +520,7 @@ impl Daemon {
         .and_then(|p| p.encode())
         {
             Ok(bytes) => {
+                self.wide.pointer_bytes = Some(bytes.len() as u64);
                 let key = self.wide.dht_key.to_vec();
                 let _ = self.net.kad_store(key.clone(), bytes.clone()).await;
                 let _ = self.net.kad_put_record(key.clone(), bytes).await;
