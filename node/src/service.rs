@@ -227,7 +227,12 @@ pub fn systemd_unit(spec: &Spec) -> Result<String> {
     // `writeln!` into a String cannot fail.
     let _ = writeln!(u, "# {MARKER}; `nuwa-node service uninstall` removes it.");
     let _ = writeln!(u, "[Unit]");
-    let _ = writeln!(u, "Description=nuwa-sync daemon for the home {home}");
+    // Specifiers (`%`) are expanded in the description too.
+    let _ = writeln!(
+        u,
+        "Description=nuwa-sync daemon for the home {}",
+        home.replace('%', "%%")
+    );
     if !spec.user {
         // The user manager has no network-online.target; the daemon copes
         // with networks that come and go anyway.
@@ -973,6 +978,13 @@ mod tests {
             assert_eq!(systemd_exec_word(input), want, "{input}");
         }
         assert_eq!(systemd_quote("/a b/$x"), "\"/a b/$x\"");
+        let u = systemd_unit(&spec("/usr/bin/nuwa-node", "/var/tmp/100% $x", false)).unwrap();
+        assert!(
+            u.contains("\nDescription=nuwa-sync daemon for the home /var/tmp/100%% $x\n"),
+            "{u}"
+        );
+        assert!(u.contains("\nReadWritePaths=\"/var/tmp/100%% $x\"\n"), "{u}");
+        assert!(!u.contains("PrivateTmp"), "{u}");
         let bad = systemd_unit(&spec("/usr/bin/nuwa-node", "/home/a\nExecStartPre=/x", true))
             .unwrap_err();
         assert!(format!("{bad:#}").contains("control character"), "{bad:#}");
