@@ -104,8 +104,8 @@ pub fn init(args: &LogArgs, default_level: &str) -> Result<Guard> {
             (layer(args.format, writer, false), Some(worker))
         }
         None => {
-            let ansi = args.format == Format::Text
-                && std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let ansi =
+                args.format == Format::Text && std::io::IsTerminal::is_terminal(&std::io::stderr());
             (layer(args.format, QuietStderr, ansi), None)
         }
     };
@@ -118,7 +118,10 @@ pub fn init(args: &LogArgs, default_level: &str) -> Result<Guard> {
 
 /// The daily-rotating appender over `dir`, which is created (mode 0700 under
 /// the process's umask) if missing.
-fn file_appender(dir: &Path, keep: usize) -> Result<tracing_appender::rolling::RollingFileAppender> {
+fn file_appender(
+    dir: &Path,
+    keep: usize,
+) -> Result<tracing_appender::rolling::RollingFileAppender> {
     std::fs::create_dir_all(dir).with_context(|| {
         format!(
             "cannot create the log directory {}; choose another with --log-file DIR",

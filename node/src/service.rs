@@ -388,7 +388,9 @@ fn file_path(manager: Manager, user: bool) -> Result<PathBuf> {
         std::env::var_os("HOME")
             .map(PathBuf::from)
             .filter(|p| p.is_absolute())
-            .context("HOME is not set to an absolute path, so the user's service directory is unknown")
+            .context(
+                "HOME is not set to an absolute path, so the user's service directory is unknown",
+            )
     };
     Ok(match (manager, user) {
         (Manager::Systemd, true) => {
@@ -511,10 +513,7 @@ fn systemctl(user: bool, args: &[&str]) -> Result<String> {
     if user {
         cmd.arg("--user");
     }
-    let out = cmd
-        .args(args)
-        .output()
-        .context("cannot run systemctl")?;
+    let out = cmd.args(args).output().context("cannot run systemctl")?;
     let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     if !out.status.success() {
         bail!(
@@ -578,8 +577,7 @@ fn launchctl_ok(args: &[&str]) -> Result<()> {
 /// Writes `text` to `path` (mode 0644, as service files are), atomically.
 fn write_file(path: &Path, text: &str) -> Result<()> {
     let dir = path.parent().context("the service file has no directory")?;
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
     #[cfg(unix)]
@@ -656,7 +654,11 @@ fn install(
         write_file(&path, &text)?;
         println!("wrote {}", path.display());
     }
-    println!("it runs: {} (logs in {})", spec.exe.display(), spec.log_dir().display());
+    println!(
+        "it runs: {} (logs in {})",
+        spec.exe.display(),
+        spec.log_dir().display()
+    );
     let exe = spec.exe.to_string_lossy();
     if exe.contains("/target/debug/") || exe.contains("/target/release/") {
         println!(
@@ -666,7 +668,10 @@ fn install(
         );
     }
     if files_only {
-        println!("not started (--files-only); start it with: {}", start_hint(manager, user, &path));
+        println!(
+            "not started (--files-only); start it with: {}",
+            start_hint(manager, user, &path)
+        );
         return Ok(());
     }
     match manager {
@@ -705,7 +710,8 @@ fn install(
                     if user { " --user" } else { "" }
                 )));
             }
-            let active = systemctl(user, &["is-active", UNIT_NAME]).unwrap_or_else(|e| e.to_string());
+            let active =
+                systemctl(user, &["is-active", UNIT_NAME]).unwrap_or_else(|e| e.to_string());
             println!("enabled and started: {active}");
             if user {
                 println!(
@@ -720,7 +726,10 @@ fn install(
             let _ = launchctl(&["bootout", &format!("{domain}/{LAUNCHD_LABEL}")]);
             let plist = path.to_string_lossy();
             launchctl_ok(&["bootstrap", &domain, &plist]).with_context(|| {
-                format!("the plist is written at {} but could not be loaded", path.display())
+                format!(
+                    "the plist is written at {} but could not be loaded",
+                    path.display()
+                )
             })?;
             println!("loaded into launchd ({domain}) and started");
         }
@@ -777,9 +786,9 @@ fn uninstall(manager: Manager, user: bool, force: bool, files_only: bool) -> Res
                     println!("note: could not stop and disable the service: {e:#}");
                 }
             }
-            Manager::Systemd => println!(
-                "systemd is not running on this machine, so there is no service to stop"
-            ),
+            Manager::Systemd => {
+                println!("systemd is not running on this machine, so there is no service to stop")
+            }
             Manager::Launchd => {
                 let target = format!("{}/{LAUNCHD_LABEL}", launchd_domain(user));
                 if let Err(e) = launchctl_ok(&["bootout", &target]) {
@@ -905,8 +914,12 @@ mod tests {
     // asks nothing of the user manager it cannot do (no mount sandbox).
     #[test]
     fn user_unit_has_the_command_line_and_policies() {
-        let u = systemd_unit(&spec("/usr/bin/nuwa-node", "/home/a/.local/share/nuwa-node", true))
-            .unwrap();
+        let u = systemd_unit(&spec(
+            "/usr/bin/nuwa-node",
+            "/home/a/.local/share/nuwa-node",
+            true,
+        ))
+        .unwrap();
         assert!(u.starts_with(&format!("# {MARKER}")), "{u}");
         assert!(
             u.contains(
@@ -983,10 +996,17 @@ mod tests {
             u.contains("\nDescription=nuwa-sync daemon for the home /var/tmp/100%% $x\n"),
             "{u}"
         );
-        assert!(u.contains("\nReadWritePaths=\"/var/tmp/100%% $x\"\n"), "{u}");
+        assert!(
+            u.contains("\nReadWritePaths=\"/var/tmp/100%% $x\"\n"),
+            "{u}"
+        );
         assert!(!u.contains("PrivateTmp"), "{u}");
-        let bad = systemd_unit(&spec("/usr/bin/nuwa-node", "/home/a\nExecStartPre=/x", true))
-            .unwrap_err();
+        let bad = systemd_unit(&spec(
+            "/usr/bin/nuwa-node",
+            "/home/a\nExecStartPre=/x",
+            true,
+        ))
+        .unwrap_err();
         assert!(format!("{bad:#}").contains("control character"), "{bad:#}");
     }
 
@@ -1015,7 +1035,10 @@ mod tests {
                     let local = name.local_name;
                     if depth == 3 && local == "key" {
                         key = Some(std::mem::take(&mut text));
-                    } else if depth == 4 && local == "string" && path.last().is_some_and(|p| p == "array") {
+                    } else if depth == 4
+                        && local == "string"
+                        && path.last().is_some_and(|p| p == "array")
+                    {
                         array.push(std::mem::take(&mut text));
                     } else if depth == 3 {
                         let value = match local.as_str() {
@@ -1063,7 +1086,10 @@ mod tests {
         assert_eq!(get("ExitTimeOut"), "30");
         assert_eq!(get("Umask"), "63");
         assert_eq!(get("UserName"), "a&b");
-        assert_eq!(get("StandardErrorPath"), format!("{home}/logs/launchd-stderr.log"));
+        assert_eq!(
+            get("StandardErrorPath"),
+            format!("{home}/logs/launchd-stderr.log")
+        );
         // A user agent names no user.
         let xml = launchd_plist(&spec("/usr/local/bin/nuwa-node", "/Users/a/n", true)).unwrap();
         assert!(!plist_entries(&xml).iter().any(|(k, _)| k == "UserName"));

@@ -63,17 +63,21 @@ fn reader_gone_before_sigint_still_shuts_down_cleanly() {
     let (mut child, reader) = start(&home);
     let mut lines = BufReader::new(reader);
     let mut seen = String::new();
-    wait_for("`daemon running` in the output", Duration::from_secs(30), || {
-        let mut line = String::new();
-        match lines.read_line(&mut line) {
-            Ok(0) => panic!("the daemon closed its output early:\n{seen}"),
-            Ok(_) => {
-                seen.push_str(&line);
-                line.contains("daemon running").then_some(())
+    wait_for(
+        "`daemon running` in the output",
+        Duration::from_secs(30),
+        || {
+            let mut line = String::new();
+            match lines.read_line(&mut line) {
+                Ok(0) => panic!("the daemon closed its output early:\n{seen}"),
+                Ok(_) => {
+                    seen.push_str(&line);
+                    line.contains("daemon running").then_some(())
+                }
+                Err(e) => panic!("cannot read the daemon's output: {e}"),
             }
-            Err(e) => panic!("cannot read the daemon's output: {e}"),
-        }
-    });
+        },
+    );
     assert!(home.join("api.json").exists(), "no api.json while running");
     drop(lines);
     sigint(&child);

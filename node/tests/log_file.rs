@@ -22,7 +22,11 @@ fn json_logs_rotate_are_bounded_and_flushed_at_exit() {
     let logs = c.home("logs");
     std::fs::create_dir_all(&logs).unwrap();
     for day in 1..=10 {
-        std::fs::write(logs.join(format!("nuwa-node.2020-01-{day:02}.log")), "old\n").unwrap();
+        std::fs::write(
+            logs.join(format!("nuwa-node.2020-01-{day:02}.log")),
+            "old\n",
+        )
+        .unwrap();
     }
     let stderr_file = c.home("stderr");
     let mut child = Command::new(bin())
@@ -84,7 +88,10 @@ fn json_logs_rotate_are_bounded_and_flushed_at_exit() {
             let v: serde_json::Value =
                 serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
             assert!(v["timestamp"].is_string() && v["level"].is_string(), "{l}");
-            v["fields"]["message"].as_str().unwrap_or_default().to_owned()
+            v["fields"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
         })
         .collect();
     for want in ["daemon running", "stopped cleanly"] {

@@ -128,7 +128,11 @@ fn user_unit_installs_verifies_and_uninstalls() {
     let c = Cluster::new();
     let home = c.init("a");
     let env = UserEnv::new();
-    let files_only: &[&str] = if systemd_runs() { &["--files-only"] } else { &[] };
+    let files_only: &[&str] = if systemd_runs() {
+        &["--files-only"]
+    } else {
+        &[]
+    };
 
     let mut args = vec!["install", "--user"];
     args.extend(files_only);
@@ -153,7 +157,11 @@ fn user_unit_installs_verifies_and_uninstalls() {
         home_abs.join("logs").display()
     );
     assert!(text.lines().any(|l| l == exec), "want {exec:?} in:\n{text}");
-    for line in ["Restart=on-failure", "KillSignal=SIGTERM", "WantedBy=default.target"] {
+    for line in [
+        "Restart=on-failure",
+        "KillSignal=SIGTERM",
+        "WantedBy=default.target",
+    ] {
         assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
     }
 
@@ -179,7 +187,10 @@ fn user_unit_installs_verifies_and_uninstalls() {
     assert_eq!(st["up_to_date"], true, "{st}");
 
     let again = env.service_ok(&home, &args);
-    assert!(again.contains("already installed and up to date"), "{again}");
+    assert!(
+        again.contains("already installed and up to date"),
+        "{again}"
+    );
 
     // Another home's unit would differ: refused, the file untouched.
     let other = c.init("b");
@@ -194,7 +205,10 @@ fn user_unit_installs_verifies_and_uninstalls() {
     let mut args = vec!["uninstall", "--user"];
     args.extend(files_only);
     let out = env.service_ok(&home, &args);
-    assert!(out.contains(&format!("removed {}", unit.display())), "{out}");
+    assert!(
+        out.contains(&format!("removed {}", unit.display())),
+        "{out}"
+    );
     assert!(!unit.exists(), "uninstall left the unit");
     let st = env.service_ok(&home, &["status", "--user"]);
     assert!(st.contains("installed:  no"), "{st}");
