@@ -49,13 +49,18 @@ if [ "$HOST" = 0 ] && { [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; }; th
   HOST=1
 fi
 
-echo "building nuwa-node ($PROFILE)..." >&2
-if [ "$PROFILE" = release ]; then
-  cargo build --quiet --release -p nuwa-node --manifest-path "$ROOT/Cargo.toml"
-else
-  cargo build --quiet -p nuwa-node --manifest-path "$ROOT/Cargo.toml"
+echo "building nuwa-node ($PROFILE; a first build takes several minutes)..." >&2
+# Cargo's progress and diagnostics go to stderr as usual; its JSON messages on
+# stdout name the binary it built, wherever the target dir is
+# (CARGO_TARGET_DIR, a config's build.target-dir, or $ROOT/target).
+build_args=(build -p nuwa-node --manifest-path "$ROOT/Cargo.toml" --message-format=json-render-diagnostics)
+[ "$PROFILE" = release ] && build_args+=(--release)
+BIN="$(cargo "${build_args[@]}" \
+  | sed -n 's/.*"executable":"\([^"]*\/nuwa-node\)".*/\1/p' | tail -n 1)"
+if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then
+  echo "cannot find the nuwa-node binary cargo built (got: '${BIN}')" >&2
+  exit 1
 fi
-BIN="$ROOT/target/$PROFILE/nuwa-node"
 
 TMP="$(mktemp -d -t nuwa-testnet.XXXXXX)"
 NS="nuwa-testnet-$$"

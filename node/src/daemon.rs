@@ -174,6 +174,7 @@ struct Daemon {
 }
 
 pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
+    let shutdown = shutdown_signal();
     let cancel = CancellationToken::new();
     let lock = home::lock(&home.dir)?;
     let did = home.log.did().to_owned();
@@ -318,7 +319,6 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut announce = tokio::time::interval(ANNOUNCE_REFRESH);
     announce.tick().await;
-    let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let once_deadline = opts.once.map(|t| home::now_ms() + t.as_millis() as u64);
     let mut once_last_line = String::new();
@@ -755,25 +755,35 @@ async fn recv_opt(
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves on the first SIGINT or SIGTERM. The handlers are installed when
+/// this is called, not when the future is first polled: a Ctrl-C that lands
+/// after `api.json` is written but before the main loop starts must still
+/// reach the shutdown path (the default action would kill the process and
+/// leave a stale `api.json`).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
+        use tokio::signal::unix::{SignalKind, signal};
+        let interrupt = signal(SignalKind::interrupt());
+        let terminate = signal(SignalKind::terminate());
+        async move {
+            match (interrupt, terminate) {
+                (Ok(mut interrupt), Ok(mut terminate)) => {
+                    tokio::select! {
+                        _ = interrupt.recv() => {}
+                        _ = terminate.recv() => {}
+                    }
                 }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
         }
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    async move {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 fn tcp_port(addr: &Multiaddr) -> Option<u16> {

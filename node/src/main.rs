@@ -12,10 +12,12 @@ mod devices;
 mod home;
 mod infra;
 mod lifecycle;
+mod logging;
 mod metrics;
 mod pair;
 mod pairing;
 mod panic_hook;
+mod service;
 mod snapshot;
 mod status;
 
@@ -41,7 +43,9 @@ Add a device by code: `nuwa-node --home /tmp/c pair` on it prints a code;
 `nuwa-node --home /tmp/a device approve CODE` approves it. Remove one with
 `nuwa-node --home /tmp/a device revoke CONTEXT_ID`.
 
-Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more detail.";
+Logs go to stderr (or to files with `run --log-file DIR`); set RUST_LOG
+(e.g. RUST_LOG=debug) for more detail. To run the daemon at login or boot:
+`nuwa-node service install --user`.";
 
 #[derive(Parser, Debug)]
 #[command(name = "nuwa-node", version, about = ABOUT, after_help = AFTER_HELP)]
@@ -101,6 +105,9 @@ enum Command {
         /// HOME/config.toml, and each can come from its NUWA_ variable.
         #[command(flatten)]
         net: config::Settings,
+        /// Where logs go.
+        #[command(flatten)]
+        log: logging::LogArgs,
     },
     /// Sync headlessly (for CI): start, discover, sync every container with
     /// every reachable verified peer, and exit 0 once converged with at least
@@ -151,6 +158,9 @@ enum Command {
         /// How long a keeper keeps an envelope, in days.
         #[arg(long, value_name = "DAYS", default_value_t = 30)]
         keeper_retention_days: u64,
+        /// Where logs go.
+        #[command(flatten)]
+        log: logging::LogArgs,
     },
     /// Show this device, the agent DID, verified peers, rejections and
     /// containers (asks the running daemon).
@@ -163,6 +173,12 @@ enum Command {
     State {
         #[command(subcommand)]
         command: StateCommand,
+    },
+    /// Run the daemon as a service that starts at login (--user) or at boot:
+    /// a systemd unit on Linux, a launchd agent or daemon on macOS.
+    Service {
+        #[command(subcommand)]
+        command: service::ServiceCommand,
     },
 }
 
@@ -369,26 +385,16 @@ enum SchemaCommand {
     List,
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+/// For `run` and `rendezvous`: info unless RUST_LOG says otherwise, to
+/// stderr or to the files `log` names. Hold the guard until exit.
+fn init_tracing(log: &logging::LogArgs) -> Result<logging::Guard> {
+    logging::init(log, "info")
 }
 
-/// For `sync --once`: progress goes to stderr, so logs stay at warn unless
-/// RUST_LOG says otherwise.
-fn init_tracing_quiet() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+/// For `sync --once` and `pair`: progress goes to stderr, so logs stay at
+/// warn unless RUST_LOG says otherwise.
+fn init_tracing_quiet() -> Result<logging::Guard> {
+    logging::init(&logging::LogArgs::default(), "warn")
 }
 
 fn main() -> ExitCode {
@@ -403,7 +409,8 @@ fn main() -> ExitCode {
     match real_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Not `eprintln!`: stderr may be a closed pipe by now.
+            logging::stderr_line(format_args!("error: {e:#}"));
             ExitCode::FAILURE
         }
     }
@@ -444,7 +451,7 @@ fn real_main(cli: Cli) -> Result<()> {
             sync_timeout,
             net,
         } => {
-            init_tracing_quiet();
+            let _log = init_tracing_quiet()?;
             let listen = parse_addrs(
                 "--listen",
                 net.network.listen.as_deref().unwrap_or_default(),
@@ -492,19 +499,26 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Run {
             net,
             lifecycle_every,
+            log,
         } => {
-            init_tracing();
+            // Held until `run` returns, so that queued file logs are flushed.
+            let _log = init_tracing(&log)?;
             let mut opts = run_options(&home_dir, net, None)?;
             opts.lifecycle_every = lifecycle_every.max(std::time::Duration::from_millis(100));
             let h = home::load(&home_dir)?;
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-            rt.block_on(daemon::run(h, opts))
+            let ran = rt.block_on(daemon::run(h, opts));
+            // Also in the log: with --log-file, stderr may be read by no one.
+            if let Err(e) = &ran {
+                tracing::error!(error = %format!("{e:#}"), "the daemon stopped on an error");
+            }
+            ran
         }
         Command::Sync { once, timeout, net } => {
             if !once {
                 anyhow::bail!("only `sync --once` exists so far; for continuous sync use `run`");
             }
-            init_tracing_quiet();
+            let _log = init_tracing_quiet()?;
             let opts = run_options(&home_dir, net, Some(timeout))?;
             let h = home::load(&home_dir)?;
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
@@ -518,6 +532,7 @@ fn real_main(cli: Cli) -> Result<()> {
             keeper_quota_mib,
             keeper_quota_envelopes,
             keeper_retention_days,
+            log,
         } => {
             let keeper = keeper.then(|| nuwa_keeper::KeeperConfig {
                 max_bytes_per_agent: keeper_quota_mib.saturating_mul(1024 * 1024),
@@ -527,7 +542,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 ),
                 ..nuwa_keeper::KeeperConfig::default()
             });
-            init_tracing();
+            let _log = init_tracing(&log)?;
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             rt.block_on(infra::run(
                 &home_dir,
@@ -538,6 +553,7 @@ fn real_main(cli: Cli) -> Result<()> {
             ))
         }
         Command::Status { json } => client::status(&home_dir, json),
+        Command::Service { command } => service::run(&home_dir, command),
         Command::State { command } => match command {
             StateCommand::Put {
                 container,

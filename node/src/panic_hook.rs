@@ -5,7 +5,8 @@
 //! line per panic through `tracing`: the message clipped to
 //! [`MAX_MESSAGE_BYTES`] with control characters escaped, and at most
 //! [`BURST`] lines per [`WINDOW`]; the rest are counted and reported in the
-//! next line that is written.
+//! next line that is written. Nothing here may panic: a panic inside the
+//! hook aborts the process.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -44,7 +45,11 @@ pub fn install() {
         if tracing::dispatcher::has_been_set() {
             tracing::error!(%location, thread, suppressed, message = %line, "panic");
         } else {
-            eprintln!("panic at {location} (thread {thread}): {line}");
+            // Not `eprintln!`: it panics when stderr is a closed pipe, and a
+            // panic inside the panic hook aborts the process.
+            crate::logging::stderr_line(format_args!(
+                "panic at {location} (thread {thread}): {line}"
+            ));
         }
     }));
 }
