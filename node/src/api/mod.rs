@@ -636,3 +636,43 @@ fn app(
         Arc::new(move |headers, extensions| authorised(headers, extensions, &token_for_guard));
     (router(state), is_work)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Goal: only the listener's mark or the right token opens the guarded
+    // routes; no header (an Authorization without the token, or one naming
+    // the mark) stands in for the mark, which lives outside the wire.
+    #[test]
+    fn only_the_local_socket_mark_or_the_token_authorises() {
+        let token = "ab".repeat(32);
+        let check = |headers: &[(&str, String)], marked: bool| {
+            let mut h = axum::http::HeaderMap::new();
+            for (k, v) in headers {
+                h.insert(
+                    axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            let mut e = axum::http::Extensions::new();
+            if marked {
+                e.insert(listener::LocalSocket);
+            }
+            authorised(&h, &e, &token)
+        };
+        let bearer = |t: &str| ("authorization", format!("Bearer {t}"));
+        assert!(!check(&[], false));
+        assert!(!check(&[bearer("wrong")], false));
+        assert!(!check(
+            &[
+                ("x-local-socket", "1".into()),
+                ("local-socket", "true".into())
+            ],
+            false
+        ));
+        assert!(check(&[bearer(&token)], false));
+        assert!(check(&[], true));
+        assert!(check(&[bearer("wrong")], true));
+    }
+}
