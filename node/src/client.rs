@@ -1,11 +1,20 @@
-//! The CLI side of the local API: reads `HOME/api.json` and calls the
-//! running daemon.
+//! The CLI side of the local API: calls the running daemon over its Unix
+//! socket `HOME/api.sock` when that connects, and otherwise over TCP at the
+//! address in `HOME/api.json`, with its token.
 //!
 //! `api.json` can outlive its daemon (kill -9, a crash), and another process
 //! may since listen on its port. So before the token leaves this process
 //! the client checks that the `pid` in the file is alive and that the
 //! process answering proves it holds the token: it answers a fresh random
 //! nonce with an HMAC keyed by the token (`POST /v1/challenge`) and the pid.
+//!
+//! The socket needs none of that. No token is sent on it, so there is
+//! nothing to leak. A socket cannot be taken over the way a port can: a
+//! dead daemon's socket file refuses connections (`ECONNREFUSED`, and the
+//! client falls back to TCP), and only a process that can write in the home
+//! (0700, checked at every start) can bind one there: this user, who can
+//! read `api.json` anyway. The client also checks the socket file is owned
+//! by this user before it connects.
 
 use std::path::Path;
 
@@ -49,16 +58,65 @@ fn alive(_pid: u32) -> bool {
     true
 }
 
+/// Where requests go: `url` is the base of every request's URL.
+struct Base {
+    url: String,
+}
+
+/// How the client reaches the daemon.
+enum Via {
+    /// The Unix socket: no token, no challenge (unix only).
+    #[cfg_attr(not(unix), allow(dead_code))]
+    Socket,
+    /// Loopback TCP with the token, after the challenge.
+    Tcp(ApiFile),
+}
+
 struct Client {
-    api: ApiFile,
+    api: Base,
+    via: Via,
     http: reqwest::Client,
     home: std::path::PathBuf,
     /// Set once the daemon answered the challenge.
     verified: tokio::sync::OnceCell<()>,
 }
 
+/// The daemon's socket in `home`, if it is this user's socket and a
+/// daemon accepts on it.
+#[cfg(unix)]
+fn live_socket(home: &Path) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    let path = home.join(home::API_SOCKET);
+    let meta = std::fs::symlink_metadata(&path).ok()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if !meta.file_type().is_socket() || meta.uid() != uid {
+        return None;
+    }
+    // A connection the daemon will close unused: it proves it listens.
+    std::os::unix::net::UnixStream::connect(&path).ok()?;
+    Some(path)
+}
+
 impl Client {
     fn new(home: &Path) -> Result<Self> {
+        #[cfg(unix)]
+        if let Some(path) = live_socket(home) {
+            return Ok(Client {
+                // The host is only the Host header: the socket is the
+                // address.
+                api: Base {
+                    url: "http://localhost".to_owned(),
+                },
+                via: Via::Socket,
+                http: reqwest::Client::builder()
+                    .unix_socket(path)
+                    .build()
+                    .context("cannot build the HTTP client")?,
+                home: home.to_path_buf(),
+                verified: tokio::sync::OnceCell::new(),
+            });
+        }
         let api = api_file(home)?;
         if !alive(api.pid) {
             return Err(anyhow::anyhow!(
@@ -69,7 +127,10 @@ impl Client {
             ));
         }
         Ok(Client {
-            api,
+            api: Base {
+                url: api.url.clone(),
+            },
+            via: Via::Tcp(api),
             http: reqwest::Client::builder()
                 .no_proxy()
                 .build()
@@ -81,7 +142,7 @@ impl Client {
 
     /// Checks that the API at `api.json`'s address is this home's daemon,
     /// without sending the token.
-    async fn verify(&self) -> Result<()> {
+    async fn verify(&self, api: &ApiFile) -> Result<()> {
         let mut nonce = [0u8; 32];
         getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
         let not_ours = |why: &str| {
@@ -89,7 +150,7 @@ impl Client {
                 "the process answering on {} is not the daemon of home {} ({why}); the token was \
                  not sent. The daemon probably died and left a stale {}; start it again with \
                  `nuwa-node --home {} run`",
-                self.api.url,
+                api.url,
                 self.home.display(),
                 home::API_FILE,
                 self.home.display()
@@ -97,7 +158,7 @@ impl Client {
         };
         let resp = self
             .http
-            .post(format!("{}/v1/challenge", self.api.url))
+            .post(format!("{}/v1/challenge", api.url))
             .json(&ChallengeBody {
                 nonce: hex::encode(nonce),
             })
@@ -118,24 +179,30 @@ impl Client {
             .json()
             .await
             .map_err(|e| not_ours(&format!("malformed challenge reply: {e}")))?;
-        let expected = challenge_mac(&self.api.token, &nonce);
+        let expected = challenge_mac(&api.token, &nonce);
         let given = hex::decode(&reply.mac).unwrap_or_default();
         use subtle::ConstantTimeEq as _;
         if !bool::from(given.as_slice().ct_eq(&expected)) {
             return Err(not_ours("it cannot prove it holds the token"));
         }
-        if reply.pid != self.api.pid {
+        if reply.pid != api.pid {
             return Err(not_ours(&format!(
                 "its pid is {}, api.json says {}",
-                reply.pid, self.api.pid
+                reply.pid, api.pid
             )));
         }
         Ok(())
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response> {
-        self.verified.get_or_try_init(|| self.verify()).await?;
-        let resp = req.bearer_auth(&self.api.token).send().await.map_err(|e| {
+        let req = match &self.via {
+            Via::Socket => req,
+            Via::Tcp(api) => {
+                self.verified.get_or_try_init(|| self.verify(api)).await?;
+                req.bearer_auth(&api.token)
+            }
+        };
+        let resp = req.send().await.map_err(|e| {
             if e.is_connect() {
                 no_daemon(&self.home)
             } else {

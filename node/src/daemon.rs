@@ -246,13 +246,14 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         hex::encode(t)
     };
     let (events_tx, _) = tokio::sync::broadcast::channel::<api::ChangeEvent>(1024);
+    let lanes = api::Lanes {
+        writes: api_tx,
+        reads: read_lane,
+    };
     let api_addr = api::serve(
         opts.api_listen,
         token.clone(),
-        api::Lanes {
-            writes: api_tx,
-            reads: read_lane,
-        },
+        lanes.clone(),
         events_tx.clone(),
         metrics.clone(),
         api::Limits::default(),
@@ -260,6 +261,29 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     )
     .await
     .context("cannot start the local API")?;
+    // The same API for apps on this device, by a path in the home (NIP-6
+    // IPC discovery). A daemon without it still serves TCP.
+    #[cfg(unix)]
+    let api_socket = match api::serve_socket(
+        &home.dir.join(home::API_SOCKET),
+        token.clone(),
+        lanes,
+        events_tx.clone(),
+        metrics.clone(),
+        api::Limits::default(),
+        cancel.clone(),
+    )
+    .await
+    {
+        Ok(file) => {
+            info!(path = %file.path().display(), "local API socket ready");
+            Some(file)
+        }
+        Err(e) => {
+            warn!(error = %e, "local API socket unavailable; apps must use TCP and the token");
+            None
+        }
+    };
     let api_url = format!("http://{api_addr}");
     home::write_private(
         &home.dir.join(home::API_FILE),
@@ -451,6 +475,9 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
     d.meta.flush().await;
     d.store.flush().context("final store flush")?;
     let _ = std::fs::remove_file(home.dir.join(home::API_FILE));
+    // Before the lock: a daemon that takes it next binds its own socket.
+    #[cfg(unix)]
+    drop(api_socket);
     drop(lock);
     info!("stopped cleanly");
     match once_result {

@@ -12,6 +12,7 @@
 //!   device.json    0600  this device's context id and name
 //!   store/               sled database; every key and value encrypted
 //!   api.json       0600  while the daemon runs: local API address and bearer token
+//!   api.sock       0600  while the daemon runs (unix): the local API as a Unix socket, no token
 //! ```
 
 use std::fs;
@@ -38,6 +39,9 @@ pub const DID_LOG: &str = "did-log.json";
 pub const DEVICE_INFO: &str = "device.json";
 pub const STORE_DIR: &str = "store";
 pub const API_FILE: &str = "api.json";
+/// The local API's Unix socket (NIP-6 IPC discovery: apps find the daemon
+/// by this name in its home).
+pub const API_SOCKET: &str = "api.sock";
 pub const LOCK_FILE: &str = "daemon.lock";
 
 /// Relationships every device key gets. `authentication` is what sync

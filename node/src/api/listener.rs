@@ -1,6 +1,12 @@
 //! The API's connection guard: HTTP/1.1 over hyper with a cap on open
 //! connections, a header-read timeout and an idle timeout.
 //!
+//! It serves any [`Accept`]: the loopback TCP listener, and on unix the
+//! local socket (`api/socket.rs`), whose connections are admitted by the
+//! peer's uid and whose requests carry [`LocalSocket`]. Each listener has
+//! its own table and cap, so a flood on one cannot close the other's
+//! connections.
+//!
 //! - **Cap.** At most [`Limits::max_connections`] are open. A new
 //!   connection at the cap closes the connection that has been idle the
 //!   longest (no authorised request in flight, no response streaming), so
@@ -25,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -33,9 +40,51 @@ use tracing::{debug, warn};
 use crate::metrics::{Event, Metrics};
 
 /// Whether a request is work the guard must not interrupt (the caller
-/// says: one with the bearer token). Other requests keep their connection
-/// evictable, so a client without the token cannot pin connections.
-pub(super) type IsWork = Arc<dyn Fn(&axum::http::HeaderMap) -> bool + Send + Sync>;
+/// says: an authorised one, by its bearer token or [`LocalSocket`] mark).
+/// Other requests keep their connection evictable, so a client without
+/// the token cannot pin connections.
+pub(super) type IsWork =
+    Arc<dyn Fn(&axum::http::HeaderMap, &axum::http::Extensions) -> bool + Send + Sync>;
+
+/// Marks a request that arrived on the local Unix socket, whose peer runs
+/// as the daemon's own user (checked when the connection was accepted).
+/// Only [`run`] inserts it, and only for an [`Accept`] whose `LOCAL_SOCKET`
+/// is true: a request extension is not on the wire, so no TCP client can
+/// set it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LocalSocket;
+
+/// A listener the guard serves.
+pub(super) trait Accept: Send + 'static {
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// Whether this is the local socket (its requests get [`LocalSocket`]).
+    const LOCAL_SOCKET: bool;
+    /// The next connection to serve; `Ok(None)` when one was accepted and
+    /// refused (the implementation counts and logs it).
+    ///
+    /// Cancel safety: cancel safe (it awaits only the listener's own
+    /// `accept`, which is cancel safe).
+    fn accept(
+        &mut self,
+        metrics: &Metrics,
+    ) -> impl Future<Output = std::io::Result<Option<Self::Io>>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Io = tokio::net::TcpStream;
+    const LOCAL_SOCKET: bool = false;
+
+    async fn accept(&mut self, _: &Metrics) -> std::io::Result<Option<Self::Io>> {
+        let (stream, _) = TcpListener::accept(self).await?;
+        // Small replies and event-stream chunks must not wait for the
+        // client's delayed ACK (Nagle's algorithm held a change event for
+        // about 40 ms after an idle spell).
+        if let Err(e) = stream.set_nodelay(true) {
+            debug!(error = %e, "cannot set TCP_NODELAY on an API connection");
+        }
+        Ok(Some(stream))
+    }
+}
 
 /// Connection limits of the local API.
 #[derive(Debug, Clone, Copy)]
@@ -81,8 +130,8 @@ fn ms_since(epoch: Instant) -> u64 {
 }
 
 /// Accepts and serves connections until `cancel`.
-pub(super) async fn run(
-    listener: TcpListener,
+pub(super) async fn run<L: Accept>(
+    mut listener: L,
     app: Router,
     limits: Limits,
     is_work: IsWork,
@@ -94,18 +143,11 @@ pub(super) async fn run(
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => break,
-            a = listener.accept() => a,
+            a = listener.accept(&metrics) => a,
         };
         let stream = match accepted {
-            Ok((stream, _)) => {
-                // Small replies and event-stream chunks must not wait for
-                // the client's delayed ACK (Nagle's algorithm held a change
-                // event for about 40 ms after an idle spell).
-                if let Err(e) = stream.set_nodelay(true) {
-                    debug!(error = %e, "cannot set TCP_NODELAY on an API connection");
-                }
-                stream
-            }
+            Ok(Some(stream)) => stream,
+            Ok(None) => continue,
             Err(e) => {
                 // Out of file handles, most likely: wait a little rather
                 // than spin, and let idle timeouts free some.
@@ -160,7 +202,18 @@ pub(super) async fn run(
         let metrics = metrics.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {
-            serve_one(stream, app, limits, is_work, conn, epoch, &metrics, cancel).await;
+            serve_one(
+                stream,
+                L::LOCAL_SOCKET,
+                app,
+                limits,
+                is_work,
+                conn,
+                epoch,
+                &metrics,
+                cancel,
+            )
+            .await;
             table
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -172,7 +225,8 @@ pub(super) async fn run(
 
 #[allow(clippy::too_many_arguments)]
 async fn serve_one(
-    stream: tokio::net::TcpStream,
+    stream: impl AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    local_socket: bool,
     app: Router,
     limits: Limits,
     is_work: IsWork,
@@ -184,9 +238,12 @@ async fn serve_one(
     let service = {
         let busy = busy.clone();
         let last_active = last_active.clone();
-        hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             last_active.store(ms_since(epoch), Ordering::Release);
-            let guard = is_work(req.headers())
+            if local_socket {
+                req.extensions_mut().insert(LocalSocket);
+            }
+            let guard = is_work(req.headers(), req.extensions())
                 .then(|| BusyGuard::new(busy.clone(), last_active.clone(), epoch));
             let mut app = app.clone();
             async move {

@@ -1,5 +1,7 @@
 //! The daemon's local HTTP+JSON API on a loopback address, guarded by a
-//! bearer token kept in `HOME/api.json` (mode 0600).
+//! bearer token kept in `HOME/api.json` (mode 0600), and on unix the same
+//! API on the socket `HOME/api.sock` (mode 0600, the peer's uid checked,
+//! no token: see `socket.rs`).
 //!
 //! Handlers do no state work themselves: each request becomes an
 //! [`ApiRequest`], sent to the daemon loop (writes, control) or to the
@@ -53,9 +55,13 @@ use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
 
 mod listener;
+#[cfg(unix)]
+mod socket;
 mod wire;
 
 pub use listener::Limits;
+#[cfg(unix)]
+pub use socket::{SocketError, SocketFile};
 pub use wire::*;
 
 use crate::status::Status;
@@ -142,19 +148,14 @@ fn container_name(name: &str) -> Result<(), ApiError> {
 }
 
 /// The bearer-token check, as a layer in front of every route but the
-/// challenge: it answers before any body is read.
+/// challenge: it answers before any body is read. A request from the
+/// local socket needs no token (its peer's uid was checked on accept).
 async fn require_token(
     State(s): State<AppState>,
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if token_matches(given, &s.token) {
+    if authorised(req.headers(), req.extensions(), &s.token) {
         next.run(req).await
     } else {
         ApiError::new(
@@ -163,6 +164,17 @@ async fn require_token(
         )
         .into_response()
     }
+}
+
+/// Whether a request may reach the guarded routes: it came over the local
+/// socket (marked by the listener; no header can set the mark), or it
+/// carries the token.
+fn authorised(
+    headers: &axum::http::HeaderMap,
+    extensions: &axum::http::Extensions,
+    token: &str,
+) -> bool {
+    extensions.get::<listener::LocalSocket>().is_some() || token_matches(bearer(headers), token)
 }
 
 /// The bearer token a request carries, or "".
@@ -567,23 +579,100 @@ pub async fn serve(
     limits: Limits,
     cancel: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
-    let state = AppState {
-        token: Arc::new(Zeroizing::new(token)),
-        lanes,
-        events: events_tx,
-        metrics: metrics.clone(),
-    };
-    let token_for_guard = state.token.clone();
-    let app = router(state);
+    let (app, is_work) = app(token, lanes, events_tx, metrics.clone());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    // Only a request with the token counts as work the connection guard
-    // must not interrupt; anyone else's connection stays evictable.
-    let is_work: listener::IsWork = Arc::new(move |headers: &axum::http::HeaderMap| {
-        token_matches(bearer(headers), &token_for_guard)
-    });
     tokio::spawn(listener::run(
         listener, app, limits, is_work, metrics, cancel,
     ));
     Ok(local)
+}
+
+/// Serves the same API on the Unix socket at `path` (`HOME/api.sock`)
+/// until `cancel`: no token, only the daemon's own uid (see `socket.rs`).
+/// The returned file removes the socket when dropped; hold it for the
+/// daemon's life and drop it before the home lock.
+#[cfg(unix)]
+pub async fn serve_socket(
+    path: &std::path::Path,
+    token: String,
+    lanes: Lanes,
+    events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
+    metrics: Arc<crate::metrics::Metrics>,
+    limits: Limits,
+    cancel: CancellationToken,
+) -> Result<SocketFile, SocketError> {
+    let (listener, file) = socket::bind(path).await?;
+    let (app, is_work) = app(token, lanes, events_tx, metrics.clone());
+    tokio::spawn(listener::run(
+        socket::UnixAccept::new(listener),
+        app,
+        limits,
+        is_work,
+        metrics,
+        cancel,
+    ));
+    Ok(file)
+}
+
+/// The router for one listener, and what its connection guard counts as
+/// work.
+fn app(
+    token: String,
+    lanes: Lanes,
+    events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
+    metrics: Arc<crate::metrics::Metrics>,
+) -> (Router, listener::IsWork) {
+    let state = AppState {
+        token: Arc::new(Zeroizing::new(token)),
+        lanes,
+        events: events_tx,
+        metrics,
+    };
+    let token_for_guard = state.token.clone();
+    // Only an authorised request counts as work the connection guard must
+    // not interrupt; anyone else's connection stays evictable.
+    let is_work: listener::IsWork =
+        Arc::new(move |headers, extensions| authorised(headers, extensions, &token_for_guard));
+    (router(state), is_work)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Goal: only the listener's mark or the right token opens the guarded
+    // routes; no header (an Authorization without the token, or one naming
+    // the mark) stands in for the mark, which lives outside the wire.
+    #[test]
+    fn only_the_local_socket_mark_or_the_token_authorises() {
+        let token = "ab".repeat(32);
+        let check = |headers: &[(&str, String)], marked: bool| {
+            let mut h = axum::http::HeaderMap::new();
+            for (k, v) in headers {
+                h.insert(
+                    axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            let mut e = axum::http::Extensions::new();
+            if marked {
+                e.insert(listener::LocalSocket);
+            }
+            authorised(&h, &e, &token)
+        };
+        let bearer = |t: &str| ("authorization", format!("Bearer {t}"));
+        assert!(!check(&[], false));
+        assert!(!check(&[bearer("wrong")], false));
+        assert!(!check(
+            &[
+                ("x-local-socket", "1".into()),
+                ("local-socket", "true".into())
+            ],
+            false
+        ));
+        assert!(check(&[bearer(&token)], false));
+        assert!(check(&[], true));
+        assert!(check(&[bearer("wrong")], true));
+    }
 }
