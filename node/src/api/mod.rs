@@ -34,6 +34,15 @@
 //! - `POST /v1/state.describe|state.compact|state.reset` `{"container": S}`
 //! - `GET  /v1/state.events[?container=S]`  server-sent events, one `change`
 //!   event per durable change batch (local or from peers)
+//! - `POST /v1/login-link` → `{"url", "expires_in_s"}`: a one-time link
+//!   that logs a browser in to the status page (see [`page`])
+//! - `GET  /` the status page (HTML; without a session, a page saying how
+//!   to log in), `GET /assets/status.js|status.css` its code (no token),
+//!   `GET /login?code=` trades a login code for a session cookie
+//!
+//! Every request must carry a `Host` naming this daemon, and an `Origin`,
+//! if any, of this daemon ([`page::check_host_and_origin`], outside the
+//! token check).
 //!
 //! Errors are JSON: `{"error": {"code": "...", "message": "..."}}`. See
 //! docs/api.md.
@@ -53,9 +62,11 @@ use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
 
 mod listener;
+mod page;
 mod wire;
 
 pub use listener::Limits;
+pub use page::LoginLink;
 pub use wire::*;
 
 use crate::status::Status;
@@ -79,6 +90,8 @@ struct AppState {
     lanes: Lanes,
     events: tokio::sync::broadcast::Sender<ChangeEvent>,
     metrics: Arc<crate::metrics::Metrics>,
+    /// The status page's login codes and sessions.
+    web: Arc<page::Web>,
 }
 
 impl IntoResponse for ApiError {
@@ -142,19 +155,15 @@ fn container_name(name: &str) -> Result<(), ApiError> {
 }
 
 /// The bearer-token check, as a layer in front of every route but the
-/// challenge: it answers before any body is read.
+/// challenge and the page's own: it answers before any body is read. A
+/// status-page session (cookie) stands in for the token on the few `GET`s
+/// the page makes, never on a request that changes anything.
 async fn require_token(
     State(s): State<AppState>,
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if token_matches(given, &s.token) {
+    if token_matches(bearer(req.headers()), &s.token) || page::session_may_read(&s.web, &req) {
         next.run(req).await
     } else {
         ApiError::new(
@@ -271,6 +280,22 @@ async fn challenge(
         pid: std::process::id(),
         mac: hex::encode(challenge_mac(&s.token, &nonce)),
     }))
+}
+
+/// `GET /`: the status page.
+async fn index(State(s): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    let has_token = token_matches(bearer(&headers), &s.token);
+    page::index(&s.web, has_token, &headers)
+}
+
+/// `GET /login?code=`: a login link, spent.
+async fn login(State(s): State<AppState>, Q(q): Q<page::LoginQuery>) -> Result<Response, ApiError> {
+    page::login(&s.web, &q)
+}
+
+/// `POST /v1/login-link` (token only).
+async fn login_link(State(s): State<AppState>) -> Result<Json<LoginLink>, ApiError> {
+    Ok(Json(s.web.login_link()?))
 }
 
 async fn status(State(s): State<AppState>) -> Result<Json<Status>, ApiError> {
@@ -539,16 +564,25 @@ fn router(state: AppState) -> Router {
         .route("/v1/state.batch", post(state_batch))
         .route("/v1/state.events", get(events))
         .route("/metrics", get(metrics_text))
+        .route("/v1/login-link", post(login_link))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_token,
         ));
     Router::new()
         .route("/v1/challenge", post(challenge))
+        .route("/", get(index))
+        .route("/login", get(login))
+        .route("/assets/status.js", get(page::script))
+        .route("/assets/status.css", get(page::style))
         .merge(guarded)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            state.web.clone(),
+            page::check_host_and_origin,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             request_latency,
@@ -567,16 +601,17 @@ pub async fn serve(
     limits: Limits,
     cancel: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
     let state = AppState {
         token: Arc::new(Zeroizing::new(token)),
         lanes,
         events: events_tx,
         metrics: metrics.clone(),
+        web: Arc::new(page::Web::new(local)),
     };
     let token_for_guard = state.token.clone();
     let app = router(state);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
     // Only a request with the token counts as work the connection guard
     // must not interrupt; anyone else's connection stays evictable.
     let is_work: listener::IsWork = Arc::new(move |headers: &axum::http::HeaderMap| {
