@@ -123,13 +123,12 @@ function render(st, devices) {
   ]));
 
   fill("devices", table(
-    ["name", "context id", "status", "last seen", ""],
+    ["name", "context id", "status", "last seen"],
     devices.map((x) => [
       x.name,
       el("code", x.context_id),
       tag(x.status, x.status === "active" ? "ok" : "bad"),
-      x.this_device ? "this device" : ago(x.last_seen_unix_ms),
-      x.this_device ? tag("this device", "info") : "",
+      x.this_device ? tag("this device", "info") : ago(x.last_seen_unix_ms),
     ]),
     "no devices"
   ));
