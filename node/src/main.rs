@@ -165,8 +165,8 @@ enum Command {
     /// browser in with a session cookie; the page then shows devices, peers,
     /// sync state and containers, live.
     Open {
-        /// Only print the link; open no browser (for a browser on another
-        /// account, or scripts).
+        /// Only print the link and start no browser (to paste it into a
+        /// browser yourself, or for scripts).
         #[arg(long)]
         print: bool,
     },
