@@ -243,6 +243,54 @@ pub fn status(home: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// `nuwa-node open`: a one-time login link to the status page, printed and,
+/// unless `print_only`, opened in the user's browser.
+pub fn open(home: &Path, print_only: bool) -> Result<()> {
+    let c = Client::new(home)?;
+    let link: crate::api::LoginLink = runtime()?.block_on(async {
+        let r = c
+            .send(c.http.post(format!("{}/v1/login-link", c.api.url)))
+            .await?;
+        r.json()
+            .await
+            .context("malformed login link from the daemon")
+    })?;
+    if print_only {
+        println!("{}", link.url);
+        return Ok(());
+    }
+    println!(
+        "status page login link (works once, within {} s):\n  {}",
+        link.expires_in_s, link.url
+    );
+    match open_in_browser(&link.url) {
+        Ok(()) => println!("opened in your browser"),
+        Err(e) => eprintln!("cannot open a browser ({e}); open the link above yourself"),
+    }
+    Ok(())
+}
+
+/// Hands `url` to the desktop's opener: `open` on macOS, `xdg-open`
+/// elsewhere.
+fn open_in_browser(url: &str) -> Result<()> {
+    let opener = if cfg!(target_os = "macos") {
+        "open"
+    } else {
+        "xdg-open"
+    };
+    let status = std::process::Command::new(opener)
+        .arg(url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .with_context(|| format!("cannot run {opener}"))?;
+    if !status.success() {
+        bail!("{opener} failed ({status})");
+    }
+    Ok(())
+}
+
 pub fn device_list(home: &Path, json: bool) -> Result<()> {
     let now = home::now_ms();
     let entries: Vec<crate::devices::DeviceEntry> = match Client::new(home) {

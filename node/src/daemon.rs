@@ -250,7 +250,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         writes: api_tx,
         reads: read_lane,
     };
-    let api_addr = api::serve(
+    let (api_addr, api_web) = api::serve(
         opts.api_listen,
         token.clone(),
         lanes.clone(),
@@ -270,6 +270,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         lanes,
         events_tx.clone(),
         metrics.clone(),
+        api_web,
         api::Limits::default(),
         cancel.clone(),
     )

@@ -169,6 +169,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Open the status page of the running daemon in a browser: asks the
+    /// daemon for a one-time login link (valid 60 s, works once), prints it
+    /// and opens it with xdg-open (Linux) or open (macOS). The link logs the
+    /// browser in with a session cookie; the page then shows devices, peers,
+    /// sync state and containers, live.
+    Open {
+        /// Only print the link and start no browser (to paste it into a
+        /// browser yourself, or for scripts).
+        #[arg(long)]
+        print: bool,
+    },
     /// Read and write state through the running daemon.
     State {
         #[command(subcommand)]
@@ -554,6 +565,7 @@ fn real_main(cli: Cli) -> Result<()> {
         }
         Command::Status { json } => client::status(&home_dir, json),
         Command::Service { command } => service::run(&home_dir, command),
+        Command::Open { print } => client::open(&home_dir, print),
         Command::State { command } => match command {
             StateCommand::Put {
                 container,

@@ -47,7 +47,7 @@ fn request(addr: SocketAddr, head: &str, body: &[u8]) -> (u16, String) {
 fn post(addr: SocketAddr, token: &str, path: &str, body: &Value) -> (u16, Value) {
     let body = body.to_string();
     let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
@@ -57,7 +57,7 @@ fn post(addr: SocketAddr, token: &str, path: &str, body: &Value) -> (u16, Value)
 
 fn get(addr: SocketAddr, token: &str, path: &str) -> (u16, Value) {
     let head = format!(
-        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
     );
     let (status, text) = request(addr, &head, b"");
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
@@ -125,7 +125,7 @@ fn bad_names_are_refused_at_the_door_and_the_daemon_keeps_running() {
             );
             let (_, metrics) = {
                 let head = format!(
-                    "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+                    "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
                 );
                 request(addr, &head, b"")
             };
@@ -150,7 +150,7 @@ fn the_token_is_checked_before_the_body_is_read() {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         s.write_all(
-            b"POST /v1/state/put HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+            b"POST /v1/state/put HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
               Content-Length: 40000000\r\n\r\n{\"container\":",
         )
         .unwrap();
@@ -164,7 +164,7 @@ fn the_token_is_checked_before_the_body_is_read() {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         s.write_all(
-            b"POST /v1/challenge HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+            b"POST /v1/challenge HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
               Content-Length: 40000000\r\n\r\n{\"nonce\":",
         )
         .unwrap();
@@ -199,7 +199,7 @@ fn idle_connections_beyond_the_cap_do_not_lock_out_a_client() {
             for i in 0..300 {
                 let mut s = TcpStream::connect(addr).expect("connect");
                 s.write_all(
-                    b"POST /v1/challenge HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+                    b"POST /v1/challenge HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{",
                 )
                 .unwrap();
                 idle.push(s);
@@ -219,7 +219,7 @@ fn idle_connections_beyond_the_cap_do_not_lock_out_a_client() {
                 if idle.len() < 900 {
                     let mut s = TcpStream::connect(addr).expect("connect");
                     s.write_all(
-                        b"POST /v1/challenge HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+                        b"POST /v1/challenge HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{",
                     )
                     .unwrap();
                     idle.push(s);

@@ -36,6 +36,15 @@
 //! - `POST /v1/state.describe|state.compact|state.reset` `{"container": S}`
 //! - `GET  /v1/state.events[?container=S]`  server-sent events, one `change`
 //!   event per durable change batch (local or from peers)
+//! - `POST /v1/login-link` → `{"url", "expires_in_s"}`: a one-time link
+//!   that logs a browser in to the status page (see [`page`])
+//! - `GET  /` the status page (HTML; without a session, a page saying how
+//!   to log in), `GET /assets/status.js|status.css` its code (no token),
+//!   `GET /login?code=` trades a login code for a session cookie
+//!
+//! Every request must carry a `Host` naming this daemon, and an `Origin`,
+//! if any, of this daemon ([`page::check_host_and_origin`], outside the
+//! token check).
 //!
 //! Errors are JSON: `{"error": {"code": "...", "message": "..."}}`. See
 //! docs/api.md.
@@ -57,9 +66,11 @@ use zeroize::Zeroizing;
 mod listener;
 #[cfg(unix)]
 mod socket;
+mod page;
 mod wire;
 
 pub use listener::Limits;
+pub use page::{LoginLink, Web};
 #[cfg(unix)]
 pub use socket::{SocketError, SocketFile};
 pub use wire::*;
@@ -85,6 +96,8 @@ struct AppState {
     lanes: Lanes,
     events: tokio::sync::broadcast::Sender<ChangeEvent>,
     metrics: Arc<crate::metrics::Metrics>,
+    /// The status page's login codes and sessions.
+    web: Arc<page::Web>,
 }
 
 impl IntoResponse for ApiError {
@@ -148,14 +161,19 @@ fn container_name(name: &str) -> Result<(), ApiError> {
 }
 
 /// The bearer-token check, as a layer in front of every route but the
-/// challenge: it answers before any body is read. A request from the
-/// local socket needs no token (its peer's uid was checked on accept).
+/// challenge and the page's own: it answers before any body is read. A
+/// request from the local socket needs no token (its peer's uid was
+/// checked on accept). A status-page session (cookie) stands in for the
+/// token on the few `GET`s the page makes, never on a request that
+/// changes anything.
 async fn require_token(
     State(s): State<AppState>,
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if authorised(req.headers(), req.extensions(), &s.token) {
+    if authorised(req.headers(), req.extensions(), &s.token)
+        || page::session_may_read(&s.web, &req)
+    {
         next.run(req).await
     } else {
         ApiError::new(
@@ -283,6 +301,22 @@ async fn challenge(
         pid: std::process::id(),
         mac: hex::encode(challenge_mac(&s.token, &nonce)),
     }))
+}
+
+/// `GET /`: the status page.
+async fn index(State(s): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    let has_token = token_matches(bearer(&headers), &s.token);
+    page::index(&s.web, has_token, &headers)
+}
+
+/// `GET /login?code=`: a login link, spent.
+async fn login(State(s): State<AppState>, Q(q): Q<page::LoginQuery>) -> Result<Response, ApiError> {
+    page::login(&s.web, &q)
+}
+
+/// `POST /v1/login-link` (token only).
+async fn login_link(State(s): State<AppState>) -> Result<Json<LoginLink>, ApiError> {
+    Ok(Json(s.web.login_link()?))
 }
 
 async fn status(State(s): State<AppState>) -> Result<Json<Status>, ApiError> {
@@ -551,16 +585,25 @@ fn router(state: AppState) -> Router {
         .route("/v1/state.batch", post(state_batch))
         .route("/v1/state.events", get(events))
         .route("/metrics", get(metrics_text))
+        .route("/v1/login-link", post(login_link))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_token,
         ));
     Router::new()
         .route("/v1/challenge", post(challenge))
+        .route("/", get(index))
+        .route("/login", get(login))
+        .route("/assets/status.js", get(page::script))
+        .route("/assets/status.css", get(page::style))
         .merge(guarded)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            state.web.clone(),
+            page::check_host_and_origin,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             request_latency,
@@ -578,14 +621,15 @@ pub async fn serve(
     metrics: Arc<crate::metrics::Metrics>,
     limits: Limits,
     cancel: CancellationToken,
-) -> anyhow::Result<SocketAddr> {
-    let (app, is_work) = app(token, lanes, events_tx, metrics.clone());
+) -> anyhow::Result<(SocketAddr, Arc<Web>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
+    let web = Arc::new(page::Web::new(local));
+    let (app, is_work) = app(token, lanes, events_tx, metrics.clone(), web.clone());
     tokio::spawn(listener::run(
         listener, app, limits, is_work, metrics, cancel,
     ));
-    Ok(local)
+    Ok((local, web))
 }
 
 /// Serves the same API on the Unix socket at `path` (`HOME/api.sock`)
@@ -599,11 +643,12 @@ pub async fn serve_socket(
     lanes: Lanes,
     events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
     metrics: Arc<crate::metrics::Metrics>,
+    web: Arc<Web>,
     limits: Limits,
     cancel: CancellationToken,
 ) -> Result<SocketFile, SocketError> {
     let (listener, file) = socket::bind(path).await?;
-    let (app, is_work) = app(token, lanes, events_tx, metrics.clone());
+    let (app, is_work) = app(token, lanes, events_tx, metrics.clone(), web);
     tokio::spawn(listener::run(
         socket::UnixAccept::new(listener),
         app,
@@ -622,9 +667,11 @@ fn app(
     lanes: Lanes,
     events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
     metrics: Arc<crate::metrics::Metrics>,
+    web: Arc<Web>,
 ) -> (Router, listener::IsWork) {
     let state = AppState {
         token: Arc::new(Zeroizing::new(token)),
+        web,
         lanes,
         events: events_tx,
         metrics,

@@ -236,6 +236,12 @@ pub enum ErrorCode {
     BadRequest,
     /// 401: missing or wrong bearer token.
     Unauthorised,
+    /// 421: the Host header does not name this daemon (DNS rebinding).
+    BadHost,
+    /// 403: a cross-origin request (its Origin is not this daemon's).
+    BadOrigin,
+    /// 403: a login link that was used, expired or never made.
+    BadLoginLink,
     /// 404: no such endpoint.
     NotFound,
     /// 405: the endpoint exists but not for this HTTP method.
@@ -314,6 +320,9 @@ impl ErrorCode {
     pub const ALL: &'static [ErrorCode] = &[
         ErrorCode::BadRequest,
         ErrorCode::Unauthorised,
+        ErrorCode::BadHost,
+        ErrorCode::BadOrigin,
+        ErrorCode::BadLoginLink,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::InvalidContainerName,
@@ -356,6 +365,9 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorised => 401,
+            ErrorCode::BadHost => 421,
+            ErrorCode::BadOrigin => 403,
+            ErrorCode::BadLoginLink => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::InvalidContainerName => 400,
@@ -399,6 +411,9 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::Unauthorised => "unauthorised",
+            ErrorCode::BadHost => "bad_host",
+            ErrorCode::BadOrigin => "bad_origin",
+            ErrorCode::BadLoginLink => "bad_login_link",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::InvalidContainerName => "invalid_container_name",
