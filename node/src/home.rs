@@ -12,6 +12,7 @@
 //!   device.json    0600  this device's context id and name
 //!   store/               sled database; every key and value encrypted
 //!   api.json       0600  while the daemon runs: local API address and bearer token
+//!   master-key-backup.json 0600  when and where `master-key backup` copied master.key
 //! ```
 
 use std::fs;
