@@ -717,13 +717,24 @@ fn check_peers(home: &Path, st: &Status) -> Check {
              pair`, approved on the device holding the master key",
         );
     }
+    if st.peers.is_empty() && other_active_devices(home) == Some(0) {
+        return Check::warn(
+            NAME,
+            "no verified peer: this is the agent's only device, so there is nothing to sync \
+             with yet",
+            format!(
+                "add a device: on it run `nuwa-node pair`, then here (or wherever the master \
+                 key is) `nuwa-node --home {h} device approve CODE`"
+            ),
+        );
+    }
     if st.peers.is_empty() {
         return Check::warn(
             NAME,
             "no verified peer: no other device of this agent is running, or discovery has not \
              found one yet",
             format!(
-                "start the daemon on another device (`nuwa-node device list --home {h}` lists \
+                "start the daemon on another device (`nuwa-node --home {h} device list` lists \
                  them); on one LAN, mDNS finds it (see the mdns check); elsewhere give its \
                  address with --peer MULTIADDR or a shared server with --rendezvous / \
                  --bootstrap"
@@ -754,24 +765,49 @@ fn check_peers(home: &Path, st: &Status) -> Check {
 
 // ---------------------------------------------------------------- DHT pointer
 
-/// The size of the pointer the daemon publishes in the DHT: this agent's
-/// DID log signed by this device (`AgentPointer`, built as
-/// `daemon/wide.rs`'s `publish_pointer` builds it), from the home's files.
-fn pointer_bytes(home: &Path) -> Result<usize> {
-    use nuwa_identity::keys::DeviceKey;
-    use nuwa_identity::log::DidLog;
-    use nuwa_sync::pointer::{AgentPointer, PointerError};
+/// This device's key and the agent's DID log, read straight from the home's
+/// files (not through `home::load`, which refuses a home with loose
+/// permissions: the home check reports those).
+fn read_identity(
+    home: &Path,
+) -> Result<(nuwa_identity::keys::DeviceKey, nuwa_identity::log::DidLog)> {
     let seed = zeroize::Zeroizing::new(
         fs::read(home.join(home::DEVICE_KEY))
             .with_context(|| format!("cannot read {}", home::DEVICE_KEY))?,
     );
-    let device = DeviceKey::from_seed_file_bytes(&seed)
+    let device = nuwa_identity::keys::DeviceKey::from_seed_file_bytes(&seed)
         .with_context(|| format!("cannot read {}", home::DEVICE_KEY))?;
-    let log: DidLog = serde_json::from_slice(
+    let log = serde_json::from_slice(
         &fs::read(home.join(home::DID_LOG))
             .with_context(|| format!("cannot read {}", home::DID_LOG))?,
     )
     .with_context(|| format!("cannot parse {}", home::DID_LOG))?;
+    Ok((device, log))
+}
+
+/// Other active devices of the agent, by the home's DID log (None when it
+/// cannot be read).
+fn other_active_devices(home: &Path) -> Option<usize> {
+    let (device, log) = read_identity(home).ok()?;
+    let me = nuwa_identity::keys::context_id_for(&device.public());
+    let list = crate::devices::list(&log, &crate::devices::Seen::default(), &me, home::now_ms());
+    Some(
+        list.iter()
+            .filter(|d| {
+                !d.this_device
+                    && d.status == "active"
+                    && d.relationships.iter().any(|r| r == "authentication")
+            })
+            .count(),
+    )
+}
+
+/// The size of the pointer the daemon publishes in the DHT: this agent's
+/// DID log signed by this device (`AgentPointer`, built as
+/// `daemon/wide.rs`'s `publish_pointer` builds it), from the home's files.
+fn pointer_bytes(home: &Path) -> Result<usize> {
+    use nuwa_sync::pointer::{AgentPointer, PointerError};
+    let (device, log) = read_identity(home)?;
     let context_id = nuwa_identity::keys::context_id_for(&device.public());
     let peer_id = nuwa_net::peer_id_from_public(&device.public())
         .map_err(|e| anyhow::anyhow!("cannot derive the peer id: {e}"))?;
