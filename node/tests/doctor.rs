@@ -219,3 +219,79 @@ fn master_key_backup_is_recorded_and_refuses_to_overwrite() {
     assert!(!inside.status.success());
     assert!(String::from_utf8_lossy(&inside.stderr).contains("inside the home"));
 }
+
+#[test]
+fn a_peer_refused_for_clock_skew_fails_the_clock_check() {
+    // Goal: a peer whose clock is 600 s ahead (refused for skew) fails the
+    // clock check with the offset and the NTP fix. Method: two real daemons
+    // on loopback, one under libfaketime (`faketime`, installed by .ci/run).
+    if std::process::Command::new("faketime")
+        .args(["-f", "+0s", "true"])
+        .status()
+        .is_err()
+    {
+        panic!("this test needs libfaketime's `faketime` (apt-get install faketime)");
+    }
+    isolated(
+        "a_peer_refused_for_clock_skew_fails_the_clock_check",
+        || {
+            let mut c = Cluster::new();
+            let a = c.init("a");
+            let b = c.provision(&a, "b");
+            c.start(&a, &["--no-mdns"]);
+            let a_addr = listen_addr(&a);
+            c.start_under(
+                &["faketime", "-f", "+600s"],
+                &b,
+                &["--no-mdns", "--peer", &a_addr],
+            );
+            wait_for("a reports b's clock skew", Duration::from_secs(20), || {
+                status(&a)
+                    .ok()
+                    .filter(|st| st["clock_skew"].as_array().is_some_and(|v| !v.is_empty()))
+            });
+            let (code, report) = doctor_json(&a, &["--no-mdns"]);
+            assert_eq!(code, 1, "{report:#}");
+            let clock = check(&report, "clock");
+            assert_eq!(clock["status"], "fail", "{clock:#}");
+            let detail = clock["detail"].as_str().unwrap();
+            assert!(
+                detail.contains("clock skew") && detail.contains("+6"),
+                "{detail}"
+            );
+            assert!(clock["fix"].as_str().unwrap().contains("NTP"), "{clock:#}");
+        },
+    );
+}
+
+#[test]
+fn an_unreachable_keeper_fails_the_reachability_check() {
+    // Goal: a configured keeper this device cannot reach fails the
+    // reachability check, naming the keeper and the --keeper setting.
+    // Method: a real daemon given a keeper address where nothing listens
+    // (a real PeerId on a closed loopback port).
+    isolated("an_unreachable_keeper_fails_the_reachability_check", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        c.start(&a, &["--no-mdns"]);
+        let a_id = status(&a).unwrap()["device"]["peer_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let b = c.provision(&a, "b");
+        let keeper = format!("/ip4/127.0.0.1/tcp/1/p2p/{a_id}");
+        c.start(&b, &["--no-mdns", "--keeper", &keeper]);
+        let (code, report) = doctor_json(&b, &["--no-mdns", "--keeper", &keeper]);
+        assert_eq!(code, 1, "{report:#}");
+        let reach = check(&report, "reachability");
+        assert_eq!(reach["status"], "fail", "{reach:#}");
+        assert!(
+            reach["detail"].as_str().unwrap().contains(&a_id),
+            "{reach:#}"
+        );
+        assert!(
+            reach["fix"].as_str().unwrap().contains("--keeper"),
+            "{reach:#}"
+        );
+    });
+}
