@@ -476,13 +476,15 @@ fn peer_label(name: &str, context_id: &str) -> String {
 /// The interfaces mDNS watches under `configured` (the `mdns_interfaces`
 /// setting), the same rule as `nuwa_discovery::Mdns::start`: an empty list
 /// means every interface except loopback; a list means exactly those
-/// interfaces. Only interfaces that are up and hold an address count.
-/// Returns (watched, configured names this host lacks).
+/// interfaces. Of those, mdns-sd uses the ones that hold an address, are
+/// running and are not point-to-point (a VPN tunnel, for one): the filter
+/// of its `my_ip_interfaces`. Returns (watched, configured names this host
+/// lacks or mdns-sd would not use).
 fn mdns_interfaces(configured: &[String]) -> std::io::Result<(Vec<String>, Vec<String>)> {
     let host = if_addrs::get_if_addrs()?;
     let mut watched: Vec<String> = host
         .iter()
-        .filter(|i| i.is_oper_up() || i.is_loopback())
+        .filter(|i| i.is_oper_up() && !i.is_p2p())
         .filter(|i| {
             if configured.is_empty() {
                 !i.is_loopback()
@@ -578,7 +580,8 @@ fn check_mdns(home: &Path, s: &config::Effective, st: Option<&Status>) -> Check 
         return Check::warn(
             NAME,
             format!(
-                "watching {}; configured interface(s) {} are not up on this host",
+                "watching {}; configured interface(s) {} are absent, down or point-to-point \
+                 on this host",
                 watched.join(", "),
                 missing.join(", ")
             ),
