@@ -3,8 +3,10 @@
 # namespaces on separate subnets, joined by a router, so mDNS cannot cross)
 # with one rendezvous/DHT host reachable by all. Checks that devices
 # converge using only rendezvous, then only the DHT, each within 10 s; that
-# a partition with conflicting edits heals with nothing lost; and that
-# `sync --once` pulls the full state (or fails with a reason). Needs root.
+# a partition with conflicting edits heals with nothing lost; that
+# `sync --once` pulls the full state (or fails with a reason); and that
+# `doctor` names the mDNS problem on a host with only loopback and passes on
+# a healthy device. Needs root.
 #
 # Prints PASS/FAIL per check and ends with "N passed, M failed".
 set -euo pipefail
@@ -21,8 +23,13 @@ PREFIX="nuwa-suite-$$"
 TMP="$(mktemp -d -t nuwa-suite.XXXXXX)"
 PASSED=0 FAILED=0
 
+LO_NS="$PREFIX-loonly"   # the doctor case's namespace with only loopback
 cleanup() {
   set +e
+  if [ -e "/run/netns/$LO_NS" ]; then
+    for p in $(ip netns pids "$LO_NS" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+    ip netns del "$LO_NS" 2>/dev/null
+  fi
   bash "$NETNS" --prefix "$PREFIX" down >/dev/null 2>&1
   if [ "$FAILED" -gt 0 ]; then echo "logs kept in $TMP" >&2; else rm -rf "$TMP"; fi
 }
@@ -156,6 +163,41 @@ if inh h1 "$BIN" --home "$TMP/lonely" sync --once --timeout 3s --listen /ip4/0.0
 else
   pass "sync --once with no peer failed after $(since "$t0")s: $(tail -1 "$TMP/lonely.err")"
 fi
+
+# 5. doctor. (a) A host with only loopback: default mDNS watches nothing,
+# and doctor says so, names the flag, and exits non-zero. (b) A healthy
+# device of the testnet: doctor exits 0.
+ip netns add "$LO_NS"
+ip -n "$LO_NS" link set lo up
+"$BIN" --home "$TMP/loonly" init --name loonly >/dev/null
+ip netns exec "$LO_NS" "$BIN" --home "$TMP/loonly" run >/dev/null 2>>"$TMP/loonly.log" &
+LP=$!
+for _ in $(seq 1 100); do ip netns exec "$LO_NS" "$BIN" --home "$TMP/loonly" status >/dev/null 2>&1 && break; sleep 0.1; done
+set +e
+ip netns exec "$LO_NS" "$BIN" --home "$TMP/loonly" doctor >"$TMP/loonly.doctor" 2>&1
+rc=$?
+set -e
+if [ "$rc" != 0 ] && grep -q '^FAIL  mdns .*watches nothing' "$TMP/loonly.doctor" &&
+  grep -q -- '--mdns-interface lo' "$TMP/loonly.doctor" && grep -q '^PASS  daemon' "$TMP/loonly.doctor"; then
+  pass "doctor on a loopback-only host exits $rc: $(grep -m1 '^FAIL  mdns' "$TMP/loonly.doctor" | cut -c1-110)..."
+else
+  fail "doctor on a loopback-only host (exit $rc):"; sed 's/^/    /' "$TMP/loonly.doctor"
+fi
+kill -TERM "$LP"; wait "$LP" 2>/dev/null || true
+ip netns del "$LO_NS"
+
+start_devices --rendezvous "$RV" --bootstrap "$RV"
+all_verified_within 10 >/dev/null || true
+set +e
+cli h1 "$TMP/h1" doctor --rendezvous "$RV" --bootstrap "$RV" >"$TMP/h1.doctor" 2>&1
+rc=$?
+set -e
+if [ "$rc" = 0 ] && grep -q '^PASS  peers .*2 verified' "$TMP/h1.doctor"; then
+  pass "doctor on a healthy testnet device exits 0: $(tail -1 "$TMP/h1.doctor")"
+else
+  fail "doctor on a healthy testnet device (exit $rc):"; sed 's/^/    /' "$TMP/h1.doctor"
+fi
+stop_devices
 
 echo
 echo "netns suite: $PASSED passed, $FAILED failed"

@@ -291,6 +291,23 @@ fn open_in_browser(url: &str) -> Result<()> {
     Ok(())
 }
 
+/// The running daemon's status report, for `doctor`: the same checks as
+/// every command (api.json's pid alive, the challenge answered) before the
+/// token is sent, and at most `timeout` for the answer.
+pub fn fetch_status(home: &Path, timeout: std::time::Duration) -> Result<Status> {
+    let c = Client::new(home)?;
+    runtime()?.block_on(async {
+        let r = c
+            .send(
+                c.http
+                    .get(format!("{}/v1/status", c.api.url))
+                    .timeout(timeout),
+            )
+            .await?;
+        r.json().await.context("malformed status from the daemon")
+    })
+}
+
 pub fn device_list(home: &Path, json: bool) -> Result<()> {
     let now = home::now_ms();
     let entries: Vec<crate::devices::DeviceEntry> = match Client::new(home) {

@@ -13,6 +13,7 @@
 //!   store/               sled database; every key and value encrypted
 //!   api.json       0600  while the daemon runs: local API address and bearer token
 //!   api.sock       0600  while the daemon runs (unix): the local API as a Unix socket, no token
+//!   master-key-backup.json 0600  when and where `master-key backup` copied master.key
 //! ```
 
 use std::fs;

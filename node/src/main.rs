@@ -9,6 +9,7 @@ mod client;
 mod config;
 mod daemon;
 mod devices;
+mod doctor;
 mod home;
 mod infra;
 mod lifecycle;
@@ -190,6 +191,46 @@ enum Command {
     Service {
         #[command(subcommand)]
         command: service::ServiceCommand,
+    },
+    /// Check this home and its daemon, and explain: home permissions, the
+    /// daemon, clock offset against peers, mDNS interfaces, reachability
+    /// (AutoNAT, relays, keepers, rendezvous), verified peers, the DHT
+    /// pointer's size, disk space, and whether the master key is backed up.
+    /// Each check prints PASS, WARN, FAIL or SKIP with what it found and,
+    /// for a warning or failure, the fix. Exits 0 when nothing failed
+    /// (warnings allowed), 1 otherwise.
+    ///
+    /// Settings flags (e.g. --mdns-interface, --no-mdns, --rendezvous) are
+    /// read as `run` reads them, over HOME/config.toml: give the same flags
+    /// the daemon was started with.
+    Doctor {
+        /// Print {"ok": bool, "checks": [{"name", "status", "detail", "fix"}]}.
+        #[arg(long)]
+        json: bool,
+        /// The daemon's settings, when given as flags rather than in
+        /// HOME/config.toml.
+        #[command(flatten)]
+        net: config::Settings,
+    },
+    /// The agent's master key (HOME/master.key, only where `init` ran): the
+    /// one key that can approve and revoke devices.
+    MasterKey {
+        #[command(subcommand)]
+        command: MasterKeyCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum MasterKeyCommand {
+    /// Copy the master key to FILE (mode 0600, synced to disk) and record
+    /// the backup in the home, so that `doctor` stops warning. Refuses to
+    /// overwrite FILE and refuses a FILE inside the home. Keep the copy
+    /// offline (a USB stick, a password manager): whoever holds it can
+    /// add and remove this agent's devices.
+    Backup {
+        /// Where to write the copy; must not exist yet.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
     },
 }
 
@@ -566,6 +607,22 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Status { json } => client::status(&home_dir, json),
         Command::Service { command } => service::run(&home_dir, command),
         Command::Open { print } => client::open(&home_dir, print),
+        Command::Doctor { json, net } => {
+            if !doctor::run(&home_dir, net, json)? {
+                use std::io::Write as _;
+                let _ = std::io::stdout().flush();
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::MasterKey {
+            command: MasterKeyCommand::Backup { out },
+        } => {
+            let out = doctor::backup_master_key(&home_dir, &out)?;
+            println!("master key copied to {} (mode 0600)", out.display());
+            println!("keep it offline: whoever holds it can add and remove this agent's devices");
+            Ok(())
+        }
         Command::State { command } => match command {
             StateCommand::Put {
                 container,

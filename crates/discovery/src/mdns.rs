@@ -457,6 +457,9 @@ pub fn watched_interfaces(configured: &[String]) -> Vec<String> {
     let host = if_addrs::get_if_addrs().unwrap_or_default();
     let mut names: Vec<String> = host
         .iter()
+        // mdns-sd's own filter: the link is up and not point-to-point (a
+        // VPN tunnel is no LAN).
+        .filter(|i| i.is_oper_up() && !i.is_p2p())
         .filter(|i| {
             if configured.is_empty() {
                 !i.is_loopback()

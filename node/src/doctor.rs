@@ -1,0 +1,1152 @@
+//! `nuwa-node doctor`: checks a home and its running daemon, and explains.
+//!
+//! Every check ends as pass, warn, fail or skip, says what it found, and
+//! for a warning or a failure gives the exact fix (a command or the flag to
+//! use). The command exits 0 when no check failed. Checks that only the
+//! running daemon can answer (clock, reachability, peers) are skipped when
+//! it does not run; the others read the home and the host directly, so they
+//! work offline too.
+//!
+//! Also here: `master-key backup`, which copies the master key out of the
+//! home and records when, so that `doctor` can stop warning about it.
+//!
+//! This module only reads: it never takes the home's lock (a doctor holding
+//! it for a moment could make a daemon that starts then refuse to run) and
+//! writes nothing but the backup and its record.
+
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::config;
+use crate::home;
+use crate::status::Status;
+
+/// The record `master-key backup` leaves in the home.
+pub const MASTER_KEY_BACKUP: &str = "master-key-backup.json";
+
+/// Free space on the home's file system below which `doctor` fails.
+const DISK_FAIL_BYTES: u64 = 100 * 1024 * 1024;
+/// Free space below which `doctor` warns.
+const DISK_WARN_BYTES: u64 = 1024 * 1024 * 1024;
+/// A peer's clock offset above which `doctor` warns (sync still works up to
+/// the replay window, but a drifting clock gets there).
+const CLOCK_WARN_MS: i64 = 5_000;
+/// How long `doctor` waits for the daemon's status.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Pass,
+    Warn,
+    Fail,
+    /// Not run: it needs something an earlier check found missing.
+    Skip,
+}
+
+impl Level {
+    fn label(self) -> &'static str {
+        match self {
+            Level::Pass => "PASS",
+            Level::Warn => "WARN",
+            Level::Fail => "FAIL",
+            Level::Skip => "SKIP",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub status: Level,
+    pub detail: String,
+    /// What to do about a warning or a failure.
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn pass(name: &'static str, detail: impl Into<String>) -> Check {
+        Check {
+            name,
+            status: Level::Pass,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+    fn warn(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check {
+            name,
+            status: Level::Warn,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+    fn fail(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check {
+            name,
+            status: Level::Fail,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+    fn skip(name: &'static str, detail: impl Into<String>) -> Check {
+        Check {
+            name,
+            status: Level::Skip,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub ok: bool,
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    fn new(checks: Vec<Check>) -> Report {
+        Report {
+            ok: checks.iter().all(|c| c.status != Level::Fail),
+            checks,
+        }
+    }
+
+    pub fn render(&self, home: &Path) -> String {
+        let mut out = format!("nuwa-node doctor: home {}\n\n", home.display());
+        for c in &self.checks {
+            out.push_str(&format!(
+                "{}  {:<12} {}\n",
+                c.status.label(),
+                c.name,
+                c.detail
+            ));
+            if let Some(fix) = &c.fix {
+                for (i, line) in fix.lines().enumerate() {
+                    let lead = if i == 0 { "fix:" } else { "    " };
+                    out.push_str(&format!("      {:<12} {lead} {line}\n", ""));
+                }
+            }
+        }
+        let count = |l: Level| self.checks.iter().filter(|c| c.status == l).count();
+        out.push_str(&format!(
+            "\n{} passed, {} warning(s), {} failed, {} skipped: {}\n",
+            count(Level::Pass),
+            count(Level::Warn),
+            count(Level::Fail),
+            count(Level::Skip),
+            if self.ok {
+                "no problem that stops sync"
+            } else {
+                "fix the failures above"
+            }
+        ));
+        out
+    }
+}
+
+/// Runs every check on `home`, prints the report (text or JSON), and
+/// returns whether no check failed. `net` are the settings flags given to
+/// `doctor`, layered over HOME/config.toml as `run` would layer them.
+pub fn run(home: &Path, net: config::Settings, json: bool) -> Result<bool> {
+    let report = Report::new(checks(home, net));
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render(home));
+    }
+    Ok(report.ok)
+}
+
+fn checks(home: &Path, net: config::Settings) -> Vec<Check> {
+    let h = home.display().to_string();
+    let mut out = Vec::new();
+    let home_check = check_home(home);
+    let initialised = home.join(home::DEVICE_KEY).exists();
+    out.push(home_check);
+    if !initialised {
+        for name in [
+            "config",
+            "daemon",
+            "clock",
+            "mdns",
+            "reachability",
+            "peers",
+            "dht-pointer",
+            "disk",
+            "master-key",
+        ] {
+            out.push(Check::skip(name, "needs an initialised home"));
+        }
+        return out;
+    }
+
+    let settings = config::load(home).and_then(|file| config::resolve(file, net));
+    let settings = match settings {
+        Ok(s) => {
+            out.push(Check::pass(
+                "config",
+                format!(
+                    "{} and the flags given here are valid",
+                    home.join(config::CONFIG_FILE).display()
+                ),
+            ));
+            Some(s)
+        }
+        Err(e) => {
+            out.push(Check::fail(
+                "config",
+                e.to_string(),
+                format!(
+                    "correct the setting named above in {} (or the flag); \
+                     `nuwa-node run --help` lists every setting",
+                    home.join(config::CONFIG_FILE).display()
+                ),
+            ));
+            None
+        }
+    };
+
+    let status = match daemon_status(home) {
+        Ok(st) => {
+            out.push(Check::pass(
+                "daemon",
+                format!(
+                    "running and answering (version {}, API {})",
+                    if st.version.is_empty() {
+                        "unknown"
+                    } else {
+                        &st.version
+                    },
+                    st.api_url
+                ),
+            ));
+            Some(st)
+        }
+        Err(why) => {
+            out.push(Check::fail(
+                "daemon",
+                format!("not running: {why}"),
+                format!(
+                    "start it with `nuwa-node --home {h} run`, or keep it running as a \
+                     service with `nuwa-node --home {h} service install --user`"
+                ),
+            ));
+            None
+        }
+    };
+
+    match &status {
+        Some(st) => out.push(check_clock(st)),
+        None => out.push(Check::skip("clock", "needs the running daemon")),
+    }
+    match &settings {
+        Some(s) => out.push(check_mdns(home, s, status.as_ref())),
+        None => out.push(Check::skip("mdns", "needs a valid config")),
+    }
+    match &status {
+        Some(st) => {
+            out.push(check_reachability(home, st, settings.as_ref()));
+            out.push(check_peers(home, st));
+        }
+        None => {
+            out.push(Check::skip("reachability", "needs the running daemon"));
+            out.push(Check::skip("peers", "needs the running daemon"));
+        }
+    }
+    out.push(check_dht_pointer(home, settings.as_ref()));
+    out.push(check_disk(home));
+    out.push(check_master_key(home));
+    out
+}
+
+/// The status report, or why the daemon is not running or not answering.
+fn daemon_status(home: &Path) -> Result<Status, String> {
+    if !home.join(home::API_FILE).exists() {
+        return Err(format!(
+            "{} is absent, so no daemon runs on this home",
+            home.join(home::API_FILE).display()
+        ));
+    }
+    crate::client::fetch_status(home, STATUS_TIMEOUT).map_err(|e| format!("{e:#}"))
+}
+
+// ---------------------------------------------------------------- home
+
+fn check_home(home: &Path) -> Check {
+    let h = home.display().to_string();
+    const NAME: &str = "home";
+    let meta = match fs::metadata(home) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Check::fail(
+                NAME,
+                format!("{h} does not exist"),
+                format!(
+                    "create a new agent with `nuwa-node --home {h} init`, or join an existing \
+                     one with `nuwa-node --home {h} pair`; or point --home (or NUWA_HOME) at \
+                     the right directory"
+                ),
+            );
+        }
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("cannot read {h}: {e}"),
+                "run doctor as the user who owns the home",
+            );
+        }
+    };
+    if !meta.is_dir() {
+        return Check::fail(
+            NAME,
+            format!("{h} is not a directory"),
+            "point --home (or NUWA_HOME) at the home directory",
+        );
+    }
+    if !home.join(home::DEVICE_KEY).exists() {
+        return Check::fail(
+            NAME,
+            format!("{h} is not a nuwa-node home (no {})", home::DEVICE_KEY),
+            format!(
+                "create a new agent with `nuwa-node --home {h} init`, or join an existing one \
+                 with `nuwa-node --home {h} pair`"
+            ),
+        );
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let mut problems = Vec::new();
+    let mut chmod = Vec::new();
+    let mut foreign = false;
+    let dir_mode = meta.permissions().mode() & 0o777;
+    if dir_mode & 0o077 != 0 || dir_mode & 0o700 != 0o700 {
+        problems.push(format!("directory mode {dir_mode:03o} (want 700)"));
+        chmod.push(format!("chmod 700 {h}"));
+    }
+    if meta.uid() != me {
+        problems.push(format!(
+            "directory owned by uid {} (you are {me})",
+            meta.uid()
+        ));
+        foreign = true;
+    }
+    let mut loose_files = Vec::new();
+    for name in [
+        home::DEVICE_KEY,
+        home::MASTER_KEY,
+        home::SYNC_KEY,
+        home::EPOCH_GRANT,
+        home::AT_REST_KEY,
+        home::DID_LOG,
+        home::DEVICE_INFO,
+        home::API_FILE,
+        MASTER_KEY_BACKUP,
+    ] {
+        let path = home.join(name);
+        let Ok(m) = fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let mode = m.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            problems.push(format!("{name} mode {mode:03o} (want 600)"));
+            loose_files.push(path.display().to_string());
+        }
+        if m.uid() != me {
+            problems.push(format!("{name} owned by uid {} (you are {me})", m.uid()));
+            foreign = true;
+        }
+    }
+    let store = home.join(home::STORE_DIR);
+    if let Ok(m) = fs::metadata(&store)
+        && m.permissions().mode() & 0o077 != 0
+    {
+        problems.push(format!(
+            "{} mode {:03o} (want 700)",
+            home::STORE_DIR,
+            m.permissions().mode() & 0o777
+        ));
+        chmod.push(format!("chmod -R go-rwx {}", store.display()));
+    }
+    if !loose_files.is_empty() {
+        chmod.push(format!("chmod 600 {}", loose_files.join(" ")));
+    }
+    if problems.is_empty() {
+        return Check::pass(
+            NAME,
+            format!("{h} is initialised; directory 700, key files 600, all owned by you"),
+        );
+    }
+    let mut fix = Vec::new();
+    if !chmod.is_empty() {
+        fix.push(format!(
+            "the home holds this device's keys; make it private: {}",
+            chmod.join(" && ")
+        ));
+    }
+    if foreign {
+        fix.push(format!(
+            "run nuwa-node as the user who owns the home, or give it to yourself: \
+             sudo chown -R $(id -un) {h}"
+        ));
+    }
+    Check::fail(
+        NAME,
+        format!("permissions are wrong: {}", problems.join("; ")),
+        fix.join("\n"),
+    )
+}
+
+// ---------------------------------------------------------------- clock
+
+fn check_clock(st: &Status) -> Check {
+    const NAME: &str = "clock";
+    const NTP: &str = "enable NTP on the device whose clock is wrong (Linux: `timedatectl \
+                       set-ntp true`; macOS: System Settings > General > Date & Time > Set \
+                       automatically); compare `date -u` on both devices";
+    if !st.clock_skew.is_empty() {
+        let list: Vec<String> = st
+            .clock_skew
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} is {:+.1} s off (at most ±{} s is accepted)",
+                    c.peer_id,
+                    c.offset_ms as f64 / 1000.0,
+                    c.window_ms / 1000
+                )
+            })
+            .collect();
+        return Check::fail(
+            NAME,
+            format!(
+                "sync is refused with {} peer(s) for clock skew: {}",
+                list.len(),
+                list.join("; ")
+            ),
+            NTP,
+        );
+    }
+    let Some(worst) = st
+        .peers
+        .iter()
+        .max_by_key(|p| p.clock_offset_ms.unsigned_abs())
+    else {
+        return Check::pass(NAME, "no connected peer to compare clocks with");
+    };
+    let off = worst.clock_offset_ms;
+    let who = peer_label(&worst.name, &worst.context_id);
+    if off.unsigned_abs() > CLOCK_WARN_MS.unsigned_abs() {
+        return Check::warn(
+            NAME,
+            format!(
+                "{who}'s clock is {:+.1} s off this device's; sync stops beyond ±{} s",
+                off as f64 / 1000.0,
+                nuwa_sync::secure::REPLAY_WINDOW_SECS
+            ),
+            NTP,
+        );
+    }
+    Check::pass(
+        NAME,
+        format!(
+            "{} peer(s); largest offset {off:+} ms ({who})",
+            st.peers.len()
+        ),
+    )
+}
+
+fn peer_label(name: &str, context_id: &str) -> String {
+    if name.is_empty() {
+        context_id.to_owned()
+    } else {
+        format!("{name} ({context_id})")
+    }
+}
+
+// ---------------------------------------------------------------- mDNS
+
+/// The interfaces mDNS watches under `configured` (the `mdns_interfaces`
+/// setting), the same rule as `nuwa_discovery::Mdns::start`: an empty list
+/// means every interface except loopback; a list means exactly those
+/// interfaces. Of those, mdns-sd uses the ones that hold an address, are
+/// running and are not point-to-point (a VPN tunnel, for one): the filter
+/// of its `my_ip_interfaces`. Returns (watched, configured names this host
+/// lacks or mdns-sd would not use).
+fn mdns_interfaces(configured: &[String]) -> std::io::Result<(Vec<String>, Vec<String>)> {
+    // Fails here if the host's interfaces cannot be listed at all.
+    if_addrs::get_if_addrs()?;
+    // The daemon's own choice (the same function it reports in status).
+    let watched = nuwa_discovery::watched_interfaces(configured);
+    let missing = configured
+        .iter()
+        .filter(|c| !watched.contains(c))
+        .cloned()
+        .collect();
+    Ok((watched, missing))
+}
+
+/// Every interface name of this host, for the report.
+fn host_interfaces() -> String {
+    let mut names: Vec<String> = if_addrs::get_if_addrs()
+        .map(|v| v.into_iter().map(|i| i.name).collect())
+        .unwrap_or_default();
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+fn check_mdns(home: &Path, s: &config::Effective, st: Option<&Status>) -> Check {
+    const NAME: &str = "mdns";
+    let h = home.display().to_string();
+    // A running daemon reports whether mDNS is on and what it watches;
+    // trust it. Without one, the settings decide (HOME/config.toml and the
+    // flags given to doctor).
+    if st.is_some_and(|st| !st.mdns.enabled) {
+        return Check::pass(
+            NAME,
+            "off in the running daemon (--no-mdns or `mdns = false`): devices on this LAN are \
+             found only through --peer, known peers, the DHT or rendezvous",
+        );
+    }
+    let reported = st.filter(|st| st.mdns.enabled);
+    if reported.is_none() && !s.mdns {
+        return Check::pass(
+            NAME,
+            "off by configuration (--no-mdns or `mdns = false`): devices on this LAN are \
+             found only through --peer, known peers, the DHT or rendezvous",
+        );
+    }
+    let (watched, missing) = match reported {
+        Some(st) => (st.mdns.interfaces.clone(), Vec::new()),
+        None => match mdns_interfaces(&s.mdns_interfaces) {
+            Ok(w) => w,
+            Err(e) => {
+                return Check::warn(
+                    NAME,
+                    format!("cannot list this host's network interfaces: {e}"),
+                    "check `ip link` (or `ifconfig`) by hand",
+                );
+            }
+        },
+    };
+    let other_sources = !s.peers.is_empty()
+        || !s.rendezvous_servers.is_empty()
+        || !s.bootstrap.is_empty()
+        || !s.keepers.is_empty();
+    let selection = if s.mdns_interfaces.is_empty() {
+        "every interface except loopback".to_owned()
+    } else {
+        format!("--mdns-interface {}", s.mdns_interfaces.join(","))
+    };
+    if watched.is_empty() {
+        let detail = format!(
+            "mDNS is on but watches nothing: no usable interface for {selection} (this host \
+             has: {}), so no device on the LAN can be found or find this one",
+            host_interfaces()
+        );
+        let fix = format!(
+            "pick one, then restart the daemon:\n\
+             devices on this same host: --mdns-interface lo (or mdns_interfaces = [\"lo\"] \
+             under [discovery] in {h}/config.toml)\n\
+             devices on a LAN: --mdns-interface NAME with an interface that is up (`ip link`)\n\
+             devices elsewhere: name them with --peer MULTIADDR, or a server with --rendezvous \
+             MULTIADDR or --bootstrap MULTIADDR\n\
+             no LAN discovery wanted: --no-mdns"
+        );
+        return if other_sources {
+            Check::warn(NAME, detail, fix)
+        } else {
+            Check::fail(NAME, detail, fix)
+        };
+    }
+    if !missing.is_empty() {
+        return Check::warn(
+            NAME,
+            format!(
+                "watching {}; configured interface(s) {} are absent, down or point-to-point \
+                 on this host",
+                watched.join(", "),
+                missing.join(", ")
+            ),
+            format!(
+                "correct --mdns-interface (or mdns_interfaces in {h}/config.toml); this host \
+                 has: {}",
+                host_interfaces()
+            ),
+        );
+    }
+    Check::pass(NAME, format!("on, watching {}", watched.join(", ")))
+}
+
+// ---------------------------------------------------------------- reachability
+
+fn check_reachability(home: &Path, st: &Status, s: Option<&config::Effective>) -> Check {
+    const NAME: &str = "reachability";
+    let h = home.display().to_string();
+    let down_keepers: Vec<&str> = st
+        .keepers
+        .iter()
+        .filter(|k| !k.connected)
+        .map(|k| k.peer_id.as_str())
+        .collect();
+    let down_rendezvous: Vec<&str> = st
+        .rendezvous
+        .iter()
+        .filter(|r| !r.connected)
+        .map(|r| r.address.as_str())
+        .collect();
+    if !down_keepers.is_empty() || !down_rendezvous.is_empty() {
+        let mut what = Vec::new();
+        if !down_keepers.is_empty() {
+            what.push(format!(
+                "keeper(s) not connected: {}",
+                down_keepers.join(", ")
+            ));
+        }
+        if !down_rendezvous.is_empty() {
+            what.push(format!(
+                "rendezvous server(s) not connected: {}",
+                down_rendezvous.join(", ")
+            ));
+        }
+        return Check::fail(
+            NAME,
+            what.join("; "),
+            format!(
+                "check that each runs (`nuwa-node rendezvous`, with --keeper for a keeper), \
+                 that its address in --keeper / --rendezvous (or keepers / rendezvous_servers \
+                 in {h}/config.toml) is right and ends in its /p2p/ id, and that this device \
+                 can reach it (firewall, VPN); if the daemon started seconds ago, run doctor \
+                 again"
+            ),
+        );
+    }
+    let nat = if st.reachability.nat.is_empty() {
+        "unknown"
+    } else {
+        st.reachability.nat.as_str()
+    };
+    let mut ways = Vec::new();
+    if nat == "public" {
+        ways.push("reachable directly (AutoNAT)".to_owned());
+    }
+    if !st.reachability.relays.is_empty() {
+        ways.push(format!(
+            "{} relay reservation(s)",
+            st.reachability.relays.len()
+        ));
+    }
+    let keepers = st.keepers.iter().filter(|k| k.connected).count();
+    if keepers > 0 {
+        let pushed = st.keepers.iter().all(|k| k.pushed_all);
+        ways.push(format!(
+            "{keepers} keeper(s) connected{}",
+            if pushed { ", everything pushed" } else { "" }
+        ));
+    }
+    let rendezvous = st.rendezvous.iter().filter(|r| r.connected).count();
+    let mut notes = Vec::new();
+    if rendezvous > 0 {
+        notes.push(format!("{rendezvous} rendezvous server(s) connected"));
+    } else if let Some(s) = s
+        && !s.rendezvous_servers.is_empty()
+        && st.rendezvous.is_empty()
+    {
+        notes.push(format!(
+            "{} rendezvous server(s) configured (this daemon does not report whether it \
+             reached them)",
+            s.rendezvous_servers.len()
+        ));
+    }
+    let advertised = if st.reachability.advertised.is_empty() {
+        "nothing advertised".to_owned()
+    } else {
+        format!("advertises {}", st.reachability.advertised.join(", "))
+    };
+    notes.push(advertised);
+    if ways.is_empty() {
+        return Check::warn(
+            NAME,
+            format!(
+                "nothing outside this LAN can reach this device: NAT {nat}, no relay \
+                 reservation, no keeper ({})",
+                notes.join("; ")
+            ),
+            format!(
+                "fine when every device shares a LAN. Otherwise run an infrastructure node \
+                 everyone can reach (`nuwa-node rendezvous --keeper` on a public host) and give \
+                 its address to every device with --rendezvous MULTIADDR and --keeper \
+                 MULTIADDR (or rendezvous_servers / keepers in {h}/config.toml)"
+            ),
+        );
+    }
+    Check::pass(
+        NAME,
+        format!("NAT {nat}; {}; {}", ways.join(", "), notes.join("; ")),
+    )
+}
+
+// ---------------------------------------------------------------- peers
+
+fn check_peers(home: &Path, st: &Status) -> Check {
+    const NAME: &str = "peers";
+    let h = home.display().to_string();
+    if !st.device.authorised {
+        return Check::fail(
+            NAME,
+            format!(
+                "this device ({}) is not an active member of the agent's DID document \
+                 (revoked, or its pairing never finished); peers refuse it",
+                st.device.context_id
+            ),
+            "if it was revoked, pair it again: a fresh home with `nuwa-node --home NEWDIR \
+             pair`, approved on the device holding the master key",
+        );
+    }
+    if st.peers.is_empty() && other_active_devices(home) == Some(0) {
+        return Check::warn(
+            NAME,
+            "no verified peer: this is the agent's only device, so there is nothing to sync \
+             with yet",
+            format!(
+                "add a device: on it run `nuwa-node pair`, then here (or wherever the master \
+                 key is) `nuwa-node --home {h} device approve CODE`"
+            ),
+        );
+    }
+    if st.peers.is_empty() {
+        return Check::warn(
+            NAME,
+            "no verified peer: no other device of this agent is running, or discovery has not \
+             found one yet",
+            format!(
+                "start the daemon on another device (`nuwa-node --home {h} device list` lists \
+                 them); on one LAN, mDNS finds it (see the mdns check); elsewhere give its \
+                 address with --peer MULTIADDR or a shared server with --rendezvous / \
+                 --bootstrap"
+            ),
+        );
+    }
+    let names: Vec<String> = st
+        .peers
+        .iter()
+        .map(|p| {
+            format!(
+                "{} ({}{})",
+                peer_label(&p.name, &p.context_id),
+                if p.relayed { "relayed " } else { "" },
+                if p.transport.is_empty() {
+                    "direct"
+                } else {
+                    &p.transport
+                }
+            )
+        })
+        .collect();
+    Check::pass(
+        NAME,
+        format!("{} verified: {}", st.peers.len(), names.join(", ")),
+    )
+}
+
+// ---------------------------------------------------------------- DHT pointer
+
+/// This device's key and the agent's DID log, read straight from the home's
+/// files (not through `home::load`, which refuses a home with loose
+/// permissions: the home check reports those).
+fn read_identity(
+    home: &Path,
+) -> Result<(nuwa_identity::keys::DeviceKey, nuwa_identity::log::DidLog)> {
+    let seed = zeroize::Zeroizing::new(
+        fs::read(home.join(home::DEVICE_KEY))
+            .with_context(|| format!("cannot read {}", home::DEVICE_KEY))?,
+    );
+    let device = nuwa_identity::keys::DeviceKey::from_seed_file_bytes(&seed)
+        .with_context(|| format!("cannot read {}", home::DEVICE_KEY))?;
+    let log = serde_json::from_slice(
+        &fs::read(home.join(home::DID_LOG))
+            .with_context(|| format!("cannot read {}", home::DID_LOG))?,
+    )
+    .with_context(|| format!("cannot parse {}", home::DID_LOG))?;
+    Ok((device, log))
+}
+
+/// Other active devices of the agent, by the home's DID log (None when it
+/// cannot be read).
+fn other_active_devices(home: &Path) -> Option<usize> {
+    let (device, log) = read_identity(home).ok()?;
+    let me = nuwa_identity::keys::context_id_for(&device.public());
+    let list = crate::devices::list(&log, &crate::devices::Seen::default(), &me, home::now_ms());
+    Some(
+        list.iter()
+            .filter(|d| {
+                !d.this_device
+                    && d.status == "active"
+                    && d.relationships.iter().any(|r| r == "authentication")
+            })
+            .count(),
+    )
+}
+
+/// The size of the pointer the daemon publishes in the DHT: this agent's
+/// DID log signed by this device (`AgentPointer`, built as
+/// `daemon/wide.rs`'s `publish_pointer` builds it), from the home's files.
+fn pointer_bytes(home: &Path) -> Result<usize> {
+    use nuwa_sync::pointer::{AgentPointer, PointerError};
+    let (device, log) = read_identity(home)?;
+    let context_id = nuwa_identity::keys::context_id_for(&device.public());
+    let peer_id = nuwa_net::peer_id_from_public(&device.public())
+        .map_err(|e| anyhow::anyhow!("cannot derive the peer id: {e}"))?;
+    let pointer = AgentPointer::new_signed(
+        &log,
+        &context_id,
+        &peer_id.to_string(),
+        &device,
+        home::now_unix_secs(),
+    )
+    .map_err(|e| anyhow::anyhow!("cannot build the pointer: {e}"))?;
+    match pointer.encode() {
+        Ok(bytes) => Ok(bytes.len()),
+        Err(PointerError::TooLarge { len, .. }) => Ok(len),
+        Err(e) => bail!("cannot encode the pointer: {e}"),
+    }
+}
+
+fn check_dht_pointer(home: &Path, s: Option<&config::Effective>) -> Check {
+    const NAME: &str = "dht-pointer";
+    let limit = nuwa_sync::pointer::MAX_POINTER_BYTES;
+    let bytes = match pointer_bytes(home) {
+        Ok(b) => b,
+        Err(e) => {
+            return Check::warn(
+                NAME,
+                format!("cannot size the DHT pointer: {e:#}"),
+                "run the home check's fix first; a device that is no longer a member (see \
+                 `nuwa-node device list`) publishes no pointer",
+            );
+        }
+    };
+    let pct = bytes as f64 * 100.0 / limit as f64;
+    let off = if s.is_some_and(|s| !s.dht) {
+        " (the DHT is off here, --no-dht, so it is not published)"
+    } else {
+        ""
+    };
+    let detail =
+        format!("{bytes} of {limit} bytes ({pct:.0} %): the DID log signed by this device{off}");
+    let fix = "the DID log grows with every device added or revoked; when it no longer fits, \
+               devices elsewhere cannot find the agent through the DHT. Use rendezvous \
+               servers (--rendezvous MULTIADDR) or --peer for devices outside the LAN";
+    if bytes > limit {
+        Check::fail(NAME, detail, fix)
+    } else if bytes * 4 > limit * 3 {
+        Check::warn(NAME, detail, fix)
+    } else {
+        Check::pass(NAME, detail)
+    }
+}
+
+// ---------------------------------------------------------------- disk
+
+fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: statvfs writes only into `st`, which is a plain C struct that
+    // zeroes are valid for; `path` is a NUL-terminated string that outlives
+    // the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::statvfs(path.as_ptr(), &mut st) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)] // the field types differ between platforms
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+fn human_bytes(n: u64) -> String {
+    const GIB: u64 = 1024 * 1024 * 1024;
+    const MIB: u64 = 1024 * 1024;
+    if n >= GIB {
+        format!("{:.1} GiB", n as f64 / GIB as f64)
+    } else {
+        format!("{:.0} MiB", n as f64 / MIB as f64)
+    }
+}
+
+fn check_disk(home: &Path) -> Check {
+    const NAME: &str = "disk";
+    let free = match free_bytes(home) {
+        Ok(f) => f,
+        Err(e) => {
+            return Check::warn(
+                NAME,
+                format!("cannot read the free space of {}: {e}", home.display()),
+                format!("check by hand with `df -h {}`", home.display()),
+            );
+        }
+    };
+    let detail = format!(
+        "{} free on the file system of {}",
+        human_bytes(free),
+        home.display()
+    );
+    let fix = format!(
+        "free space on that file system (`df -h {}` shows it); below 100 MiB writes may fail \
+         and the store cannot grow",
+        home.display()
+    );
+    if free < DISK_FAIL_BYTES {
+        Check::fail(NAME, detail, fix)
+    } else if free < DISK_WARN_BYTES {
+        Check::warn(NAME, detail, fix)
+    } else {
+        Check::pass(NAME, detail)
+    }
+}
+
+// ---------------------------------------------------------------- master key
+
+/// What `master-key backup` records in the home.
+#[derive(Debug, Serialize, Deserialize)]
+struct BackupRecord {
+    backed_up_unix_ms: u64,
+    /// Where the copy was written (it may have moved since).
+    to: String,
+    /// Names the key that was copied without revealing it, so that a
+    /// record left from another key does not count.
+    key_fingerprint: String,
+}
+
+fn key_fingerprint(key: &[u8]) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"nuwa-master-key-backup-v1:");
+    h.update(key);
+    hex::encode(&h.finalize()[..8])
+}
+
+fn format_time(unix_ms: u64) -> String {
+    let secs = i64::try_from(unix_ms / 1000).unwrap_or(i64::MAX);
+    time::OffsetDateTime::from_unix_timestamp(secs)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("{secs} (unix seconds)"))
+}
+
+fn check_master_key(home: &Path) -> Check {
+    const NAME: &str = "master-key";
+    let h = home.display().to_string();
+    let key = match fs::read(home.join(home::MASTER_KEY)) {
+        Ok(k) => zeroize::Zeroizing::new(k),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Check::pass(
+                NAME,
+                "not on this device: approving and revoking devices happens on the device \
+                 that holds it (where `nuwa-node init` ran)",
+            );
+        }
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("cannot read {}: {e}", home.join(home::MASTER_KEY).display()),
+                "run doctor as the user who owns the home; see the home check",
+            );
+        }
+    };
+    let fix = format!(
+        "copy it somewhere safe off this device: `nuwa-node --home {h} master-key backup \
+         --out /media/usb/nuwa-master.key` (then keep that copy offline). Without it, a lost \
+         device means no device can ever be approved or revoked again"
+    );
+    let record: Option<BackupRecord> = fs::read(home.join(MASTER_KEY_BACKUP))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    match record {
+        None => Check::warn(
+            NAME,
+            "present and never backed up: it is the only key that can approve or revoke \
+             devices",
+            fix,
+        ),
+        Some(r) if r.key_fingerprint != key_fingerprint(&key) => Check::warn(
+            NAME,
+            format!(
+                "present; the backup recorded ({} to {}) is of another key",
+                format_time(r.backed_up_unix_ms),
+                r.to
+            ),
+            fix,
+        ),
+        Some(r) => Check::pass(
+            NAME,
+            format!(
+                "present, backed up on {} to {}",
+                format_time(r.backed_up_unix_ms),
+                r.to
+            ),
+        ),
+    }
+}
+
+/// `master-key backup --out FILE`: copies HOME/master.key to `out` (mode
+/// 0600, fsynced, never over an existing file, never inside the home) and
+/// records the backup in the home.
+pub fn backup_master_key(home: &Path, out: &Path) -> Result<PathBuf> {
+    let src = home.join(home::MASTER_KEY);
+    let key = zeroize::Zeroizing::new(fs::read(&src).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            anyhow::anyhow!(
+                "{} holds no master key ({} is missing); back it up on the device where \
+                 `nuwa-node init` ran",
+                home.display(),
+                home::MASTER_KEY
+            )
+        } else {
+            anyhow::anyhow!("cannot read {}: {e}", src.display())
+        }
+    })?);
+    nuwa_identity::keys::DeviceKey::from_seed_file_bytes(&key)
+        .with_context(|| format!("{} is not a valid key file", src.display()))?;
+
+    let file_name = out
+        .file_name()
+        .with_context(|| format!("--out {} names no file", out.display()))?;
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let parent = fs::canonicalize(&parent).with_context(|| {
+        format!(
+            "the directory of --out {} does not exist; create it first",
+            out.display()
+        )
+    })?;
+    let out = parent.join(file_name);
+    let home_abs =
+        fs::canonicalize(home).with_context(|| format!("cannot resolve {}", home.display()))?;
+    if out.starts_with(&home_abs) {
+        bail!(
+            "{} is inside the home {}; a backup there is lost with the home. Choose a place \
+             off this device, e.g. a USB stick",
+            out.display(),
+            home_abs.display()
+        );
+    }
+    {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&out)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    anyhow::anyhow!(
+                        "{} already exists; nothing was overwritten. Choose another file name",
+                        out.display()
+                    )
+                } else {
+                    anyhow::anyhow!("cannot create {}: {e}", out.display())
+                }
+            })?;
+        f.set_permissions(fs::Permissions::from_mode(0o600))?;
+        f.write_all(&key)
+            .and_then(|()| f.sync_all())
+            .with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    fs::File::open(&parent)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot sync {}", parent.display()))?;
+    let record = BackupRecord {
+        backed_up_unix_ms: home::now_ms(),
+        to: out.display().to_string(),
+        key_fingerprint: key_fingerprint(&key),
+    };
+    home::write_private(
+        &home.join(MASTER_KEY_BACKUP),
+        &serde_json::to_vec_pretty(&record)?,
+    )?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The pure parts: the report's verdict and rendering, the mDNS
+    //! interface rule against this host, and the backup's refusals.
+    use super::*;
+
+    #[test]
+    fn verdict_is_no_failure() {
+        let cases: &[(&[Level], bool)] = &[
+            (&[Level::Pass, Level::Warn, Level::Skip], true),
+            (&[Level::Pass, Level::Fail], false),
+            (&[], true),
+        ];
+        for (levels, ok) in cases {
+            let r = Report::new(
+                levels
+                    .iter()
+                    .map(|l| Check {
+                        name: "x",
+                        status: *l,
+                        detail: String::new(),
+                        fix: None,
+                    })
+                    .collect(),
+            );
+            assert_eq!(r.ok, *ok, "{levels:?}");
+        }
+    }
+
+    #[test]
+    fn fix_lines_are_indented_under_their_check() {
+        let r = Report::new(vec![Check::fail("mdns", "watches nothing", "a\nb")]);
+        let text = r.render(Path::new("/h"));
+        assert!(
+            text.contains("FAIL  mdns         watches nothing\n"),
+            "{text}"
+        );
+        assert!(text.contains(" fix: a\n"), "{text}");
+        assert!(text.contains("      b\n"), "{text}");
+    }
+
+    #[test]
+    fn a_named_interface_that_does_not_exist_is_missing() {
+        let (watched, missing) =
+            mdns_interfaces(&["no-such-if0".to_owned()]).expect("list interfaces");
+        assert!(watched.is_empty());
+        assert_eq!(missing, vec!["no-such-if0".to_owned()]);
+    }
+
+    #[test]
+    fn backup_refuses_inside_the_home_and_over_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        fs::create_dir(&home).unwrap();
+        let key = nuwa_identity::keys::DeviceKey::generate().unwrap();
+        fs::write(home.join(home::MASTER_KEY), key.to_seed_file_bytes()).unwrap();
+        let inside = backup_master_key(&home, &home.join("copy.key")).unwrap_err();
+        assert!(inside.to_string().contains("inside the home"), "{inside}");
+        let out = dir.path().join("copy.key");
+        fs::write(&out, b"keep me").unwrap();
+        let over = backup_master_key(&home, &out).unwrap_err();
+        assert!(over.to_string().contains("already exists"), "{over}");
+        assert_eq!(fs::read(&out).unwrap(), b"keep me");
+        assert!(!home.join(MASTER_KEY_BACKUP).exists());
+    }
+}
