@@ -188,7 +188,10 @@ fn the_docs_note_schema_is_the_example_file() {
         .expect("note.json"),
     )
     .expect("note.json is JSON");
-    assert_eq!(in_docs, file, "docs/api.md and note.json must be one schema");
+    assert_eq!(
+        in_docs, file,
+        "docs/api.md and note.json must be one schema"
+    );
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
         .expect("README.md");
     assert!(
