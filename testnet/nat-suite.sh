@@ -476,7 +476,7 @@ PY
   wait_pushed d1 "$TMP/d1" 30 || true
   # Revoked through the running daemon, on a live keeper connection: the
   # grown DID log must reach the keeper with the next push.
-  cli d1 "$TMP/d1" device revoke "$d4ctx" >/dev/null 2>&1 || true
+  cli d1 "$TMP/d1" device revoke --yes "$d4ctx" >/dev/null 2>&1 || true
   cli d1 "$TMP/d1" state put secrets after "\"$marker\"" >/dev/null
   wait_pushed d1 "$TMP/d1" 30 || true
   stop_device

@@ -220,6 +220,60 @@ impl Client {
     }
 }
 
+/// Stdout was closed by its reader (e.g. `| head`): not a failure of the
+/// command, so `main` exits 0 without a message.
+#[derive(Debug, thiserror::Error)]
+#[error("stdout is closed")]
+pub struct StdoutClosed;
+
+/// Writes `line` and a newline to stdout, and flushes.
+fn write_line(line: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{line}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        Err(e) => Err(e).context("cannot write to stdout"),
+    }
+}
+
+/// Prints `value` as one line of compact JSON on stdout (the `--json`
+/// output of every command).
+pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<()> {
+    write_line(&serde_json::to_string(value)?)
+}
+
+/// Prints `value` indented, for people.
+fn print_pretty<T: serde::Serialize + ?Sized>(value: &T) -> Result<()> {
+    write_line(&serde_json::to_string_pretty(value)?)
+}
+
+/// Asks before a destructive command: shows `what`, then wants `answer`
+/// typed back. Without a terminal on stdin there is nobody to ask, so it
+/// refuses and names `--yes`.
+pub fn confirm(what: &str, answer: &str) -> Result<()> {
+    use std::io::{BufRead as _, IsTerminal as _, Write as _};
+    if !std::io::stdin().is_terminal() {
+        bail!(
+            "{what} Refusing without confirmation: stdin is not a terminal. Pass --yes to do it \
+             anyway"
+        );
+    }
+    let mut err = std::io::stderr().lock();
+    write!(err, "{what}\nType {answer} to confirm: ")?;
+    err.flush()?;
+    drop(err);
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .context("cannot read the confirmation")?;
+    if line.trim() != answer {
+        bail!("not confirmed (expected {answer:?}); nothing was changed");
+    }
+    Ok(())
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -236,7 +290,7 @@ pub fn status(home: &Path, json: bool) -> Result<()> {
         r.json().await.context("malformed status from the daemon")
     })?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&st)?);
+        print_json(&st)?;
     } else {
         print!("{}", st.render());
     }
@@ -245,7 +299,7 @@ pub fn status(home: &Path, json: bool) -> Result<()> {
 
 /// `nuwa-node open`: a one-time login link to the status page, printed and,
 /// unless `print_only`, opened in the user's browser.
-pub fn open(home: &Path, print_only: bool) -> Result<()> {
+pub fn open(home: &Path, print_only: bool, json: bool) -> Result<()> {
     let c = Client::new(home)?;
     let link: crate::api::LoginLink = runtime()?.block_on(async {
         let r = c
@@ -255,6 +309,9 @@ pub fn open(home: &Path, print_only: bool) -> Result<()> {
             .await
             .context("malformed login link from the daemon")
     })?;
+    if json {
+        return print_json(&link);
+    }
     if print_only {
         println!("{}", link.url);
         return Ok(());
@@ -310,38 +367,95 @@ pub fn fetch_status(home: &Path, timeout: std::time::Duration) -> Result<Status>
 
 pub fn device_list(home: &Path, json: bool) -> Result<()> {
     let now = home::now_ms();
-    let entries: Vec<crate::devices::DeviceEntry> = match Client::new(home) {
-        Ok(c) => runtime()?.block_on(async {
-            let r = c
-                .send(c.http.get(format!("{}/v1/devices", c.api.url)))
-                .await?;
-            r.json()
-                .await
-                .context("malformed device list from the daemon")
-        })?,
+    let (entries, offline) = match Client::new(home) {
+        Ok(c) => (
+            runtime()?.block_on(async {
+                let r = c
+                    .send(c.http.get(format!("{}/v1/devices", c.api.url)))
+                    .await?;
+                r.json::<Vec<crate::devices::DeviceEntry>>()
+                    .await
+                    .context("malformed device list from the daemon")
+            })?,
+            None,
+        ),
         Err(_) => {
-            // No daemon: the DID log in the home is enough for everything
-            // but last-seen times.
-            let h = home::load(home)?;
-            crate::devices::list(
-                &h.log,
-                &crate::devices::Seen::default(),
-                &h.info.context_id,
-                now,
-            )
+            let (entries, note) = device_list_offline(home, now)?;
+            (entries, Some(note))
         }
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&entries)?);
+        print_json(&entries)?;
     } else {
         print!("{}", crate::devices::render(&entries, now));
+        if let Some(note) = offline {
+            println!("{note}");
+        }
     }
     Ok(())
 }
 
-pub fn put(home: &Path, container: &str, key: &str, json: &str) -> Result<()> {
-    let value: serde_json::Value = serde_json::from_str(json)
-        .with_context(|| format!("{json:?} is not valid JSON; quote strings, e.g. '\"text\"'"))?;
+/// `device list` without a daemon: statuses from the DID log, names and
+/// last-seen times from the record the daemon keeps in the store. Returns
+/// the rows and a line saying where they came from.
+fn device_list_offline(
+    home: &Path,
+    now: u64,
+) -> Result<(Vec<crate::devices::DeviceEntry>, String)> {
+    let h = home::load(home)?;
+    // The store is the daemon's: open it only while holding the home lock
+    // (another command may be writing the home; then the log alone).
+    let seen = match home::try_lock(home)? {
+        Some(_lock) => {
+            let store = nuwa_store::SledStore::open(&home.join(home::STORE_DIR), h.at_rest.clone())
+                .with_context(|| format!("cannot open the store in {}", home.display()))?;
+            Some(crate::devices::Seen::load(&store))
+        }
+        None => None,
+    };
+    let mut rows = crate::devices::list(
+        &h.log,
+        seen.as_ref().unwrap_or(&crate::devices::Seen::default()),
+        &h.info.context_id,
+        now,
+    );
+    let as_of = seen.as_ref().and_then(|s| s.saved_ms());
+    for r in &mut rows {
+        if r.this_device && r.name.is_empty() {
+            r.name = h.info.name.clone();
+        }
+        r.stored_as_of_unix_ms = as_of;
+    }
+    let note = match (&seen, as_of) {
+        (None, _) => "no daemon is running and the home is busy (another nuwa-node command \
+                      holds its lock): names and last-seen times are not shown"
+            .to_owned(),
+        (Some(_), None) => "no daemon is running, and none has recorded names or last-seen \
+                            times in this home yet"
+            .to_owned(),
+        (Some(_), Some(t)) => format!(
+            "no daemon is running: names and last-seen times as stored by the daemon at {} ({})",
+            format_unix_ms(t),
+            crate::devices::ago(now, t)
+        ),
+    };
+    Ok((rows, note))
+}
+
+/// A Unix time in ms as RFC 3339 UTC, e.g. 2026-11-25T05:10:00.123Z.
+fn format_unix_ms(ms: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("{ms} ms after the Unix epoch"))
+}
+
+pub fn put(home: &Path, container: &str, key: &str, value: &str, json: bool) -> Result<()> {
+    let value: serde_json::Value = serde_json::from_str(value)
+        .with_context(|| format!("{value:?} is not valid JSON; quote strings, e.g. '\"text\"'"))?;
     let c = Client::new(home)?;
     let reply: PutReply = runtime()?.block_on(async {
         let body = PutBody {
@@ -358,6 +472,9 @@ pub fn put(home: &Path, container: &str, key: &str, json: &str) -> Result<()> {
             .await?;
         r.json().await.context("malformed reply from the daemon")
     })?;
+    if json {
+        return print_json(&reply);
+    }
     println!(
         "ok {} {} durable={}",
         reply.container, reply.key, reply.durable
@@ -417,9 +534,14 @@ fn read_import(file: &Path) -> Result<Vec<(usize, serde_json::Value)>> {
 }
 
 /// `state import`: sends the operations of an NDJSON file in batches.
-pub fn import(home: &Path, file: &Path, batch_size: usize) -> Result<()> {
+pub fn import(home: &Path, file: &Path, batch_size: usize, json: bool) -> Result<()> {
     let ops = read_import(file)?;
     if ops.is_empty() {
+        if json {
+            return print_json(&serde_json::json!({
+                "operations": 0, "applied": 0, "failed": 0, "durable": true, "failures": [],
+            }));
+        }
         println!("nothing to import: {} has no operations", file.display());
         return Ok(());
     }
@@ -439,7 +561,7 @@ pub fn import(home: &Path, file: &Path, batch_size: usize) -> Result<()> {
     };
     let started = std::time::Instant::now();
     let (mut applied, mut failed) = (0usize, 0usize);
-    let mut failures: Vec<String> = Vec::new();
+    let mut failures: Vec<(usize, crate::api::ApiError)> = Vec::new();
     let rt = runtime()?;
     let mut start = 0;
     while start < ops.len() {
@@ -472,7 +594,7 @@ pub fn import(home: &Path, file: &Path, batch_size: usize) -> Result<()> {
         for ((line, _), r) in chunk.iter().zip(&reply.results) {
             if let Some(e) = &r.error {
                 if e.code != crate::api::ErrorCode::BatchAborted {
-                    failures.push(format!("line {line}: {e}"));
+                    failures.push((*line, e.clone()));
                 }
             }
         }
@@ -480,18 +602,32 @@ pub fn import(home: &Path, file: &Path, batch_size: usize) -> Result<()> {
         start = end;
     }
     bar.finish_and_clear();
-    for f in failures.iter().take(50) {
-        eprintln!("{f}");
-    }
-    if failures.len() > 50 {
-        eprintln!("… and {} more failed lines", failures.len() - 50);
-    }
     let secs = started.elapsed().as_secs_f64();
-    println!(
-        "imported {applied} of {} operations in {secs:.1} s ({:.0}/s); {failed} failed; durable=true",
-        ops.len(),
-        applied as f64 / secs.max(1e-9),
-    );
+    if json {
+        print_json(&serde_json::json!({
+            "operations": ops.len(),
+            "applied": applied,
+            "failed": failed,
+            "durable": true,
+            "seconds": secs,
+            "failures": failures
+                .iter()
+                .map(|(line, e)| serde_json::json!({"line": line, "error": e}))
+                .collect::<Vec<_>>(),
+        }))?;
+    } else {
+        for (line, e) in failures.iter().take(50) {
+            eprintln!("line {line}: {e}");
+        }
+        if failures.len() > 50 {
+            eprintln!("… and {} more failed lines", failures.len() - 50);
+        }
+        println!(
+            "imported {applied} of {} operations in {secs:.1} s ({:.0}/s); {failed} failed; durable=true",
+            ops.len(),
+            applied as f64 / secs.max(1e-9),
+        );
+    }
     if failed > 0 {
         bail!(
             "{failed} operation(s) failed (a failed one aborts the others on its container in its batch)"
@@ -500,27 +636,174 @@ pub fn import(home: &Path, file: &Path, batch_size: usize) -> Result<()> {
     Ok(())
 }
 
-pub fn get(home: &Path, container: &str, key: Option<&str>, compact: bool) -> Result<()> {
+pub fn get(home: &Path, container: &str, key: Option<&str>, raw: bool, json: bool) -> Result<()> {
     let c = Client::new(home)?;
     let value: serde_json::Value = runtime()?.block_on(async {
         let mut q = vec![("container", container)];
         if let Some(k) = key {
             q.push(("key", k));
         }
+        if raw {
+            q.push(("raw", "true"));
+        }
         let r = c
             .send(c.http.get(format!("{}/v1/state/get", c.api.url)).query(&q))
             .await?;
         r.json().await.context("malformed reply from the daemon")
     })?;
-    if compact {
-        println!("{}", serde_json::to_string(&value)?);
+    if json {
+        print_json(&value)
     } else {
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        print_pretty(&value)
     }
-    Ok(())
 }
 
-pub fn export(home: &Path, container: &str, out: &Path) -> Result<()> {
+/// `state events`: prints the daemon's change events until interrupted.
+/// A closed stdout (a reader such as `head` that has had enough) ends it
+/// quietly.
+pub fn events(home: &Path, container: Option<&str>, json: bool) -> Result<()> {
+    let c = Client::new(home)?;
+    let closed = runtime()?.block_on(async {
+        let mut req = c.http.get(format!("{}/v1/state.events", c.api.url));
+        if let Some(name) = container {
+            req = req.query(&[("container", name)]);
+        }
+        let mut resp = c.send(req).await?;
+        let mut sse = SseParser::default();
+        // A closed pipe shows only on the next write, which may be long in
+        // coming: look for it meanwhile.
+        let mut check = tokio::time::interval(std::time::Duration::from_millis(250));
+        loop {
+            let chunk = tokio::select! {
+                chunk = resp.chunk() => chunk.context("the event stream from the daemon broke")?,
+                _ = check.tick() => {
+                    if stdout_closed() {
+                        return Err(StdoutClosed.into());
+                    }
+                    continue;
+                }
+            };
+            let Some(chunk) = chunk else { break };
+            for (event, data) in sse.push(&chunk) {
+                print_event(&event, &data, json)?;
+            }
+        }
+        Ok::<(), anyhow::Error>(())
+    });
+    match closed {
+        Ok(()) => bail!("the daemon ended the event stream (it is shutting down?)"),
+        Err(e) if e.is::<StdoutClosed>() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether stdout is a pipe or socket whose reader has gone.
+#[cfg(unix)]
+fn stdout_closed() -> bool {
+    let mut fd = libc::pollfd {
+        fd: libc::STDOUT_FILENO,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no waiting.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
+    n > 0 && fd.revents & (libc::POLLERR | libc::POLLHUP) != 0
+}
+
+#[cfg(not(unix))]
+fn stdout_closed() -> bool {
+    false
+}
+
+/// Prints one server-sent event.
+fn print_event(event: &str, data: &str, json: bool) -> Result<()> {
+    let line = match event {
+        "ready" => {
+            if !json {
+                eprintln!("watching for changes (Ctrl-C to stop)...");
+            }
+            return Ok(());
+        }
+        "lagged" => {
+            eprintln!("warning: this reader fell behind and missed {data} event(s)");
+            return Ok(());
+        }
+        "change" if json => data.to_owned(),
+        "change" => {
+            let ev: serde_json::Value =
+                serde_json::from_str(data).context("malformed change event from the daemon")?;
+            let n = ev["changes"].as_u64().unwrap_or(0);
+            let heads: Vec<String> = ev["heads"]
+                .as_array()
+                .map(|hs| {
+                    hs.iter()
+                        .filter_map(|h| h.as_str())
+                        .map(|h| h.chars().take(12).collect())
+                        .collect()
+                })
+                .unwrap_or_default();
+            format!(
+                "{}  {}  {n} change{}  from {}  heads {}",
+                format_unix_ms(ev["at_unix_ms"].as_u64().unwrap_or(0)),
+                ev["container"].as_str().unwrap_or("?"),
+                if n == 1 { "" } else { "s" },
+                match ev["origin"].as_str() {
+                    Some("local") => "this device",
+                    Some("peer") => "a peer",
+                    Some(other) => other,
+                    None => "?",
+                },
+                heads.join(",")
+            )
+        }
+        _ => return Ok(()),
+    };
+    write_line(&line)
+}
+
+/// A server-sent-events decoder: bytes in, (event, data) out.
+#[derive(Default)]
+struct SseParser {
+    buf: Vec<u8>,
+}
+
+impl SseParser {
+    /// Longest event kept while waiting for its end; the daemon's are
+    /// far smaller.
+    const MAX_EVENT_BYTES: usize = 1024 * 1024;
+
+    fn push(&mut self, bytes: &[u8]) -> Vec<(String, String)> {
+        self.buf.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        loop {
+            let text_end = self
+                .buf
+                .windows(2)
+                .position(|w| w == b"\n\n")
+                .map(|i| (i, i + 2));
+            let Some((end, next)) = text_end else { break };
+            let block = String::from_utf8_lossy(&self.buf[..end]).replace('\r', "");
+            self.buf.drain(..next);
+            let (mut event, mut data) = ("message".to_owned(), Vec::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+                }
+            }
+            if !data.is_empty() {
+                out.push((event, data.join("\n")));
+            }
+        }
+        if self.buf.len() > Self::MAX_EVENT_BYTES {
+            self.buf.clear();
+        }
+        out
+    }
+}
+
+pub fn export(home: &Path, container: &str, out: &Path, json: bool) -> Result<()> {
     let c = Client::new(home)?;
     let bytes = runtime()?.block_on(async {
         let r = c
@@ -535,6 +818,11 @@ pub fn export(home: &Path, container: &str, out: &Path) -> Result<()> {
             .context("reading the export from the daemon")
     })?;
     std::fs::write(out, &bytes).with_context(|| format!("cannot write {}", out.display()))?;
+    if json {
+        return print_json(&serde_json::json!({
+            "container": container, "out": out.display().to_string(), "bytes": bytes.len(),
+        }));
+    }
     println!("wrote {} bytes to {}", bytes.len(), out.display());
     Ok(())
 }
@@ -544,6 +832,7 @@ pub fn approve(
     code: &str,
     name: Option<String>,
     timeout: std::time::Duration,
+    json: bool,
 ) -> Result<()> {
     let c = Client::new(home).map_err(|_| {
         anyhow::anyhow!(
@@ -573,6 +862,9 @@ pub fn approve(
             .await?;
         r.json().await.context("malformed reply from the daemon")
     })?;
+    if json {
+        return print_json(&r);
+    }
     println!(
         "approved: device {} (\"{}\", peer {}) added; DID log now has {} updates",
         r.context_id, r.name, r.peer_id, r.did_log_len
@@ -580,7 +872,7 @@ pub fn approve(
     Ok(())
 }
 
-pub fn revoke(home: &Path, context_id: &str) -> Result<()> {
+pub fn revoke(home: &Path, context_id: &str, json: bool) -> Result<()> {
     let r: RevokeReply = match home::try_lock(home)? {
         Some(lock) => {
             // No daemon: revoke on the home's files; the daemon pushes the
@@ -627,6 +919,9 @@ pub fn revoke(home: &Path, context_id: &str) -> Result<()> {
             })?
         }
     };
+    if json {
+        return print_json(&r);
+    }
     println!(
         "revoked {}: new writes are sealed under key epoch {}, shared with {} device(s): {}",
         r.revoked,
@@ -670,8 +965,9 @@ pub fn provision(home: &Path, out: &Path, name: &str) -> Result<crate::api::Prov
     })
 }
 
-/// POSTs `body` to a typed-state endpoint and prints the JSON reply.
-pub fn tool(home: &Path, path: &str, body: &serde_json::Value) -> Result<()> {
+/// POSTs `body` to a typed-state endpoint and prints the JSON reply
+/// (indented, or compact with `json`).
+pub fn tool(home: &Path, path: &str, body: &serde_json::Value, json: bool) -> Result<()> {
     let c = Client::new(home)?;
     let v: serde_json::Value = runtime()?.block_on(async {
         let r = c
@@ -679,17 +975,23 @@ pub fn tool(home: &Path, path: &str, body: &serde_json::Value) -> Result<()> {
             .await?;
         r.json().await.context("malformed reply from the daemon")
     })?;
-    println!("{}", serde_json::to_string_pretty(&v)?);
-    Ok(())
+    if json {
+        print_json(&v)
+    } else {
+        print_pretty(&v)
+    }
 }
 
 /// GETs a typed-state endpoint and prints the JSON reply.
-pub fn tool_get(home: &Path, path: &str) -> Result<()> {
+pub fn tool_get(home: &Path, path: &str, json: bool) -> Result<()> {
     let c = Client::new(home)?;
     let v: serde_json::Value = runtime()?.block_on(async {
         let r = c.send(c.http.get(format!("{}{path}", c.api.url))).await?;
         r.json().await.context("malformed reply from the daemon")
     })?;
-    println!("{}", serde_json::to_string_pretty(&v)?);
-    Ok(())
+    if json {
+        print_json(&v)
+    } else {
+        print_pretty(&v)
+    }
 }

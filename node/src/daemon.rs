@@ -45,6 +45,7 @@ mod keeper;
 mod lifecycle;
 mod meta;
 pub(crate) mod reader;
+mod seen;
 mod wide;
 
 /// How long a rendezvous registration lasts (devices and pairing codes);
@@ -440,6 +441,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
                 d.metrics.envelopes_held.set(d.session.held_len() as i64);
                 d.wide_tick(now).await;
                 d.keeper_tick(now).await;
+                d.remember_seen(now, false);
                 if let Some(deadline) = once_deadline {
                     match d.once_progress(now, deadline, &mut once_last_line) {
                         None => {}
@@ -467,6 +469,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
             return Err(e);
         }
     }
+    d.remember_seen(home::now_ms(), true);
     cancel.cancel();
     if let Some(m) = mdns {
         if let Err(e) = m.shutdown() {
@@ -906,8 +909,10 @@ impl Daemon {
 
     /// Saves devices' names and last-seen times (off the loop).
     fn save_seen(&self) {
-        self.meta
-            .put(crate::devices::SEEN_META, self.seen.to_bytes());
+        self.meta.put(
+            crate::devices::SEEN_META,
+            self.seen.to_bytes(home::now_ms()),
+        );
     }
 
     fn count(&self, e: Event) {

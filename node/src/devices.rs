@@ -6,7 +6,11 @@
 //! active (or expired past its `expires` plus grace); a device key that an
 //! earlier version listed and the current one does not was revoked. Names
 //! and last-seen times are local knowledge, learned from peers' Hellos and
-//! kept encrypted in the store.
+//! kept encrypted in the store ([`SEEN_META`]): the daemon records a peer
+//! when it is verified and when it leaves, every peer still connected at
+//! most once a minute ([`SEEN_SAVE_EVERY_MS`]) and at shutdown. Without a
+//! daemon, `device list` reads that record ([`Seen::load`]) and says when it
+//! was written.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +22,8 @@ use serde::{Deserialize, Serialize};
 pub(crate) const SEEN_META: &str = "devices_seen";
 /// Devices remembered (far above any real agent's device count).
 const MAX_SEEN: usize = 1024;
+/// How often the daemon records the peers it is connected to as seen.
+pub(crate) const SEEN_SAVE_EVERY_MS: u64 = 60_000;
 
 /// One row of `device list --json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -31,6 +37,11 @@ pub struct DeviceEntry {
     pub last_seen_unix_ms: Option<u64>,
     /// Whether this row is the device running the command.
     pub this_device: bool,
+    /// Set when no daemon answered: names and last-seen times come from
+    /// the record the daemon last wrote, at this Unix ms (`null` if it
+    /// never wrote one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_as_of_unix_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -39,18 +50,32 @@ struct SeenEntry {
     last_seen_ms: u64,
 }
 
-/// Names and last-seen times by context id.
+/// Names and last-seen times by context id, and when the daemon last
+/// wrote them.
 #[derive(Debug, Clone, Default)]
-pub struct Seen(BTreeMap<String, SeenEntry>);
+pub struct Seen {
+    devices: BTreeMap<String, SeenEntry>,
+    /// Unix ms of the stored record (0: never written).
+    saved_ms: u64,
+    /// When the connected peers were last recorded (not stored).
+    refreshed_ms: u64,
+}
+
+/// The stored form (version 2 adds `saved_ms`; version 1 was the bare map).
+#[derive(Serialize, Deserialize)]
+struct SeenRecord {
+    saved_ms: u64,
+    devices: BTreeMap<String, SeenEntry>,
+}
 
 impl Seen {
     /// Records that `context_id` was seen at `now_ms`; an empty `name` keeps
     /// the known one.
     pub fn saw(&mut self, context_id: &str, name: &str, now_ms: u64) {
-        if self.0.len() >= MAX_SEEN && !self.0.contains_key(context_id) {
+        if self.devices.len() >= MAX_SEEN && !self.devices.contains_key(context_id) {
             return;
         }
-        let e = self.0.entry(context_id.to_owned()).or_default();
+        let e = self.devices.entry(context_id.to_owned()).or_default();
         e.last_seen_ms = e.last_seen_ms.max(now_ms);
         if !name.is_empty() {
             e.name = name.to_owned();
@@ -59,7 +84,7 @@ impl Seen {
 
     /// The name stored for `context_id`, if any.
     pub fn name_of(&self, context_id: &str) -> Option<&str> {
-        self.0
+        self.devices
             .get(context_id)
             .map(|e| e.name.as_str())
             .filter(|n| !n.is_empty())
@@ -67,14 +92,45 @@ impl Seen {
 
     pub fn load(store: &dyn Storage) -> Seen {
         match store.get_meta(SEEN_META) {
-            Ok(Some(bytes)) => Seen(serde_json::from_slice(&bytes).unwrap_or_default()),
+            Ok(Some(bytes)) => Seen::from_bytes(&bytes),
             _ => Seen::default(),
         }
     }
 
-    /// The record to store under [`SEEN_META`].
-    pub fn to_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(&self.0).unwrap_or_default()
+    fn from_bytes(bytes: &[u8]) -> Seen {
+        let (devices, saved_ms) = match serde_json::from_slice::<SeenRecord>(bytes) {
+            Ok(r) => (r.devices, r.saved_ms),
+            Err(_) => (serde_json::from_slice(bytes).unwrap_or_default(), 0),
+        };
+        Seen {
+            devices,
+            saved_ms,
+            refreshed_ms: saved_ms,
+        }
+    }
+
+    /// The record to store under [`SEEN_META`], stamped `now_ms`.
+    pub fn to_bytes(&self, now_ms: u64) -> Vec<u8> {
+        serde_json::to_vec(&SeenRecord {
+            saved_ms: now_ms,
+            devices: self.devices.clone(),
+        })
+        .unwrap_or_default()
+    }
+
+    /// When the stored record was written (Unix ms), if ever.
+    pub fn saved_ms(&self) -> Option<u64> {
+        (self.saved_ms > 0).then_some(self.saved_ms)
+    }
+
+    /// Whether the connected peers are due to be recorded again; true at
+    /// most once per [`SEEN_SAVE_EVERY_MS`].
+    pub fn refresh_due(&mut self, now_ms: u64) -> bool {
+        if now_ms < self.refreshed_ms.saturating_add(SEEN_SAVE_EVERY_MS) {
+            return false;
+        }
+        self.refreshed_ms = now_ms;
+        true
     }
 }
 
@@ -113,7 +169,7 @@ pub fn list(log: &DidLog, seen: &Seen, me: &str, now_ms: u64) -> Vec<DeviceEntry
                 KeyStatus::Expired => "expired",
                 KeyStatus::NotListed => "revoked",
             };
-            let s = seen.0.get(&ctx);
+            let s = seen.devices.get(&ctx);
             DeviceEntry {
                 name: s.map(|s| s.name.clone()).unwrap_or_default(),
                 relationships: relationships_of(current, &key_id),
@@ -121,9 +177,24 @@ pub fn list(log: &DidLog, seen: &Seen, me: &str, now_ms: u64) -> Vec<DeviceEntry
                 last_seen_unix_ms: s.map(|s| s.last_seen_ms).filter(|t| *t > 0),
                 this_device: ctx == me,
                 context_id: ctx,
+                stored_as_of_unix_ms: None,
             }
         })
         .collect()
+}
+
+/// "5m3s ago" and the like.
+pub fn ago(now_ms: u64, t_ms: u64) -> String {
+    let ago = now_ms.saturating_sub(t_ms) / 1000;
+    if ago < 5 {
+        "now".to_owned()
+    } else if ago < 3600 {
+        format!("{}m{}s ago", ago / 60, ago % 60)
+    } else if ago < 48 * 3600 {
+        format!("{}h{}m ago", ago / 3600, ago % 3600 / 60)
+    } else {
+        format!("{}d ago", ago / 86_400)
+    }
 }
 
 /// Text rendering for `device list`.
@@ -136,16 +207,7 @@ pub fn render(entries: &[DeviceEntry], now_ms: u64) -> String {
         let seen = match e.last_seen_unix_ms {
             _ if e.this_device => "this device".to_owned(),
             None => "never".to_owned(),
-            Some(t) => {
-                let ago = now_ms.saturating_sub(t) / 1000;
-                if ago < 5 {
-                    "now".to_owned()
-                } else if ago < 3600 {
-                    format!("{}m{}s ago", ago / 60, ago % 60)
-                } else {
-                    format!("{}h ago", ago / 3600)
-                }
-            }
+            Some(t) => ago(now_ms, t),
         };
         out.push_str(&format!(
             "{:<22} {:<12} {:<8} {:<14} {}\n",
@@ -202,5 +264,29 @@ mod tests {
         assert_eq!(rb.last_seen_unix_ms, Some(5_000));
         assert!(rb.relationships.is_empty());
         assert_eq!(rows.len(), 2, "the master key is not a device");
+    }
+
+    // Goal: the stored record keeps names, last-seen times and when it was
+    // written, and a record in the first format (a bare map) still loads.
+    #[test]
+    fn the_record_round_trips_and_reads_the_old_format() {
+        let mut seen = Seen::default();
+        seen.saw("device-aa", "phone", 5_000);
+        let bytes = seen.to_bytes(9_000);
+        let mut back = Seen::from_bytes(&bytes);
+        assert_eq!(back.saved_ms(), Some(9_000));
+        assert_eq!(back.devices["device-aa"].name, "phone");
+        assert_eq!(back.devices["device-aa"].last_seen_ms, 5_000);
+        assert!(!back.refresh_due(9_000 + SEEN_SAVE_EVERY_MS - 1));
+        assert!(back.refresh_due(9_000 + SEEN_SAVE_EVERY_MS));
+        assert!(
+            !back.refresh_due(9_000 + SEEN_SAVE_EVERY_MS + 1),
+            "once a minute"
+        );
+
+        let old = br#"{"device-bb":{"name":"tablet","last_seen_ms":7000}}"#;
+        let back = Seen::from_bytes(old);
+        assert_eq!(back.saved_ms(), None);
+        assert_eq!(back.devices["device-bb"].name, "tablet");
     }
 }

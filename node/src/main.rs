@@ -38,11 +38,16 @@ Quick start (three devices of one agent on this machine):
   nuwa-node --home /tmp/a device provision --out /tmp/b --name phone
   nuwa-node --home /tmp/a run &      # likewise for /tmp/b
   nuwa-node --home /tmp/a state put notes today '\"buy milk\"'
-  nuwa-node --home /tmp/b state get notes --json
+  nuwa-node --home /tmp/b state get notes
 
 Add a device by code: `nuwa-node --home /tmp/c pair` on it prints a code;
-`nuwa-node --home /tmp/a device approve CODE` approves it. Remove one with
+`nuwa-node --home /tmp/a device approve CODE` approves it (/tmp/a holds the
+master key: `init` ran there). Remove one with
 `nuwa-node --home /tmp/a device revoke CONTEXT_ID`.
+
+Output: text for people by default; with --json (before or after the
+command), one JSON document on stdout for scripts (a stream prints one per
+line). Errors go to stderr with a non-zero exit status.
 
 Logs go to stderr (or to files with `run --log-file DIR`); set RUST_LOG
 (e.g. RUST_LOG=debug) for more detail. To run the daemon at login or boot:
@@ -56,6 +61,12 @@ struct Cli {
     #[arg(long, global = true, env = "NUWA_HOME", value_name = "DIR")]
     home: Option<PathBuf>,
 
+    /// Machine-readable output: a command that prints data prints one
+    /// compact JSON document on stdout instead of text (`state events`: one
+    /// per line).
+    #[arg(long, global = true)]
+    json: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -63,21 +74,25 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Create a new agent (DID document, master key, sync key) with this
-    /// device as its first device.
+    /// device as its first device. This home then holds the agent's master
+    /// key: only it can approve, provision and revoke devices.
     Init {
-        /// A name for this device, shown in status.
+        /// A name for this device, shown in status and `device list`
+        /// (default: none).
         #[arg(long, default_value = "")]
         name: String,
     },
     /// Join an agent as a new device: on a fresh home, print a one-time
-    /// pairing code (and its QR) and wait until an authorised device runs
-    /// `nuwa-node device approve CODE`. Then write the home and run the
-    /// initial sync. A wrong code is refused on both sides; three wrong
-    /// attempts burn the code; the code expires (default 10 minutes).
+    /// pairing code (and its QR) and wait until the device holding the
+    /// agent's master key (the home where `init` ran, its daemon running)
+    /// runs `nuwa-node --home THAT_HOME device approve CODE`. Then write the
+    /// home and run the initial sync. A wrong code is refused on both sides;
+    /// three wrong attempts burn the code; the code expires (default 10
+    /// minutes).
     Pair {
-        /// A name for this device (default: the host name).
-        #[arg(long, default_value = "")]
-        name: String,
+        /// A name for this device [default: the host name].
+        #[arg(long)]
+        name: Option<String>,
         /// How long the code stays valid, e.g. 10m.
         #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
         ttl: std::time::Duration,
@@ -165,11 +180,7 @@ enum Command {
     },
     /// Show this device, the agent DID, verified peers, rejections and
     /// containers (asks the running daemon).
-    Status {
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    Status,
     /// Open the status page of the running daemon in a browser: asks the
     /// daemon for a one-time login link (valid 60 s, works once), prints it
     /// and opens it with xdg-open (Linux) or open (macOS). The link logs the
@@ -203,10 +214,9 @@ enum Command {
     /// Settings flags (e.g. --mdns-interface, --no-mdns, --rendezvous) are
     /// read as `run` reads them, over HOME/config.toml: give the same flags
     /// the daemon was started with.
+    ///
+    /// With --json: {"ok": bool, "checks": [{"name", "status", "detail", "fix"}]}.
     Doctor {
-        /// Print {"ok": bool, "checks": [{"name", "status", "detail", "fix"}]}.
-        #[arg(long)]
-        json: bool,
         /// The daemon's settings, when given as flags rather than in
         /// HOME/config.toml.
         #[command(flatten)]
@@ -288,12 +298,9 @@ fn run_options(
 enum DeviceCommand {
     /// Every device of the agent: context id, name, relationships, status
     /// (active, expired, revoked) and when this device last saw it. Asks the
-    /// running daemon; without one, reads the home's DID log (no last-seen).
-    List {
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    /// running daemon; without one, reads the home: the DID log, and the
+    /// names and last-seen times the daemon stored (as of when it last ran).
+    List,
     /// Approve a new device that shows CODE (from `nuwa-node pair`): find it
     /// on the LAN (mDNS) or through the configured rendezvous servers, check
     /// the code with SPAKE2, add its keys to the DID document and hand it
@@ -314,10 +321,15 @@ enum DeviceCommand {
     /// and can decrypt nothing written from now on and its writes are
     /// refused. Data written before stays readable to the other devices.
     /// Works through the running daemon, or offline on the home if none
-    /// runs (peers learn it when the daemon next starts).
+    /// runs (peers learn it when the daemon next starts). Needs the home
+    /// holding the master key (where `init` ran). Asks for confirmation on
+    /// a terminal; without one, pass --yes.
     Revoke {
         /// Context id of the device, e.g. device-0123456789ab.
         context_id: String,
+        /// Do not ask for confirmation (needed when stdin is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
     },
     /// Create another device of this agent offline (for testnets and CI): a
     /// home directory holding its key, the updated DID document and the sync
@@ -326,7 +338,7 @@ enum DeviceCommand {
         /// New home directory to create for the device.
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
-        /// A name for the new device.
+        /// A name for the new device (default: none).
         #[arg(long, default_value = "")]
         name: String,
     },
@@ -337,10 +349,13 @@ enum StateCommand {
     /// Set KEY in the map container CONTAINER (created on first use) to the
     /// JSON value. Returns once the write is durable on this device.
     Put {
+        /// Container name (1 to 256 bytes of UTF-8, no control characters).
         container: String,
+        /// Key within the container.
         key: String,
         /// A JSON value, e.g. '"text"', '42' or '{"a":[1,2]}'.
-        json: String,
+        #[arg(value_name = "JSON")]
+        value: String,
     },
     /// Apply many writes from an NDJSON file (`-` for stdin).
     ///
@@ -362,18 +377,35 @@ enum StateCommand {
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
         batch_size: u32,
     },
-    /// Print a container (or one KEY of it) as JSON.
+    /// Print a container (or one KEY of it) as JSON: indented, or with
+    /// --json compact on one line (keys in a stable order). For a typed
+    /// container (a schema's `$id`) KEY is an object id, and what prints is
+    /// the user's view, as `state query` shows it: live objects only, each
+    /// field as plain JSON (a set as an array).
     Get {
+        /// Container name, or a schema's `$id` for a typed container.
         container: String,
+        /// One key (untyped map) or object id (typed container) only.
         key: Option<String>,
-        /// Print compact JSON on one line (stable key order).
+        /// Typed containers: show the stored document instead (tombstoned
+        /// objects with `_deleted`, sets as their CRDT encoding).
         #[arg(long)]
-        json: bool,
+        raw: bool,
+    },
+    /// Print every change to the state as it happens (this device's writes
+    /// and changes synced in from peers) until Ctrl-C: one line per change,
+    /// or with --json one JSON object per line (NDJSON).
+    Events {
+        /// Only changes to this container.
+        #[arg(long)]
+        container: Option<String>,
     },
     /// Write the container's Automerge document in the standard binary
     /// format to FILE (plaintext: choose where it goes with care).
     Export {
+        /// Container name, or a schema's `$id` for a typed container.
         container: String,
+        /// Where to write the document (overwritten if it exists).
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
@@ -398,41 +430,68 @@ enum StateCommand {
     /// state.update: apply a JSON Patch (RFC 6902) or {"$inc": {...}} /
     /// {"$push": {...}} to an object; fields merge per their CRDT policy.
     Update {
+        /// Schema URI (`$id`) of the object's container.
         #[arg(long = "schema", value_name = "URI")]
         schema_uri: String,
+        /// Id of the object to change.
         #[arg(long)]
         id: String,
         /// The patch as JSON.
         #[arg(long, value_name = "JSON")]
         patch: String,
     },
-    /// state.query: run an ASM-QL query (JSON) and print the result.
+    /// state.query: run an ASM-QL query (JSON) and print the result
+    /// (`items` and the `next_cursor` of the next page).
     Query {
-        /// e.g. '{"from": "did:nuwa:state:note#v1", "where": {"tags": {"$contains": "work"}}}'
+        /// The ASM-QL query as JSON (see docs/api.md), e.g.
+        /// '{"from": "did:nuwa:state:note#v1", "where": {"tags": {"$contains": "work"}}}'
         query: String,
     },
     /// state.delete: tombstone an object (the default; hidden on every
     /// device) or remove it outright with --hard.
     Delete {
+        /// Schema URI (`$id`) of the object's container.
         #[arg(long = "schema", value_name = "URI")]
         schema_uri: String,
+        /// Id of the object to delete.
         #[arg(long)]
         id: String,
+        /// Remove the object from the document instead of tombstoning it.
         #[arg(long)]
         hard: bool,
     },
     /// Show a typed container: schema, policies, item count, heads, size.
-    Describe { container: String },
-    /// Write a snapshot of a typed container and drop its change log.
-    Compact { container: String },
-    /// Remove every object of a typed container, on every device.
-    Reset { container: String },
+    Describe {
+        /// The schema's `$id`, e.g. did:nuwa:core:MemoryStore#v1.
+        container: String,
+    },
+    /// Write a snapshot of a typed container and drop its change log (on
+    /// this device).
+    Compact {
+        /// The schema's `$id`, e.g. did:nuwa:core:ConversationLog#v1.
+        container: String,
+    },
+    /// Remove every object of a typed container, on every device (the
+    /// schema stays). Asks for confirmation on a terminal; without one,
+    /// pass --yes.
+    Reset {
+        /// The schema's `$id`, e.g. did:nuwa:core:MemoryStore#v1.
+        container: String,
+        /// Do not ask for confirmation (needed when stdin is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
 enum SchemaCommand {
-    /// Register the JSON Schema (2020-12, with x-asm annotations) in FILE.
-    Add { file: PathBuf },
+    /// Register the JSON Schema (2020-12, with x-asm annotations) in FILE,
+    /// on every device. The same `$id` with other content is refused:
+    /// publish a change as a new version (`#v2`).
+    Add {
+        /// The schema file, e.g. crates/asm/schemas/examples/note.json.
+        file: PathBuf,
+    },
     /// List registered schemas.
     List,
 }
@@ -460,6 +519,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match real_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of stdout went away (`| head`): nothing went wrong.
+        Err(e) if e.is::<client::StdoutClosed>() => ExitCode::SUCCESS,
         Err(e) => {
             // Not `eprintln!`: stderr may be a closed pipe by now.
             logging::stderr_line(format_args!("error: {e:#}"));
@@ -473,17 +534,31 @@ fn real_main(cli: Cli) -> Result<()> {
         Some(h) => h,
         None => home::default_home()?,
     };
+    let json = cli.json;
     match cli.command {
         Command::Init { name } => {
             let h = home::init(&home_dir, &name)?;
+            if json {
+                client::print_json(&serde_json::json!({
+                    "did": h.log.did(),
+                    "context_id": h.info.context_id,
+                    "name": h.info.name,
+                    "home": home_dir.display().to_string(),
+                }))?;
+                return Ok(());
+            }
             println!("agent did:   {}", h.log.did());
             println!("context id:  {}", h.info.context_id);
             println!("home:        {}", home_dir.display());
+            println!(
+                "this home holds the agent's master key: only it can approve, provision and \
+                 revoke devices"
+            );
             println!("next: nuwa-node --home {} run", home_dir.display());
             Ok(())
         }
         Command::Device {
-            command: DeviceCommand::List { json },
+            command: DeviceCommand::List,
         } => client::device_list(&home_dir, json),
         Command::Device {
             command:
@@ -492,10 +567,23 @@ fn real_main(cli: Cli) -> Result<()> {
                     name,
                     timeout,
                 },
-        } => client::approve(&home_dir, &code, name, timeout),
+        } => client::approve(&home_dir, &code, name, timeout, json),
         Command::Device {
-            command: DeviceCommand::Revoke { context_id },
-        } => client::revoke(&home_dir, &context_id),
+            command: DeviceCommand::Revoke { context_id, yes },
+        } => {
+            let context_id = context_id.trim();
+            if !yes {
+                client::confirm(
+                    &format!(
+                        "this revokes device {context_id}: it is removed from the agent's DID \
+                         document, gets nothing written from now on, and its writes are refused \
+                         by every device. It cannot be undone (pair the device again instead)."
+                    ),
+                    context_id,
+                )?;
+            }
+            client::revoke(&home_dir, context_id, json)
+        }
         Command::Pair {
             name,
             ttl,
@@ -526,7 +614,7 @@ fn real_main(cli: Cli) -> Result<()> {
             rt.block_on(pair::run(
                 &home_dir,
                 pair::PairOptions {
-                    name,
+                    name: name.unwrap_or_default(),
                     listen,
                     mdns,
                     mdns_interfaces,
@@ -540,6 +628,9 @@ fn real_main(cli: Cli) -> Result<()> {
             command: DeviceCommand::Provision { out, name },
         } => {
             let info = client::provision(&home_dir, &out, &name)?;
+            if json {
+                return client::print_json(&info);
+            }
             println!(
                 "provisioned device {} in {}",
                 info.context_id,
@@ -604,10 +695,10 @@ fn real_main(cli: Cli) -> Result<()> {
                 keeper,
             ))
         }
-        Command::Status { json } => client::status(&home_dir, json),
-        Command::Service { command } => service::run(&home_dir, command),
-        Command::Open { print } => client::open(&home_dir, print),
-        Command::Doctor { json, net } => {
+        Command::Status => client::status(&home_dir, json),
+        Command::Service { command } => service::run(&home_dir, command, json),
+        Command::Open { print } => client::open(&home_dir, print, json),
+        Command::Doctor { net } => {
             if !doctor::run(&home_dir, net, json)? {
                 use std::io::Write as _;
                 let _ = std::io::stdout().flush();
@@ -619,96 +710,129 @@ fn real_main(cli: Cli) -> Result<()> {
             command: MasterKeyCommand::Backup { out },
         } => {
             let out = doctor::backup_master_key(&home_dir, &out)?;
-            println!("master key copied to {} (mode 0600)", out.display());
-            println!("keep it offline: whoever holds it can add and remove this agent's devices");
+            if json {
+                client::print_json(&serde_json::json!({ "out": out }))?;
+            } else {
+                println!("master key copied to {} (mode 0600)", out.display());
+                println!(
+                    "keep it offline: whoever holds it can add and remove this agent's devices"
+                );
+            }
             Ok(())
         }
-        Command::State { command } => match command {
-            StateCommand::Put {
-                container,
-                key,
-                json,
-            } => client::put(&home_dir, &container, &key, &json),
-            StateCommand::Get {
-                container,
-                key,
-                json,
-            } => client::get(&home_dir, &container, key.as_deref(), json),
-            StateCommand::Export { container, out } => client::export(&home_dir, &container, &out),
-            StateCommand::Import { file, batch_size } => {
-                client::import(&home_dir, &file, batch_size as usize)
+        Command::State { command } => state_command(&home_dir, command, json),
+    }
+}
+
+fn state_command(home_dir: &std::path::Path, command: StateCommand, json: bool) -> Result<()> {
+    let home_dir = home_dir.to_path_buf();
+    match command {
+        StateCommand::Put {
+            container,
+            key,
+            value,
+        } => client::put(&home_dir, &container, &key, &value, json),
+        StateCommand::Get {
+            container,
+            key,
+            raw,
+        } => client::get(&home_dir, &container, key.as_deref(), raw, json),
+        StateCommand::Events { container } => client::events(&home_dir, container.as_deref(), json),
+        StateCommand::Export {
+            container,
+            out: file,
+        } => client::export(&home_dir, &container, &file, json),
+        StateCommand::Import { file, batch_size } => {
+            client::import(&home_dir, &file, batch_size as usize, json)
+        }
+        StateCommand::Schema {
+            command: SchemaCommand::Add { file },
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let schema: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", file.display()))?;
+            client::tool(&home_dir, "/v1/schemas", &schema, json)
+        }
+        StateCommand::Schema {
+            command: SchemaCommand::List,
+        } => client::tool_get(&home_dir, "/v1/schemas", json),
+        StateCommand::Create {
+            schema_uri,
+            object,
+            id,
+        } => client::tool(
+            &home_dir,
+            "/v1/state.create",
+            &serde_json::json!({
+                "schema_uri": schema_uri,
+                "object": parse_json("--object", &object)?,
+                "id": id,
+            }),
+            json,
+        ),
+        StateCommand::Update {
+            schema_uri,
+            id,
+            patch,
+        } => client::tool(
+            &home_dir,
+            "/v1/state.update",
+            &serde_json::json!({
+                "schema_uri": schema_uri,
+                "id": id,
+                "patch": parse_json("--patch", &patch)?,
+            }),
+            json,
+        ),
+        StateCommand::Query { query } => client::tool(
+            &home_dir,
+            "/v1/state.query",
+            &serde_json::json!({ "query": parse_json("QUERY", &query)? }),
+            json,
+        ),
+        StateCommand::Delete {
+            schema_uri,
+            id,
+            hard,
+        } => client::tool(
+            &home_dir,
+            "/v1/state.delete",
+            &serde_json::json!({
+                "schema_uri": schema_uri,
+                "id": id,
+                "mode": if hard { "hard" } else { "tombstone" },
+            }),
+            json,
+        ),
+        StateCommand::Describe { container } => client::tool(
+            &home_dir,
+            "/v1/state.describe",
+            &serde_json::json!({ "container": container }),
+            json,
+        ),
+        StateCommand::Compact { container } => client::tool(
+            &home_dir,
+            "/v1/state.compact",
+            &serde_json::json!({ "container": container }),
+            json,
+        ),
+        StateCommand::Reset { container, yes } => {
+            if !yes {
+                client::confirm(
+                    &format!(
+                        "this removes every object of {container} on every device of the \
+                             agent (the schema stays); it cannot be undone."
+                    ),
+                    &container,
+                )?;
             }
-            StateCommand::Schema {
-                command: SchemaCommand::Add { file },
-            } => {
-                let text = std::fs::read_to_string(&file)
-                    .with_context(|| format!("cannot read {}", file.display()))?;
-                let schema: serde_json::Value = serde_json::from_str(&text)
-                    .with_context(|| format!("{} is not JSON", file.display()))?;
-                client::tool(&home_dir, "/v1/schemas", &schema)
-            }
-            StateCommand::Schema {
-                command: SchemaCommand::List,
-            } => client::tool_get(&home_dir, "/v1/schemas"),
-            StateCommand::Create {
-                schema_uri,
-                object,
-                id,
-            } => client::tool(
-                &home_dir,
-                "/v1/state.create",
-                &serde_json::json!({
-                    "schema_uri": schema_uri,
-                    "object": parse_json("--object", &object)?,
-                    "id": id,
-                }),
-            ),
-            StateCommand::Update {
-                schema_uri,
-                id,
-                patch,
-            } => client::tool(
-                &home_dir,
-                "/v1/state.update",
-                &serde_json::json!({
-                    "schema_uri": schema_uri,
-                    "id": id,
-                    "patch": parse_json("--patch", &patch)?,
-                }),
-            ),
-            StateCommand::Query { query } => client::tool(
-                &home_dir,
-                "/v1/state.query",
-                &serde_json::json!({ "query": parse_json("QUERY", &query)? }),
-            ),
-            StateCommand::Delete {
-                schema_uri,
-                id,
-                hard,
-            } => client::tool(
-                &home_dir,
-                "/v1/state.delete",
-                &serde_json::json!({
-                    "schema_uri": schema_uri,
-                    "id": id,
-                    "mode": if hard { "hard" } else { "tombstone" },
-                }),
-            ),
-            StateCommand::Describe { container } => client::tool(
-                &home_dir,
-                "/v1/state.describe",
-                &serde_json::json!({ "container": container }),
-            ),
-            StateCommand::Compact { container } => client::tool(
-                &home_dir,
-                "/v1/state.compact",
-                &serde_json::json!({ "container": container }),
-            ),
-            StateCommand::Reset { container } => client::tool(
+            client::tool(
                 &home_dir,
                 "/v1/state.reset",
                 &serde_json::json!({ "container": container }),
-            ),
-        },
+                json,
+            )
+        }
     }
 }

@@ -77,9 +77,6 @@ pub enum ServiceCommand {
     Status {
         #[command(flatten)]
         scope: Scope,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -590,7 +587,7 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
 }
 
 /// Runs a `service` command.
-pub fn run(home_dir: &Path, command: ServiceCommand) -> Result<()> {
+pub fn run(home_dir: &Path, command: ServiceCommand, json: bool) -> Result<()> {
     let manager = Manager::current()?;
     match command {
         ServiceCommand::Install {
@@ -604,7 +601,7 @@ pub fn run(home_dir: &Path, command: ServiceCommand) -> Result<()> {
             force,
             files_only,
         } => uninstall(manager, scope.user, force, files_only),
-        ServiceCommand::Status { scope, json } => status(manager, home_dir, scope.user, json),
+        ServiceCommand::Status { scope } => status(manager, home_dir, scope.user, json),
     }
 }
 

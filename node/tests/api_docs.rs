@@ -160,8 +160,42 @@ fn api_doc_examples_run() {
                 _ => {}
             }
         }
-        assert!(checked >= 10, "only {checked} examples were checked");
+        assert!(checked >= 15, "only {checked} examples were checked");
         assert!(events_checked, "the events example ran");
         println!("{checked} examples matched; events stream checked");
     });
+}
+
+// Goal: one `note#v1` everywhere. docs/api.md registers the note schema
+// that README registers from crates/asm/schemas/examples/note.json; if they
+// differed, following both would fail with "already registered with
+// different content". Method: compare the two as JSON.
+#[test]
+fn the_docs_note_schema_is_the_example_file() {
+    let md = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api.md"))
+        .expect("docs/api.md");
+    let start = md
+        .find("--data @- <<'EOF'\n")
+        .expect("the schema registration example");
+    let body = &md[start + "--data @- <<'EOF'\n".len()..];
+    let body = &body[..body.find("\nEOF\n").expect("the heredoc's end")];
+    let in_docs: Value = serde_json::from_str(body).expect("the docs' schema is JSON");
+    let file: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../crates/asm/schemas/examples/note.json"
+        ))
+        .expect("note.json"),
+    )
+    .expect("note.json is JSON");
+    assert_eq!(
+        in_docs, file,
+        "docs/api.md and note.json must be one schema"
+    );
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    assert!(
+        readme.contains("state schema add crates/asm/schemas/examples/note.json"),
+        "README registers note#v1 from the example file"
+    );
 }

@@ -35,7 +35,7 @@ fn provision_while_the_daemon_runs_then_revoke_keeps_one_log() {
                     .map(Vec::len)
             };
             assert_eq!(log_len(&new), log_len(&a), "one log, on both homes");
-            cli_ok(&a, &["device", "revoke", &context_id(&old)]);
+            cli_ok(&a, &["device", "revoke", "--yes", &context_id(&old)]);
             cli_ok(&a, &["state", "put", "notes", "after", "\"revocation\""]);
             c.start(&new, &["--no-mdns", "--peer", &a_addr]);
             c.start(&old, &["--no-mdns", "--peer", &a_addr]);

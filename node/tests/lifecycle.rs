@@ -245,7 +245,7 @@ fn revoked_device_gets_nothing_new() {
             }
         });
 
-        let out = cli_ok(&a, &["device", "revoke", &cr]);
+        let out = cli_ok(&a, &["device", "revoke", "--yes", &cr]);
         assert!(out.contains("key epoch 1"), "{out}");
         // Both remaining devices drop the revoked one and hold epoch 1.
         wait_for(
@@ -392,16 +392,16 @@ fn offline_revoke_takes_effect_at_next_start() {
         let r = c.provision(&a, "r");
         let cr = context_id(&r);
         // Only the home holding the master key may revoke.
-        let out = cli(&b, &["device", "revoke", &cr]);
+        let out = cli(&b, &["device", "revoke", "--yes", &cr]);
         assert!(!out.status.success());
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("capabilityDelegation"),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let out = cli_ok(&a, &["device", "revoke", &cr]);
+        let out = cli_ok(&a, &["device", "revoke", "--yes", &cr]);
         assert!(out.contains("key epoch 1"), "{out}");
-        let out = cli(&a, &["device", "revoke", &cr]);
+        let out = cli(&a, &["device", "revoke", "--yes", &cr]);
         assert!(String::from_utf8_lossy(&out.stderr).contains("already revoked"));
         assert!(key_ring(&a).get(1).is_some());
         for h in [&a, &b, &r] {

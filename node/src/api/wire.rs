@@ -41,6 +41,10 @@ pub struct PutReply {
 pub struct GetQuery {
     pub container: String,
     pub key: Option<String>,
+    /// Typed containers: the stored document (tombstones, CRDT encodings)
+    /// instead of the user's view.
+    #[serde(default)]
+    pub raw: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

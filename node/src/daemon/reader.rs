@@ -346,9 +346,11 @@ impl Reader {
                         .replicas
                         .get(&q.container)
                         .ok_or_else(|| Self::no_such_container(&q.container))?;
-                    let value = match &q.key {
-                        None => c.to_json(),
-                        Some(k) => c.get(k).ok_or_else(|| {
+                    let typed = self.registry.get(&q.container).filter(|_| !q.raw);
+                    let value = match (typed, &q.key) {
+                        (Some(schema), key) => user_view(c, schema, &q.container, key.as_deref())?,
+                        (None, None) => c.to_json(),
+                        (None, Some(k)) => c.get(k).ok_or_else(|| {
                             ApiError::new(
                                 ErrorCode::NoSuchKey,
                                 format!("key {k:?} is not set in container {:?}", q.container),
@@ -411,6 +413,42 @@ impl Reader {
             }
         }
     }
+}
+
+/// A typed container as its user sees it, as `state.query` renders items:
+/// live objects only, each field as plain JSON (a set as an array). An
+/// object or map container is `{id: object}`, a list or log `[object]`;
+/// with `id`, that one object.
+fn user_view(
+    c: &Container,
+    schema: &nuwa_asm::schema::AsmSchema,
+    name: &str,
+    id: Option<&str>,
+) -> Result<serde_json::Value, ApiError> {
+    let failed = |e: nuwa_asm::doc::DocError| {
+        ApiError::new(
+            ErrorCode::Internal,
+            format!("cannot read typed container {name:?}: {e}"),
+        )
+    };
+    if let Some(id) = id {
+        return nuwa_asm::doc::get(c.doc(), &schema.layout, id)
+            .map_err(failed)?
+            .map(|view| view.value)
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::NoSuchObject,
+                    format!("no live object with id {id:?} in {name:?}"),
+                )
+            });
+    }
+    let items = nuwa_asm::doc::items(c.doc(), &schema.layout).map_err(failed)?;
+    Ok(match schema.layout.container {
+        nuwa_asm::model::ContainerKind::List | nuwa_asm::model::ContainerKind::Log => {
+            serde_json::Value::Array(items.into_iter().map(|(_, v)| v).collect())
+        }
+        _ => serde_json::Value::Object(items.into_iter().collect()),
+    })
 }
 
 fn answer_misrouted(req: ApiRequest) {
