@@ -272,7 +272,6 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         events_tx.clone(),
         metrics.clone(),
         api_web,
-        api::Limits::default(),
         cancel.clone(),
     )
     .await

@@ -552,7 +552,12 @@ fn real_main(cli: Cli) -> Result<()> {
             println!("home:        {}", home_dir.display());
             println!(
                 "this home holds the agent's master key: only it can approve, provision and \
-                 revoke devices"
+                 revoke devices. Lose it and no device can ever be added or removed again."
+            );
+            println!(
+                "back it up now, offline (a USB stick, a password manager): \
+                 nuwa-node --home {} master-key backup --out /path/to/usb/nuwa-master.key",
+                home_dir.display()
             );
             println!("next: nuwa-node --home {} run", home_dir.display());
             Ok(())

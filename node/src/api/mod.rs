@@ -64,9 +64,9 @@ use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
 
 mod listener;
+mod page;
 #[cfg(unix)]
 mod socket;
-mod page;
 mod wire;
 
 pub use listener::Limits;
@@ -171,8 +171,7 @@ async fn require_token(
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if authorised(req.headers(), req.extensions(), &s.token)
-        || page::session_may_read(&s.web, &req)
+    if authorised(req.headers(), req.extensions(), &s.token) || page::session_may_read(&s.web, &req)
     {
         next.run(req).await
     } else {
@@ -644,9 +643,10 @@ pub async fn serve_socket(
     events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
     metrics: Arc<crate::metrics::Metrics>,
     web: Arc<Web>,
-    limits: Limits,
     cancel: CancellationToken,
 ) -> Result<SocketFile, SocketError> {
+    // The same limits as TCP, counted apart (see `listener`).
+    let limits = Limits::default();
     let (listener, file) = socket::bind(path).await?;
     let (app, is_work) = app(token, lanes, events_tx, metrics.clone(), web);
     tokio::spawn(listener::run(

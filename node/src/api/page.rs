@@ -257,7 +257,11 @@ pub async fn check_host_and_origin(
 ) -> Response {
     // A browser cannot reach the local socket: neither DNS rebinding nor a
     // cross-site request applies there, and its clients name any host.
-    if req.extensions().get::<super::listener::LocalSocket>().is_some() {
+    if req
+        .extensions()
+        .get::<super::listener::LocalSocket>()
+        .is_some()
+    {
         return next.run(req).await;
     }
     if !web.host_allowed(req.headers()) {

@@ -259,12 +259,22 @@ impl Daemon {
 
     fn search_sources(&self) -> String {
         let mut s = Vec::new();
-        if self.mdns_on {
-            s.push("mDNS on the LAN".to_owned());
+        if self.mdns_on && self.mdns_watching.is_empty() {
+            s.push(
+                "mDNS, which watches NO interface here (only loopback?): use --mdns-interface lo \
+                 for a device on this host, or --rendezvous for one elsewhere; `nuwa-node doctor` \
+                 explains"
+                    .to_owned(),
+            );
+        } else if self.mdns_on {
+            s.push(format!("mDNS on {}", self.mdns_watching.join(", ")));
         }
         let n = self.wide.rv_servers().len();
         if n > 0 {
             s.push(format!("{n} rendezvous server(s)"));
+        }
+        if s.is_empty() {
+            return "nothing: mDNS is off and no --rendezvous server is set".to_owned();
         }
         s.join(", ")
     }

@@ -20,7 +20,7 @@
 
 use crate::metrics::Event;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write as _};
 
 use nuwa_net::{Multiaddr, NetEvent, PeerId, peer_of, public_from_peer_id};
 use nuwa_sync::Rejection;
@@ -791,44 +791,80 @@ impl Daemon {
             }
         }
         let containers = self.session.engine().container_count();
-        let line = format!(
+        let tty = std::io::stderr().is_terminal();
+        let mut line = format!(
             "peers verified: {}  in sync: {}  containers: {}",
             verified.len(),
             in_sync,
             containers
         );
+        if tty {
+            // On a terminal the line is redrawn in place, so it can also
+            // show what is left: changes behind (peers say how many they
+            // hold) and catch-ups under way.
+            let mut behind = 0u64;
+            let mut behind_containers = 0usize;
+            for p in &verified {
+                for r in self.session.sync_report(p) {
+                    if r.state == nuwa_sync::PeerSyncState::Behind {
+                        behind_containers += 1;
+                        behind += r.behind.unwrap_or(0);
+                    }
+                }
+            }
+            if behind_containers > 0 {
+                line.push_str(&format!(
+                    "  behind: {behind_containers} container(s){}",
+                    if behind > 0 {
+                        format!(", {behind} change(s)")
+                    } else {
+                        String::new()
+                    }
+                ));
+            }
+            for c in self.session.engine().catch_up_progress() {
+                line.push_str(&format!(
+                    "  catching up {}: {} changes, {:.1} MiB",
+                    c.container,
+                    c.changes,
+                    c.bytes as f64 / (1u64 << 20) as f64
+                ));
+            }
+        }
         if line != *last_line {
-            if std::io::stderr().is_terminal() {
-                eprint!("\r\x1b[2K{line}");
+            if tty {
+                let mut err = std::io::stderr().lock();
+                let _ = write!(err, "\r\x1b[2K{line}");
+                let _ = err.flush();
             } else {
-                eprintln!("{line}");
+                crate::logging::stderr_line(format_args!("{line}"));
             }
             *last_line = line;
         }
         if verified.is_empty() && self.keepers.caught_up() {
-            if std::io::stderr().is_terminal() {
-                eprintln!();
+            if tty {
+                crate::logging::stderr_line(format_args!(""));
             }
-            eprintln!(
+            crate::logging::stderr_line(format_args!(
                 "converged through the keeper (no other device online); {containers} container(s); {}",
                 self.longest_turn()
-            );
+            ));
             return Some(Ok(()));
         }
         if !verified.is_empty() && in_sync == verified.len() {
-            if std::io::stderr().is_terminal() {
-                eprintln!();
+            if tty {
+                crate::logging::stderr_line(format_args!(""));
             }
-            eprintln!(
+            crate::logging::stderr_line(format_args!(
                 "converged with {} peer(s); {containers} container(s) in sync; {}",
                 verified.len(),
                 self.longest_turn()
-            );
+            ));
             return Some(Ok(()));
         }
         if now >= deadline {
-            if std::io::stderr().is_terminal() {
-                eprintln!();
+            if tty {
+                crate::logging::stderr_line(format_args!(""));
             }
             let reason = if verified.is_empty() {
                 let rejected = self.rejections.len();
