@@ -426,6 +426,14 @@ fn page_in_headless_chromium_shows_a_write_from_another_device() {
             wait_for("the live badge", Duration::from_secs(10), || {
                 (d.text_of("live-badge") == "live").then_some(())
             });
+            // Once the two daemons compare digests, the page says they agree
+            // (status's in_sync, per peer and container).
+            wait_for("the page to say in sync", Duration::from_secs(60), || {
+                (d.text_of("sync-badge") == "in sync"
+                    && d.text_of("sync").contains("in sync")
+                    && !d.text_of("sync").contains("unknown"))
+                .then_some(())
+            });
 
             // The whole page in one shot: the window as tall as the page.
             for _ in 0..2 {
