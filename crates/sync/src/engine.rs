@@ -246,6 +246,8 @@ struct Running {
     /// Sync messages for the container that arrived meanwhile.
     held: Vec<(PeerKey, Vec<u8>)>,
     rounds: u32,
+    /// Bytes of changes the message that started it carries (status).
+    bytes: u64,
 }
 
 /// One container's sync state against one peer ([`Engine::sync_report`]).
@@ -743,7 +745,11 @@ impl Engine {
                 let ours = self.heads_of(name).unwrap_or_default();
                 let our_changes = self.change_count_of(name).unwrap_or(0) as u64;
                 let (state, behind) = if self.running.contains_key(name.as_str()) {
-                    (PeerSyncState::Syncing, None)
+                    let count = pc
+                        .and_then(|pc| pc.their_changes)
+                        .map(|t| t.saturating_sub(our_changes))
+                        .filter(|n| *n > 0);
+                    (PeerSyncState::Syncing, count)
                 } else if all_equal || pc.is_some_and(|pc| pc.converged) {
                     (PeerSyncState::InSync, Some(0))
                 } else {
@@ -780,17 +786,26 @@ impl Engine {
             .collect()
     }
 
-    /// Off-loop catch-ups under way: (container, peer, changes and bytes
-    /// of changes they bring so far).
+    /// Off-loop catch-ups under way: the container, the peer, the changes
+    /// it brings (as the peer counted them; 0 if it did not say) and the
+    /// bytes of changes being applied.
     pub fn catch_up_progress(&self) -> Vec<CatchUpProgress> {
         self.running
             .iter()
             .map(|(name, r)| CatchUpProgress {
                 container: name.clone(),
                 peer: r.peer.clone(),
-                changes: r.new_changes.len() as u64,
-                bytes: r.new_changes.iter().map(|c| c.len() as u64).sum::<u64>()
-                    + r.message.as_ref().map_or(0, |m| m.change_bytes() as u64),
+                changes: self
+                    .peers
+                    .get(&r.peer)
+                    .and_then(|p| p.containers.get(name))
+                    .and_then(|pc| pc.their_changes)
+                    .map_or(0, |t| {
+                        t.saturating_sub(self.change_count_of(name).unwrap_or(0) as u64)
+                    }),
+                bytes: r
+                    .bytes
+                    .max(r.new_changes.iter().map(|c| c.len() as u64).sum::<u64>()),
                 rounds: r.rounds,
             })
             .collect()
@@ -1378,6 +1393,7 @@ impl Engine {
             && doc.op_count() <= self.config.catch_up_fork_max_ops
             && !inbound.known_to(doc)
         {
+            let bytes = inbound.change_bytes() as u64;
             let base = doc.fork();
             let base_heads = doc.heads();
             let id = self.next_catch_up;
@@ -1392,6 +1408,7 @@ impl Engine {
                     new_changes: Vec::new(),
                     held: Vec::new(),
                     rounds: 1,
+                    bytes,
                 },
             );
             let pc = self.peer_container(peer, container);
