@@ -12,6 +12,24 @@ fn open(path: &Path) -> SledStore {
     SledStore::open(path, AtRestKey::from_bytes(KEY)).expect("open")
 }
 
+/// Opens the database with raw sled, as an attacker with the files would.
+/// A `SledStore` just dropped releases sled's file lock only when sled's
+/// background flusher lets go, so wait for it (bounded) rather than race.
+fn raw_open(path: &Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match sled::open(path) {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.expect("raw open"),
+        }
+    }
+}
+
 /// Every file under `dir` that contains `needle`, read byte for byte.
 fn files_containing(dir: &Path, needle: &[u8]) -> Vec<String> {
     let mut found = Vec::new();
@@ -144,7 +162,7 @@ fn nothing_in_plaintext_on_disk() {
     // absence above is due to encryption and not to data missing from the files.
     let control = dir.path().join("control");
     {
-        let db = sled::open(&control).expect("raw open");
+        let db = raw_open(&control);
         db.insert(b"k", format!("xx{MARKER}yy").as_bytes())
             .expect("insert");
         db.flush().expect("flush");
@@ -162,7 +180,7 @@ fn swapped_records_are_refused() {
         .append_changes("c", &[b"first".to_vec(), b"second".to_vec()])
         .expect("append");
     {
-        let db = sled::open(&path).expect("raw open");
+        let db = raw_open(&path);
         let log = db.open_tree("log").expect("log tree");
         let entries: Vec<_> = log.iter().collect::<Result<_, _>>().expect("scan");
         assert_eq!(entries.len(), 2);
@@ -192,7 +210,7 @@ fn gap_in_log_is_reported() {
         .append_changes("c", &[b"1".to_vec(), b"2".to_vec(), b"3".to_vec()])
         .expect("append");
     {
-        let db = sled::open(&path).expect("raw open");
+        let db = raw_open(&path);
         let log = db.open_tree("log").expect("log tree");
         let middle = log.iter().nth(1).expect("three entries").expect("read").0;
         log.remove(middle).expect("remove");
@@ -212,7 +230,7 @@ fn foreign_database_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("db");
     {
-        let db = sled::open(&path).expect("raw open");
+        let db = raw_open(&path);
         db.open_tree("log")
             .expect("tree")
             .insert(b"k", b"v")
