@@ -546,14 +546,16 @@ fn check_mdns(home: &Path, s: &config::Effective, st: Option<&Status>) -> Check 
         || !s.bootstrap.is_empty()
         || !s.keepers.is_empty();
     let selection = if s.mdns_interfaces.is_empty() {
-        "every interface except loopback".to_owned()
+        "no interface but loopback is usable".to_owned()
     } else {
-        format!("--mdns-interface {}", s.mdns_interfaces.join(","))
+        format!(
+            "none of --mdns-interface {} is up and usable",
+            s.mdns_interfaces.join(",")
+        )
     };
     if watched.is_empty() {
         let detail = format!(
-            "mDNS is on but watches nothing: no usable interface for {selection} (this host \
-             has: {}), so no device on the LAN can be found or find this one",
+            "mDNS is on but watches nothing: {selection} (this host has: {}), so no device on the LAN can be found or find this one",
             host_interfaces()
         );
         let fix = format!(

@@ -551,8 +551,51 @@ async fn metrics_text(State(s): State<AppState>) -> Response {
         .into_response()
 }
 
-async fn not_found() -> ApiError {
-    ApiError::new(ErrorCode::NotFound, "no such endpoint; see docs/api.md")
+/// Every route the API serves, for the suggestion of an unknown one.
+const ENDPOINTS: &[&str] = &[
+    "/v1/status",
+    "/v1/devices",
+    "/v1/devices/revoke",
+    "/v1/devices/approve",
+    "/v1/devices/provision",
+    "/v1/state/put",
+    "/v1/state/get",
+    "/v1/state/export",
+    "/v1/schemas",
+    "/v1/state.create",
+    "/v1/state.update",
+    "/v1/state.query",
+    "/v1/state.delete",
+    "/v1/state.describe",
+    "/v1/state.compact",
+    "/v1/state.reset",
+    "/v1/state.batch",
+    "/v1/state.events",
+    "/v1/login-link",
+    "/v1/challenge",
+    "/metrics",
+];
+
+/// The endpoint a mistyped path most likely meant: within two edits.
+fn closest_endpoint(path: &str) -> Option<&'static str> {
+    // Edit distance is quadratic; a path far longer than any route is no typo.
+    if path.len() > 64 {
+        return None;
+    }
+    ENDPOINTS
+        .iter()
+        .map(|e| (strsim::levenshtein(path, e), *e))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, e)| e)
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    let message = match closest_endpoint(uri.path()) {
+        Some(e) => format!("no such endpoint; did you mean {e}? see docs/api.md"),
+        None => "no such endpoint; see docs/api.md".to_owned(),
+    };
+    ApiError::new(ErrorCode::NotFound, message)
 }
 
 async fn method_not_allowed() -> ApiError {
@@ -687,6 +730,24 @@ fn app(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Goal: a mistyped route gets the one it most likely meant, and nothing
+    // is suggested for paths far from every route (or absurdly long ones).
+    #[test]
+    fn unknown_routes_suggest_the_closest_endpoint() {
+        let cases = [
+            ("/v1/state.craete", Some("/v1/state.create")),
+            ("/v1/stauts", Some("/v1/status")),
+            ("/v1/device", Some("/v1/devices")),
+            ("/v1/state/events", Some("/v1/state.events")),
+            ("/v1/nope", None),
+            ("/", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(closest_endpoint(path), want, "{path}");
+        }
+        assert_eq!(closest_endpoint(&"/v1/status".repeat(100)), None);
+    }
 
     // Goal: only the listener's mark or the right token opens the guarded
     // routes; no header (an Authorization without the token, or one naming
