@@ -12,7 +12,8 @@
 //!   updates, with verification and fork-aware merging;
 //! * [`nip2`]: NIP-2 signing and verification of JSON content, with a bounded
 //!   replay store ([`nip2::NonceStore`]);
-//! * [`canonical`]: the canonical JSON bytes that get hashed and signed.
+//! * [`canonical`]: the canonical JSON bytes that get hashed and signed;
+//! * [`recovery`]: the recovery key as BIP-39 words, and its derivation.
 //!
 //! It is pure and deterministic: no IO, no network, no files, no async, and
 //! no clock reads (time is always a `now_unix_secs` parameter); randomness is
@@ -25,5 +26,6 @@ pub mod document;
 pub mod keys;
 pub mod log;
 pub mod nip2;
+pub mod recovery;
 mod replay;
 pub mod resolver;

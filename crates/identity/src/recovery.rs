@@ -1,0 +1,308 @@
+//! The agent's recovery key, written down by the user as BIP-39 English words.
+//!
+//! `init` makes a second `capabilityDelegation` key besides the master key:
+//! the recovery key. It is shown once as a list of words, the user writes them
+//! down, and then it exists only on paper. `recover` takes
+//! the words ([`RecoveryPhrase::parse`]) and rebuilds the key
+//! ([`RecoveryPhrase::key`]). Every refusal is a typed [`RecoveryError`]
+//! that says what to do next, and none of these functions changes anything.
+//!
+//! This module does not show or ask for words, write anything anywhere, or
+//! sign the document update that recovery makes: the node crate talks to the
+//! user, and [`crate::log`] checks that the update is signed by a key holding
+//! `capabilityDelegation`.
+//!
+//! # Why 12 words
+//!
+//! Twelve words carry 128 bits of entropy (plus a 4-bit checksum), which
+//! matches the security of the key they make: breaking an Ed25519 key costs
+//! about 2^126 operations, so more entropy would not make the agent harder to
+//! take over. Guessing words is also no shortcut: every guess costs an HKDF
+//! and an Ed25519 scalar multiplication, and even against a million agents at
+//! once (the salt is fixed, so one guess is tried against every agent's
+//! published key) 2^108 guesses remain. What 24 words would add is a burden
+//! on the user, twice the words to write, keep legible for years, type back
+//! and get wrong, for no gain the curve lets through. A quantum computer
+//! would break Ed25519 itself, so 24 words would not help there either. The
+//! length lives in [`WORD_COUNT`] and `ENTROPY_BYTES`; changing it breaks
+//! every written phrase, so it would need a new salt version.
+//!
+//! # Why the entropy and not the BIP-39 seed
+//!
+//! BIP-39 turns words into a wallet seed with 2048 rounds of PBKDF2 over the
+//! words and a passphrase. Neither part earns its cost here: there is no
+//! passphrase (one more secret to lose would defeat a recovery key), and the
+//! stretching protects low-entropy passphrases, while the words already carry
+//! the full 128 bits. So the Ed25519 seed is HKDF-SHA256 of the words' entropy
+//! with a salt and info of our own ([`RECOVERY_KDF_SALT`],
+//! [`RECOVERY_KDF_INFO`]): deterministic (the same words always make the same
+//! key), domain-separated from any wallet that might read the same words, and
+//! versioned by the salt.
+//!
+//! # Secrets in memory
+//!
+//! [`RecoveryPhrase`] keeps its entropy in a zeroizing buffer, its `Debug`
+//! prints no words, and [`RecoveryPhrase::words`] returns a zeroizing string.
+//! The `bip39` crate's parsing and encoding copy words and entropy into stack
+//! buffers it does not wipe; that is beyond this module's reach.
+
+use std::fmt;
+
+use bip39::{Language, Mnemonic};
+use hkdf::Hkdf;
+use sha2::Sha256;
+use zeroize::Zeroizing;
+
+use crate::document::shorten;
+use crate::keys::DeviceKey;
+
+/// Number of words in a recovery phrase (128 bits of entropy, see the module docs).
+pub const WORD_COUNT: usize = 12;
+/// Bytes of BIP-39 entropy behind [`WORD_COUNT`] words.
+const ENTROPY_BYTES: usize = 16;
+/// HKDF salt of the recovery key derivation; a new version means new keys for the same words.
+pub const RECOVERY_KDF_SALT: &[u8] = b"nuwa-recovery-v1";
+/// HKDF info of the recovery key derivation.
+pub const RECOVERY_KDF_INFO: &[u8] = b"ed25519 recovery key";
+/// Typed words longer than this get no suggestion: BIP-39 English words have at
+/// most 8 letters, so a longer word is more than two edits from all of them.
+const SUGGEST_MAX_LEN: usize = 10;
+/// Most edits (insert, delete, replace, swap of neighbours) between a typed
+/// word and the word suggested for it.
+const SUGGEST_MAX_EDITS: usize = 2;
+
+/// Errors from reading, checking and confirming recovery words.
+///
+/// [`RecoveryError::UnknownWord`] carries one typed word and a guess at the
+/// word meant, which is probably a word of the phrase: show it to the user,
+/// but do not log it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecoveryError {
+    /// The operating system's random number generator failed.
+    #[error("cannot read random bytes from the operating system")]
+    Random(#[source] getrandom::Error),
+    /// The phrase does not have [`WORD_COUNT`] words.
+    #[error(
+        "expected {expected} recovery words, found {found}: enter all {expected} words in order, separated by spaces"
+    )]
+    WordCount {
+        /// Number of words entered.
+        found: usize,
+        /// Number of words a recovery phrase has.
+        expected: usize,
+    },
+    /// A word is not in the BIP-39 English word list.
+    #[error(
+        "word {position} `{word}` is not a recovery word{}: check it against your written copy",
+        suggestion_hint(.suggestion)
+    )]
+    UnknownWord {
+        /// 1-based position of the word in the phrase.
+        position: usize,
+        /// The word as entered (lowercased, shortened if long).
+        word: String,
+        /// The closest word of the list, when one is clearly closest.
+        suggestion: Option<String>,
+    },
+    /// Every word is in the list, but the last word's checksum does not fit the others.
+    #[error(
+        "the recovery words do not fit together (their checksum fails): a word is wrong or two are swapped; compare each word and its position with your written copy"
+    )]
+    Checksum,
+}
+
+fn suggestion_hint(suggestion: &Option<String>) -> String {
+    match suggestion {
+        Some(word) => format!(" (did you mean `{word}`?)"),
+        None => String::new(),
+    }
+}
+
+/// A recovery phrase: [`WORD_COUNT`] BIP-39 English words encoding 128 bits
+/// of entropy, from which [`RecoveryPhrase::key`] derives the recovery key.
+///
+/// The entropy is wiped on drop, and `Debug` prints `RecoveryPhrase(..)`. It
+/// is deliberately not `Clone`, like [`DeviceKey`].
+pub struct RecoveryPhrase {
+    entropy: Zeroizing<[u8; ENTROPY_BYTES]>,
+}
+
+impl RecoveryPhrase {
+    /// A fresh phrase from the operating system's random number generator.
+    pub fn generate() -> Result<RecoveryPhrase, RecoveryError> {
+        let mut entropy = Zeroizing::new([0u8; ENTROPY_BYTES]);
+        getrandom::fill(entropy.as_mut_slice()).map_err(RecoveryError::Random)?;
+        Ok(RecoveryPhrase { entropy })
+    }
+
+    /// Reads a phrase typed by the user.
+    ///
+    /// Words may be separated by any whitespace and written in any case.
+    /// Checks, in order: the number of words ([`RecoveryError::WordCount`]),
+    /// that each word is in the list ([`RecoveryError::UnknownWord`], the
+    /// first unknown one, with a suggestion when one word is clearly closest),
+    /// and the checksum ([`RecoveryError::Checksum`]).
+    pub fn parse(input: &str) -> Result<RecoveryPhrase, RecoveryError> {
+        let found = input.split_whitespace().count();
+        if found != WORD_COUNT {
+            return Err(RecoveryError::WordCount {
+                found,
+                expected: WORD_COUNT,
+            });
+        }
+        // One space between lowercase words is bip39's normalized form for
+        // English. Tokens plus single spaces never outgrow the input, so the
+        // buffer never reallocates and leaves no unwiped copy behind.
+        let mut normalized = Zeroizing::new(String::with_capacity(input.len()));
+        for word in input.split_whitespace() {
+            if !normalized.is_empty() {
+                normalized.push(' ');
+            }
+            normalized.extend(word.chars().map(|c| c.to_ascii_lowercase()));
+        }
+        let mnemonic =
+            Mnemonic::parse_in_normalized(Language::English, &normalized).map_err(|error| {
+                match error {
+                    bip39::Error::UnknownWord(index) => {
+                        let word = normalized.split(' ').nth(index).unwrap_or_default();
+                        RecoveryError::UnknownWord {
+                            position: index + 1,
+                            word: shorten(word),
+                            suggestion: suggest_word(word).map(str::to_owned),
+                        }
+                    }
+                    bip39::Error::InvalidChecksum => RecoveryError::Checksum,
+                    // The count was checked above; bip39 returns the other two
+                    // only when making words from entropy or guessing a language.
+                    bip39::Error::BadWordCount(_)
+                    | bip39::Error::BadEntropyBitCount(_)
+                    | bip39::Error::AmbiguousLanguages(_) => RecoveryError::WordCount {
+                        found,
+                        expected: WORD_COUNT,
+                    },
+                }
+            })?;
+        let (entropy_and_spare, _len) = mnemonic.to_entropy_array();
+        let entropy_and_spare = Zeroizing::new(entropy_and_spare);
+        let mut entropy = Zeroizing::new([0u8; ENTROPY_BYTES]);
+        entropy.copy_from_slice(&entropy_and_spare[..ENTROPY_BYTES]);
+        Ok(RecoveryPhrase { entropy })
+    }
+
+    /// The words separated by single spaces, to show the user once.
+    pub fn words(&self) -> Zeroizing<String> {
+        let mnemonic = self.mnemonic();
+        // Room for the longest words (8 letters) so the string never
+        // reallocates and leaves an unwiped copy behind.
+        let mut out = Zeroizing::new(String::with_capacity(WORD_COUNT * 9));
+        for word in mnemonic.words() {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(word);
+        }
+        out
+    }
+
+    /// The recovery key: Ed25519 seed = HKDF-SHA256(ikm = entropy, salt =
+    /// [`RECOVERY_KDF_SALT`], info = [`RECOVERY_KDF_INFO`]). The same words
+    /// always give the same key.
+    pub fn key(&self) -> DeviceKey {
+        let mut seed = Zeroizing::new([0u8; 32]);
+        Hkdf::<Sha256>::new(Some(RECOVERY_KDF_SALT), self.entropy.as_slice())
+            .expand(RECOVERY_KDF_INFO, seed.as_mut_slice())
+            // HKDF-SHA256 refuses only outputs over 255 × 32 bytes; this one is 32.
+            .expect("32 bytes is a valid HKDF-SHA256 output length");
+        DeviceKey::from_seed(&seed)
+    }
+
+    fn mnemonic(&self) -> Mnemonic {
+        // bip39 refuses entropy only when its length is not 16, 20, 24, 28 or
+        // 32 bytes; ours is always ENTROPY_BYTES = 16.
+        Mnemonic::from_entropy_in(Language::English, self.entropy.as_slice())
+            .expect("16 bytes is a valid bip-39 entropy length")
+    }
+}
+
+// The temporary `Mnemonic`s built from the entropy hold the words' indices;
+// this breaks the build if bip39's `zeroize` feature, which wipes them, is lost.
+const _: () = {
+    const fn assert_zeroize_on_drop<T: zeroize::ZeroizeOnDrop>() {}
+    assert_zeroize_on_drop::<Mnemonic>();
+};
+
+impl zeroize::ZeroizeOnDrop for RecoveryPhrase {}
+
+impl fmt::Debug for RecoveryPhrase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The words are the key: they must never reach logs.
+        f.write_str("RecoveryPhrase(..)")
+    }
+}
+
+/// The closest word of the list to a word that is not in it, if one is clearly closest.
+///
+/// BIP-39 English words are unique in their first four letters, so a word
+/// starting with a list word's four letters is taken to be that word.
+/// Otherwise the suggestion is the only word at the smallest number of edits,
+/// if that is at most [`SUGGEST_MAX_EDITS`]; on a tie there is no suggestion,
+/// since guessing between two words would mislead.
+fn suggest_word(typed: &str) -> Option<&'static str> {
+    let english = Language::English;
+    if let Some(prefix) = typed.get(..4) {
+        let mut matches = english.words_by_prefix_iter(prefix);
+        if let (Some(only), None) = (matches.next(), matches.next()) {
+            return Some(only);
+        }
+    }
+    if typed.chars().count() > SUGGEST_MAX_LEN {
+        return None;
+    }
+    let typed: Vec<char> = typed.chars().collect();
+    let mut best: Option<&'static str> = None;
+    let mut best_edits = SUGGEST_MAX_EDITS + 1;
+    let mut tied = false;
+    for &word in english.word_list() {
+        let edits = edit_distance(&typed, word);
+        if edits < best_edits {
+            best = Some(word);
+            best_edits = edits;
+            tied = false;
+        } else if edits == best_edits {
+            tied = true;
+        }
+    }
+    if tied { None } else { best }
+}
+
+/// Edits (insert, delete, replace, swap of neighbours) to turn `a` into `b`
+/// (optimal string alignment distance).
+fn edit_distance(a: &[char], b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    // rows[i][j]: edits between a[..i] and b[..j]; words are at most
+    // SUGGEST_MAX_LEN long, so the table stays tiny.
+    let mut rows = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let replace = usize::from(a[i - 1] != b[j - 1]);
+            let mut edits = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + replace);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                edits = edits.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = edits;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
+#[cfg(test)]
+mod tests;
