@@ -13,7 +13,8 @@
 //! * [`nip2`]: NIP-2 signing and verification of JSON content, with a bounded
 //!   replay store ([`nip2::NonceStore`]);
 //! * [`canonical`]: the canonical JSON bytes that get hashed and signed;
-//! * [`recovery`]: the recovery key as BIP-39 words, and its derivation.
+//! * [`recovery`]: the recovery key as BIP-39 words, its derivation and its
+//!   place in the document.
 //!
 //! It is pure and deterministic: no IO, no network, no files, no async, and
 //! no clock reads (time is always a `now_unix_secs` parameter); randomness is

@@ -3,14 +3,17 @@
 //! `init` makes a second `capabilityDelegation` key besides the master key:
 //! the recovery key. It is shown once as a list of words, the user writes them
 //! down, and then it exists only on paper. `recover` takes
-//! the words ([`RecoveryPhrase::parse`]) and rebuilds the key
-//! ([`RecoveryPhrase::key`]). Every refusal is a typed [`RecoveryError`]
+//! the words ([`RecoveryPhrase::parse`]), rebuilds the key
+//! ([`RecoveryPhrase::key`]) and checks it is a recovery key of the agent being
+//! recovered ([`check_belongs`]). Every refusal is a typed [`RecoveryError`]
 //! that says what to do next, and none of these functions changes anything.
 //!
 //! This module does not show or ask for words, write anything anywhere, or
 //! sign the document update that recovery makes: the node crate talks to the
 //! user, and [`crate::log`] checks that the update is signed by a key holding
-//! `capabilityDelegation`.
+//! `capabilityDelegation`. A recovery key holds `capabilityDelegation` only,
+//! never `authentication` ([`add_recovery_key`]): it can replace the agent's
+//! keys but cannot act as a device.
 //!
 //! # Why 12 words
 //!
@@ -53,13 +56,15 @@ use hkdf::Hkdf;
 use sha2::Sha256;
 use zeroize::Zeroizing;
 
-use crate::document::shorten;
+use crate::document::{DidDocument, DidError, Relationship, shorten};
 use crate::keys::DeviceKey;
 
 /// Number of words in a recovery phrase (128 bits of entropy, see the module docs).
 pub const WORD_COUNT: usize = 12;
 /// Bytes of BIP-39 entropy behind [`WORD_COUNT`] words.
 const ENTROPY_BYTES: usize = 16;
+/// The fragment prefix of recovery keys in the DID document (`recovery-1`, ...).
+pub const RECOVERY_FRAGMENT_PREFIX: &str = "recovery";
 /// HKDF salt of the recovery key derivation; a new version means new keys for the same words.
 pub const RECOVERY_KDF_SALT: &[u8] = b"nuwa-recovery-v1";
 /// HKDF info of the recovery key derivation.
@@ -110,6 +115,37 @@ pub enum RecoveryError {
         "the recovery words do not fit together (their checksum fails): a word is wrong or two are swapped; compare each word and its position with your written copy"
     )]
     Checksum,
+    /// The document lists no recovery key made from these words.
+    #[error(
+        "these words are not a recovery key of {did}: check you are recovering the right agent, and that these words were not replaced by newer ones"
+    )]
+    NotThisAgent {
+        /// The DID of the document that was searched (shortened if long).
+        did: String,
+    },
+    /// The key is listed as a recovery key but no longer holds `capabilityDelegation`.
+    #[error(
+        "the recovery key {key_id} of these words may no longer change the agent's keys: use a newer recovery phrase or an authorised device"
+    )]
+    Retired {
+        /// The recovery key's id in the document.
+        key_id: String,
+    },
+    /// The key is listed as a recovery key but its `expires` has passed.
+    #[error(
+        "the recovery key {key_id} of these words expired at {expires}: use a newer recovery phrase or an authorised device"
+    )]
+    Expired {
+        /// The recovery key's id in the document.
+        key_id: String,
+        /// Its `expires` value.
+        expires: String,
+    },
+    /// The document entry of the recovery key cannot be read.
+    #[error(
+        "the did document's entry for this recovery key is invalid: fetch the agent's document again"
+    )]
+    Document(#[source] DidError),
 }
 
 fn suggestion_hint(suggestion: &Option<String>) -> String {
@@ -302,6 +338,77 @@ fn edit_distance(a: &[char], b: &str) -> usize {
         }
     }
     rows[a.len()][b.len()]
+}
+
+/// The id fragment of the `generation`-th recovery key: `recovery-1`,
+/// `recovery-2`, ... (a new phrase replaces the old one under the next number).
+pub fn recovery_fragment(generation: u32) -> String {
+    format!("{RECOVERY_FRAGMENT_PREFIX}-{generation}")
+}
+
+/// Whether a key id or fragment names a recovery key (`recovery-<anything>`).
+fn is_recovery_fragment(key_id: &str) -> bool {
+    DidDocument::fragment(key_id)
+        .strip_prefix(RECOVERY_FRAGMENT_PREFIX)
+        .is_some_and(|rest| rest.starts_with('-'))
+}
+
+/// Lists `public` in `doc` as the `generation`-th recovery key, with
+/// `capabilityDelegation` only, and returns its key id.
+///
+/// Fails as [`DidDocument::add_key`] does (for instance when that fragment or
+/// key is already listed), leaving the document unchanged.
+pub fn add_recovery_key(
+    doc: &mut DidDocument,
+    generation: u32,
+    public: &[u8; 32],
+) -> Result<String, DidError> {
+    let fragment = recovery_fragment(generation);
+    doc.add_key(
+        &fragment,
+        public,
+        &[Relationship::CapabilityDelegation],
+        None,
+    )?;
+    Ok(doc.key_id(&fragment))
+}
+
+/// Checks that `key` (from [`RecoveryPhrase::key`]) is a recovery key of the
+/// agent `doc` describes, able to change its keys at `now_unix_secs`, and
+/// returns its key id.
+///
+/// The key must be listed as an Ed25519 method under a `recovery-` fragment
+/// ([`RecoveryError::NotThisAgent`] otherwise), hold `capabilityDelegation`
+/// ([`RecoveryError::Retired`]) and not be expired ([`RecoveryError::Expired`]).
+/// From one document it cannot tell a retired phrase that was removed from
+/// words that never belonged to this agent; both are `NotThisAgent`.
+pub fn check_belongs(
+    doc: &DidDocument,
+    key: &DeviceKey,
+    now_unix_secs: i64,
+) -> Result<String, RecoveryError> {
+    let public = key.public();
+    let method = doc
+        .verification_method
+        .iter()
+        .find(|method| {
+            is_recovery_fragment(&method.id) && method.ed25519_public().ok() == Some(public)
+        })
+        .ok_or_else(|| RecoveryError::NotThisAgent {
+            did: shorten(&doc.id),
+        })?;
+    if !doc.has_relationship(&method.id, Relationship::CapabilityDelegation) {
+        return Err(RecoveryError::Retired {
+            key_id: method.id.clone(),
+        });
+    }
+    method
+        .check_not_expired(now_unix_secs)
+        .map_err(|error| match error {
+            DidError::Expired { key_id, expires } => RecoveryError::Expired { key_id, expires },
+            other => RecoveryError::Document(other),
+        })?;
+    Ok(method.id.clone())
 }
 
 #[cfg(test)]

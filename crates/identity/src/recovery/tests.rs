@@ -3,6 +3,10 @@
 //! confirmation step.
 
 use super::*;
+use crate::did_key::did_key_from_ed25519;
+use crate::document::{EXPIRY_GRACE_SECS, Relationship};
+
+const NOW: i64 = 1_750_000_000;
 
 /// BIP-39 reference vector (entropy 7f × 16) used as "the" phrase below.
 const LEGAL: &str = "legal winner thank year wave sausage worth useful legal winner thank yellow";
@@ -36,6 +40,16 @@ fn legal_with(position: usize, word: &str) -> String {
     let mut words: Vec<&str> = LEGAL.split(' ').collect();
     words[position - 1] = word;
     words.join(" ")
+}
+
+/// An agent document (master key from seed 1) with the recovery key of `phrase` as generation 1.
+fn agent_with_recovery(phrase: &RecoveryPhrase) -> DidDocument {
+    let master = DeviceKey::from_seed(&[1; 32]);
+    let did = did_key_from_ed25519(&master.public());
+    let mut doc = DidDocument::new_agent(&did, &master.public()).expect("valid agent");
+    add_recovery_key(&mut doc, 1, &phrase.key().public()).expect("recovery key is new");
+    doc.validate().expect("valid with recovery key");
+    doc
 }
 
 // Goal: a generated phrase survives being shown and typed back; generate, print words, parse, compare keys.
@@ -208,6 +222,110 @@ fn checksum_error() {
     );
 }
 
+// Goal: only the words of this agent's current recovery key pass check_belongs; build a
+// document with a recovery key, then try other words, a retired key and an expired key.
+#[test]
+fn check_belongs_table() {
+    let ours = RecoveryPhrase::parse(LEGAL).expect("valid");
+    let theirs = RecoveryPhrase::parse(
+        "letter advice cage absurd amount doctor acoustic avoid letter advice cage above",
+    )
+    .expect("valid");
+    let doc = agent_with_recovery(&ours);
+    let key_id = doc.key_id("recovery-1");
+
+    assert_eq!(
+        check_belongs(&doc, &ours.key(), NOW).expect("our words"),
+        key_id
+    );
+
+    // Words of another agent (its own document lists them; ours does not).
+    let their_doc = agent_with_recovery(&theirs);
+    assert!(check_belongs(&their_doc, &theirs.key(), NOW).is_ok());
+    let before = doc.clone();
+    match check_belongs(&doc, &theirs.key(), NOW) {
+        Err(RecoveryError::NotThisAgent { did }) => assert_eq!(did, doc.id),
+        other => panic!("another agent's words: {other:?}"),
+    }
+    assert_eq!(doc, before, "a refused check changes nothing");
+
+    // Our key listed, but not as a recovery key (a device fragment).
+    let mut as_device = before.clone();
+    as_device.remove_key(&key_id).expect("listed");
+    as_device
+        .add_key(
+            "device-1",
+            &ours.key().public(),
+            &[Relationship::CapabilityDelegation],
+            None,
+        )
+        .expect("add");
+    assert!(matches!(
+        check_belongs(&as_device, &ours.key(), NOW),
+        Err(RecoveryError::NotThisAgent { .. })
+    ));
+
+    // Still listed, but capabilityDelegation taken away.
+    let mut retired = before.clone();
+    retired.revoke(&key_id, Relationship::CapabilityDelegation);
+    match check_belongs(&retired, &ours.key(), NOW) {
+        Err(RecoveryError::Retired { key_id: got }) => assert_eq!(got, key_id),
+        other => panic!("retired key: {other:?}"),
+    }
+
+    // Listed with an expiry (2025-06-15T15:06:40Z is NOW): fine until the grace runs out.
+    let mut expiring = before.clone();
+    expiring.remove_key(&key_id).expect("listed");
+    expiring
+        .add_key(
+            &recovery_fragment(2),
+            &ours.key().public(),
+            &[Relationship::CapabilityDelegation],
+            Some("2025-06-15T15:06:40Z".to_owned()),
+        )
+        .expect("add");
+    assert!(check_belongs(&expiring, &ours.key(), NOW + EXPIRY_GRACE_SECS).is_ok());
+    assert!(matches!(
+        check_belongs(&expiring, &ours.key(), NOW + EXPIRY_GRACE_SECS + 1),
+        Err(RecoveryError::Expired { .. })
+    ));
+}
+
+// Goal: a recovery key can change keys but never act as a device; add one and ask the
+// document what it may do.
+#[test]
+fn recovery_key_is_delegation_only() {
+    let phrase = RecoveryPhrase::parse(LEGAL).expect("valid");
+    let mut doc = agent_with_recovery(&phrase);
+    let public = phrase.key().public();
+    assert!(
+        doc.method_for_public(&public, Relationship::CapabilityDelegation, NOW)
+            .is_ok()
+    );
+    for rel in [
+        Relationship::Authentication,
+        Relationship::AssertionMethod,
+        Relationship::CapabilityInvocation,
+    ] {
+        assert!(
+            matches!(
+                doc.method_for_public(&public, rel, NOW),
+                Err(DidError::PermissionDenied { .. })
+            ),
+            "{rel}"
+        );
+    }
+    assert_eq!(recovery_fragment(1), "recovery-1");
+    assert_eq!(recovery_fragment(2), "recovery-2");
+    // The same generation twice is refused and leaves the document as it was.
+    let before = doc.clone();
+    let next = RecoveryPhrase::generate().expect("os rng works in tests");
+    assert!(add_recovery_key(&mut doc, 1, &next.key().public()).is_err());
+    assert_eq!(doc, before);
+    let id = add_recovery_key(&mut doc, 2, &next.key().public()).expect("new generation");
+    assert_eq!(id, doc.key_id("recovery-2"));
+}
+
 // Goal: Debug never shows the words or the entropy; format a known phrase and search the output.
 #[test]
 fn debug_does_not_leak_words() {
@@ -236,6 +354,16 @@ fn error_messages_are_actionable() {
             suggestion: None,
         },
         RecoveryError::Checksum,
+        RecoveryError::NotThisAgent {
+            did: "did:key:z6Mk".into(),
+        },
+        RecoveryError::Retired {
+            key_id: "did:key:z6Mk#recovery-1".into(),
+        },
+        RecoveryError::Expired {
+            key_id: "did:key:z6Mk#recovery-1".into(),
+            expires: "2025-06-15T15:06:40Z".into(),
+        },
     ];
     for error in errors {
         let message = error.to_string();
