@@ -2,7 +2,8 @@
 //!
 //! `init` makes a second `capabilityDelegation` key besides the master key:
 //! the recovery key. It is shown once as a list of words, the user writes them
-//! down, and then it exists only on paper. `recover` takes
+//! down and types a few back ([`confirmation_positions`],
+//! [`check_confirmation`]), and then it exists only on paper. `recover` takes
 //! the words ([`RecoveryPhrase::parse`]), rebuilds the key
 //! ([`RecoveryPhrase::key`]) and checks it is a recovery key of the agent being
 //! recovered ([`check_belongs`]). Every refusal is a typed [`RecoveryError`]
@@ -63,6 +64,8 @@ use crate::keys::DeviceKey;
 pub const WORD_COUNT: usize = 12;
 /// Bytes of BIP-39 entropy behind [`WORD_COUNT`] words.
 const ENTROPY_BYTES: usize = 16;
+/// How many words the user is asked to type back after writing them down.
+pub const CONFIRM_WORDS: usize = 3;
 /// The fragment prefix of recovery keys in the DID document (`recovery-1`, ...).
 pub const RECOVERY_FRAGMENT_PREFIX: &str = "recovery";
 /// HKDF salt of the recovery key derivation; a new version means new keys for the same words.
@@ -146,6 +149,25 @@ pub enum RecoveryError {
         "the did document's entry for this recovery key is invalid: fetch the agent's document again"
     )]
     Document(#[source] DidError),
+    /// A word typed back does not match the phrase.
+    #[error(
+        "word {position} does not match: look at word {position} of the list you wrote down and correct your copy if needed"
+    )]
+    Mismatch {
+        /// 1-based position of the word that differs.
+        position: usize,
+    },
+    /// A confirmation answer names a position the phrase does not have.
+    #[error("there is no word {position}: positions run from 1 to {n_words}")]
+    PositionOutOfRange {
+        /// The 1-based position given.
+        position: usize,
+        /// Number of words in the phrase.
+        n_words: usize,
+    },
+    /// No confirmation answers were given, so nothing shows the words were written down.
+    #[error("no words were typed back: type back the words at the positions asked")]
+    NothingConfirmed,
 }
 
 fn suggestion_hint(suggestion: &Option<String>) -> String {
@@ -239,6 +261,12 @@ impl RecoveryPhrase {
             out.push_str(word);
         }
         out
+    }
+
+    /// The word at a 1-based position, if there is one.
+    fn word_at(&self, position: usize) -> Option<&'static str> {
+        let index = position.checked_sub(1)?;
+        self.mnemonic().words().nth(index)
     }
 
     /// The recovery key: Ed25519 seed = HKDF-SHA256(ikm = entropy, salt =
@@ -409,6 +437,86 @@ pub fn check_belongs(
             other => RecoveryError::Document(other),
         })?;
     Ok(method.id.clone())
+}
+
+/// `k` distinct 1-based positions out of `n_words`, in ascending order, to ask
+/// the user to type back; `k` is capped at `n_words`.
+///
+/// The positions come from `seed` alone, so tests can fix them; pass a random
+/// seed in real use ([`random_confirmation_positions`]).
+pub fn confirmation_positions(n_words: usize, k: usize, seed: u64) -> Vec<usize> {
+    let mut rng = SplitMix64(seed);
+    let mut positions: Vec<usize> = (1..=n_words).collect();
+    let k = k.min(n_words);
+    // The first k steps of a Fisher-Yates shuffle pick k distinct positions.
+    for i in 0..k {
+        let j = i + rng.below(n_words - i);
+        positions.swap(i, j);
+    }
+    positions.truncate(k);
+    positions.sort_unstable();
+    positions
+}
+
+/// [`confirmation_positions`] with a seed from the operating system's random
+/// number generator, so the user cannot know in advance which words are asked.
+pub fn random_confirmation_positions(
+    n_words: usize,
+    k: usize,
+) -> Result<Vec<usize>, RecoveryError> {
+    let mut seed = [0u8; 8];
+    getrandom::fill(&mut seed).map_err(RecoveryError::Random)?;
+    Ok(confirmation_positions(n_words, k, u64::from_le_bytes(seed)))
+}
+
+/// Checks words typed back by the user: each `(position, word)` must name the
+/// word at that 1-based position (any case, surrounding spaces ignored).
+///
+/// Fails on the first wrong answer with [`RecoveryError::Mismatch`], on a
+/// position the phrase lacks with [`RecoveryError::PositionOutOfRange`], and
+/// on no answers at all with [`RecoveryError::NothingConfirmed`].
+pub fn check_confirmation(
+    phrase: &RecoveryPhrase,
+    answers: &[(usize, String)],
+) -> Result<(), RecoveryError> {
+    if answers.is_empty() {
+        return Err(RecoveryError::NothingConfirmed);
+    }
+    for (position, answer) in answers {
+        let expected = phrase
+            .word_at(*position)
+            .ok_or(RecoveryError::PositionOutOfRange {
+                position: *position,
+                n_words: WORD_COUNT,
+            })?;
+        if !answer.trim().eq_ignore_ascii_case(expected) {
+            return Err(RecoveryError::Mismatch {
+                position: *position,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// SplitMix64 (Steele, Lea and Flood 2014): a tiny seeded generator, enough to
+/// pick which words to ask; it guards nothing secret.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n` > 0); the bias of the multiply-shift is below
+    /// n / 2^64, far too small to matter here.
+    fn below(&mut self, n: usize) -> usize {
+        let wide = u128::from(self.next()) * n as u128;
+        (wide >> 64) as usize
+    }
 }
 
 #[cfg(test)]

@@ -339,6 +339,70 @@ fn debug_does_not_leak_words() {
     assert!(!pretty.contains("7f") && !pretty.contains("127"));
 }
 
+// Goal: confirmation asks distinct valid positions and accepts only the right words;
+// fixed seeds for the positions, then a table of answers.
+#[test]
+fn confirmation() {
+    for seed in 0..200u64 {
+        let positions = confirmation_positions(WORD_COUNT, CONFIRM_WORDS, seed);
+        assert_eq!(positions.len(), CONFIRM_WORDS, "seed {seed}");
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "seed {seed}");
+        assert!(
+            positions.iter().all(|p| (1..=WORD_COUNT).contains(p)),
+            "seed {seed}"
+        );
+        assert_eq!(
+            positions,
+            confirmation_positions(WORD_COUNT, CONFIRM_WORDS, seed)
+        );
+    }
+    // Different seeds ask different words, and every position gets asked.
+    let mut asked = std::collections::BTreeSet::new();
+    for seed in 0..200u64 {
+        asked.extend(confirmation_positions(WORD_COUNT, CONFIRM_WORDS, seed));
+    }
+    assert_eq!(asked.len(), WORD_COUNT);
+    assert_eq!(
+        confirmation_positions(WORD_COUNT, 99, 7),
+        (1..=WORD_COUNT).collect::<Vec<_>>()
+    );
+    assert!(confirmation_positions(WORD_COUNT, 0, 7).is_empty());
+    assert!(confirmation_positions(0, 3, 7).is_empty());
+    let random = random_confirmation_positions(WORD_COUNT, CONFIRM_WORDS).expect("os rng");
+    assert_eq!(random.len(), CONFIRM_WORDS);
+
+    let phrase = RecoveryPhrase::parse(LEGAL).expect("valid");
+    let answer = |pairs: &[(usize, &str)]| -> Result<(), RecoveryError> {
+        let owned: Vec<(usize, String)> = pairs
+            .iter()
+            .map(|(position, word)| (*position, (*word).to_owned()))
+            .collect();
+        check_confirmation(&phrase, &owned)
+    };
+    assert!(answer(&[(1, "legal"), (6, "sausage"), (12, "yellow")]).is_ok());
+    assert!(answer(&[(2, " Winner "), (12, "YELLOW")]).is_ok());
+    assert!(matches!(
+        answer(&[(1, "legal"), (6, "worth"), (12, "yellow")]),
+        Err(RecoveryError::Mismatch { position: 6 })
+    ));
+    assert!(matches!(
+        answer(&[(12, "yello")]),
+        Err(RecoveryError::Mismatch { position: 12 })
+    ));
+    assert!(matches!(
+        answer(&[(0, "legal")]),
+        Err(RecoveryError::PositionOutOfRange {
+            position: 0,
+            n_words: 12
+        })
+    ));
+    assert!(matches!(
+        answer(&[(13, "legal")]),
+        Err(RecoveryError::PositionOutOfRange { position: 13, .. })
+    ));
+    assert!(matches!(answer(&[]), Err(RecoveryError::NothingConfirmed)));
+}
+
 // Goal: every error message follows the house style (lowercase start, no trailing period,
 // says what to do); render one of each.
 #[test]
@@ -364,6 +428,12 @@ fn error_messages_are_actionable() {
             key_id: "did:key:z6Mk#recovery-1".into(),
             expires: "2025-06-15T15:06:40Z".into(),
         },
+        RecoveryError::Mismatch { position: 4 },
+        RecoveryError::PositionOutOfRange {
+            position: 13,
+            n_words: 12,
+        },
+        RecoveryError::NothingConfirmed,
     ];
     for error in errors {
         let message = error.to_string();
