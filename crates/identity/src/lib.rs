@@ -12,12 +12,15 @@
 //!   updates, with verification and fork-aware merging;
 //! * [`nip2`]: NIP-2 signing and verification of JSON content, with a bounded
 //!   replay store ([`nip2::NonceStore`]);
-//! * [`canonical`]: the canonical JSON bytes that get hashed and signed.
+//! * [`canonical`]: the canonical JSON bytes that get hashed and signed;
+//! * [`recovery`]: the recovery key as BIP-39 words, its derivation, its
+//!   place in the document and the write-it-down confirmation.
 //!
 //! It is pure and deterministic: no IO, no network, no files, no async, and
 //! no clock reads (time is always a `now_unix_secs` parameter); randomness is
-//! used only to create keys and nonces. Storing keys and logs, exchanging them
-//! with peers, and mapping keys to libp2p PeerIds are left to other crates.
+//! used only to create keys and nonces and to pick which recovery words to
+//! ask back. Storing keys and logs, exchanging them with peers, talking to the
+//! user, and mapping keys to libp2p PeerIds are left to other crates.
 
 pub mod canonical;
 pub mod did_key;
@@ -25,5 +28,6 @@ pub mod document;
 pub mod keys;
 pub mod log;
 pub mod nip2;
+pub mod recovery;
 mod replay;
 pub mod resolver;
