@@ -879,7 +879,7 @@ pub fn revoke(home: &Path, context_id: &str, json: bool) -> Result<()> {
             // update and the new epoch to every peer when it next starts.
             let h = home::load(home)?;
             let now = home::now_unix_secs();
-            let master = crate::lifecycle::load_master(home, &h.log, now)?;
+            let master = crate::lifecycle::load_admin(home, &h.log, &h.device, now)?;
             let r = crate::lifecycle::revoke(
                 &h.log,
                 &h.keys,
@@ -994,4 +994,71 @@ pub fn tool_get(home: &Path, path: &str, json: bool) -> Result<()> {
     } else {
         print_pretty(&v)
     }
+}
+
+/// POSTs `body` as JSON to `path` of the daemon and decodes its reply.
+pub fn post_json<B: serde::Serialize, R: serde::de::DeserializeOwned>(
+    home: &Path,
+    path: &str,
+    body: &B,
+) -> Result<R> {
+    let c = Client::new(home)?;
+    runtime()?.block_on(async {
+        let r = c
+            .send(c.http.post(format!("{}{path}", c.api.url)).json(body))
+            .await?;
+        r.json().await.context("malformed reply from the daemon")
+    })
+}
+
+/// `device promote` / `device demote`: through the daemon when one runs on
+/// this home, on the home's files otherwise (peers learn the update when the
+/// daemon next starts).
+pub fn admin_change(home: &Path, promote: bool, context_id: &str, json: bool) -> Result<()> {
+    let context_id = context_id.trim();
+    let r: crate::api::AdminReply = match home::try_lock(home)? {
+        Some(lock) => {
+            let h = home::load(home)?;
+            let now = home::now_unix_secs();
+            let admin = crate::lifecycle::load_admin(home, &h.log, &h.device, now)?;
+            let log = if promote {
+                crate::lifecycle::promote(&h.log, &admin, context_id, now)?
+            } else {
+                crate::lifecycle::demote(&h.log, &admin, context_id, now)?
+            };
+            home::save_log(home, &log)?;
+            drop(lock);
+            eprintln!(
+                "no daemon is running: changed in the home; peers learn it when it next runs"
+            );
+            crate::api::AdminReply {
+                change: if promote { "promoted" } else { "demoted" }.to_owned(),
+                subject: context_id.to_owned(),
+                did_log_len: log.len(),
+            }
+        }
+        None => post_json(
+            home,
+            if promote {
+                "/v1/devices/promote"
+            } else {
+                "/v1/devices/demote"
+            },
+            &crate::api::DeviceBody {
+                context_id: context_id.to_owned(),
+            },
+        )?,
+    };
+    if json {
+        return print_json(&r);
+    }
+    if promote {
+        println!(
+            "{} is an admin now: it can approve, provision, promote, demote and revoke devices",
+            r.subject
+        );
+    } else {
+        println!("{} is no longer an admin", r.subject);
+    }
+    Ok(())
 }

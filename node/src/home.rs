@@ -169,16 +169,21 @@ fn write_device(dir: &Path, device: &DeviceKey, name: &str, keys: &KeyRing) -> R
     Ok(info)
 }
 
-fn add_device(log: &mut DidLog, master: &DeviceKey, device: &DeviceKey) -> Result<String> {
+fn add_device(
+    log: &mut DidLog,
+    admin: &crate::lifecycle::Admin,
+    device: &DeviceKey,
+) -> Result<String> {
     // The device's X25519 key (the Montgomery form of its Ed25519 key) goes
     // under `keyAgreement`: new sync-key epochs are sealed to it.
     let x25519 = nuwa_identity::did_key::x25519_public_from_ed25519(&device.public())
         .context("cannot derive the device's key-agreement key")?;
-    crate::lifecycle::add_device(log, master, &device.public(), &x25519, now_unix_secs())
+    crate::lifecycle::add_device(log, admin, &device.public(), &x25519, now_unix_secs())
 }
 
-/// `init`: a new agent with this device as its first device.
-pub fn init(dir: &Path, name: &str) -> Result<Home> {
+/// `init`: a new agent with this device as its first device, and
+/// `recovery_public` (the key of the recovery words) as its recovery key.
+pub fn init(dir: &Path, name: &str, recovery_public: &[u8; 32]) -> Result<Home> {
     create_dir_private(dir)?;
     let _lock = lock(dir)?;
     ensure_empty(dir)?;
@@ -186,7 +191,7 @@ pub fn init(dir: &Path, name: &str) -> Result<Home> {
     let device = DeviceKey::generate().context("cannot generate the device key")?;
     let keys = KeyRing::new(SyncKey::generate(0).context("cannot generate the sync key")?);
     let mut log = DidLog::genesis(&master, now_unix_secs()).context("cannot create the DID")?;
-    add_device(&mut log, &master, &device)?;
+    crate::lifecycle::first_update(&mut log, &master, &device, recovery_public, now_unix_secs())?;
     write_private(&dir.join(MASTER_KEY), &master.to_seed_file_bytes())?;
     write_log(dir, &log)?;
     write_device(dir, &device, name, &keys)?;
@@ -201,11 +206,11 @@ pub fn init(dir: &Path, name: &str) -> Result<Home> {
 pub fn provision(dir: &Path, out: &Path, name: &str) -> Result<DeviceInfo> {
     let _lock = lock(dir)?;
     let home = load(dir)?;
-    let master = crate::lifecycle::load_master(dir, &home.log, now_unix_secs())?;
+    let admin = crate::lifecycle::load_admin(dir, &home.log, &home.device, now_unix_secs())?;
     let (_out_lock, device) = prepare_new_home(out)?;
     let mut log = home.log.clone();
-    add_device(&mut log, &master, &device)?;
-    drop(master);
+    add_device(&mut log, &admin, &device)?;
+    drop(admin);
     // The provisioning home learns the new device at once; other devices
     // learn it from the newer log in the new device's Hello.
     write_log(dir, &log)?;
@@ -240,9 +245,13 @@ pub fn write_new_home(
     write_device(out, device, name, keys)
 }
 
-/// Adds `device` to the log, signed by the master key.
-pub fn add_device_key(log: &mut DidLog, master: &DeviceKey, device: &DeviceKey) -> Result<String> {
-    add_device(log, master, device)
+/// Adds `device` to the log, signed by an admin key.
+pub fn add_device_key(
+    log: &mut DidLog,
+    admin: &crate::lifecycle::Admin,
+    device: &DeviceKey,
+) -> Result<String> {
+    add_device(log, admin, device)
 }
 
 /// An exclusive lock on a home: the daemon holds it for its whole life, and

@@ -11,41 +11,146 @@ use nuwa_crypto::epoch::{EpochGrant, KeyRing};
 use nuwa_identity::document::{DidDocument, KeyStatus, Relationship};
 use nuwa_identity::keys::{DeviceKey, context_id_for};
 use nuwa_identity::log::DidLog;
+use nuwa_identity::recovery::{RECOVERY_FRAGMENT_PREFIX, add_recovery_key, check_belongs};
 
 use crate::home::DEVICE_RELATIONSHIPS;
 
 /// Fragment suffix of a device's X25519 `keyAgreement` key.
 pub const X25519_SUFFIX: &str = "-x25519";
 
-/// Reads the key that may change the DID document (`capabilityDelegation`)
-/// from `HOME/master.key`, or explains where key management happens.
-pub fn load_master(home: &std::path::Path, log: &DidLog, now_secs: i64) -> Result<DeviceKey> {
-    let path = home.join(crate::home::MASTER_KEY);
-    let bytes = std::fs::read(&path).map_err(|_| {
-        anyhow::anyhow!(
-            "this device holds no key with capabilityDelegation ({} is missing), so it cannot \
-             change the agent's DID document; run this on the device where `nuwa-node init` ran",
-            path.display()
-        )
-    })?;
-    let master = DeviceKey::from_seed_file_bytes(&bytes)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let key_id = master_key_id(log)?;
-    let listed = log
-        .current()
-        .key_for(&key_id, Relationship::CapabilityDelegation, now_secs)
-        .with_context(|| format!("the master key {key_id} may no longer delegate"))?;
-    if listed != master.public() {
-        bail!(
-            "{} does not hold the agent's capabilityDelegation key {key_id}",
-            path.display()
-        );
-    }
-    Ok(master)
+/// A key this home holds that may change the DID document: it is listed
+/// with `capabilityDelegation` in the current version. The master key of
+/// `init` (`HOME/master.key`), or this device's own key once an admin
+/// promoted it (`device promote`) or it recovered the agent (`recover`).
+pub struct Admin {
+    pub key: DeviceKey,
+    /// Absolute key id of `key` in the DID document.
+    pub key_id: String,
 }
 
-/// The id of the key that signs DID updates: the genesis document's
-/// `capabilityDelegation` key (the master key of `init`).
+impl Admin {
+    /// The grant issuer's context id: the fragment of the signing key.
+    pub fn fragment(&self) -> &str {
+        DidDocument::fragment(&self.key_id)
+    }
+}
+
+/// Finds the key of this home that may change the DID document: the
+/// master key if `HOME/master.key` is still listed with
+/// `capabilityDelegation`, else this device's key if it holds it. Explains
+/// what to do when neither does.
+pub fn load_admin(
+    home: &std::path::Path,
+    log: &DidLog,
+    device: &DeviceKey,
+    now_secs: i64,
+) -> Result<Admin> {
+    let doc = log.current();
+    let path = home.join(crate::home::MASTER_KEY);
+    let mut master_note = String::new();
+    if let Ok(bytes) = std::fs::read(&path) {
+        let master = DeviceKey::from_seed_file_bytes(&bytes)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        match doc.method_for_public(
+            &master.public(),
+            Relationship::CapabilityDelegation,
+            now_secs,
+        ) {
+            Ok(m) => {
+                let key_id = m.id.clone();
+                return Ok(Admin {
+                    key: master,
+                    key_id,
+                });
+            }
+            Err(_) => {
+                master_note = format!(
+                    " ({} is no longer an admin key of the agent: it was rotated out)",
+                    path.display()
+                );
+            }
+        }
+    }
+    if let Ok(m) = doc.method_for_public(
+        &device.public(),
+        Relationship::CapabilityDelegation,
+        now_secs,
+    ) {
+        return Ok(Admin {
+            key_id: m.id.clone(),
+            key: DeviceKey::from_seed(&device.seed()),
+        });
+    }
+    bail!(
+        "this device is not an admin of the agent: it holds no key with capabilityDelegation, \
+         the only keys that may approve, provision, promote or revoke devices{master_note}. Run \
+         this on an admin device (`nuwa-node device list` shows them), make this one an admin \
+         there with `nuwa-node device promote CONTEXT_ID`, or, if every admin device is lost, \
+         recover with the recovery words: `nuwa-node recover`"
+    )
+}
+
+/// Whether `key_id` (or fragment) names a recovery key.
+pub fn is_recovery_key(key_id: &str) -> bool {
+    DidDocument::fragment(key_id)
+        .strip_prefix(RECOVERY_FRAGMENT_PREFIX)
+        .is_some_and(|rest| rest.starts_with('-'))
+}
+
+/// The recovery keys the document lists.
+pub fn recovery_keys(doc: &DidDocument) -> Vec<String> {
+    doc.verification_method
+        .iter()
+        .filter(|m| is_recovery_key(&m.id))
+        .map(|m| m.id.clone())
+        .collect()
+}
+
+/// The generation the next recovery key gets: one above every listed
+/// one's, or above the log's count of updates so a removed generation is
+/// never reused.
+fn next_recovery_generation(log: &DidLog) -> u32 {
+    log.updates()
+        .iter()
+        .flat_map(|u| recovery_keys(&u.document))
+        .filter_map(|id| {
+            DidDocument::fragment(&id)
+                .strip_prefix(RECOVERY_FRAGMENT_PREFIX)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .and_then(|n| n.parse::<u32>().ok())
+        })
+        .max()
+        .unwrap_or(0)
+        .saturating_add(1)
+}
+
+/// Replaces every recovery key of `doc` with `public`; returns its key id.
+fn rotate_recovery_key(log: &DidLog, doc: &mut DidDocument, public: &[u8; 32]) -> Result<String> {
+    for id in recovery_keys(doc) {
+        doc.remove_key(&id)
+            .with_context(|| format!("cannot remove the old recovery key {id}"))?;
+    }
+    add_recovery_key(doc, next_recovery_generation(log), public)
+        .context("cannot add the recovery key to the DID document")
+}
+
+/// `recovery create`: the signed update that makes `public` the agent's
+/// recovery key (replacing any other). Returns the new log and the key id.
+pub fn set_recovery_key(
+    log: &DidLog,
+    admin: &Admin,
+    public: &[u8; 32],
+    now_secs: i64,
+) -> Result<(DidLog, String)> {
+    let mut doc = log.current().clone();
+    let key_id = rotate_recovery_key(log, &mut doc, public)?;
+    let mut log = log.clone();
+    log.append(doc, &admin.key, &admin.key_id, now_secs)
+        .context("cannot sign the DID document update")?;
+    Ok((log, key_id))
+}
+
+/// The id of the key that signed the genesis: the master key of `init`.
 pub fn master_key_id(log: &DidLog) -> Result<String> {
     let genesis = &log.updates().first().context("DID log is empty")?.document;
     genesis
@@ -55,12 +160,49 @@ pub fn master_key_id(log: &DidLog) -> Result<String> {
         .context("DID log genesis has no capabilityDelegation key")
 }
 
+/// The first update of a new agent: this device's keys and the recovery
+/// key, signed by the master key of the genesis.
+pub fn first_update(
+    log: &mut DidLog,
+    master: &DeviceKey,
+    device: &DeviceKey,
+    recovery_public: &[u8; 32],
+    now_secs: i64,
+) -> Result<String> {
+    let mut doc = log.current().clone();
+    let context_id = list_device(&mut doc, device, &[])?;
+    add_recovery_key(&mut doc, 1, recovery_public)
+        .context("cannot add the recovery key to the DID document")?;
+    log.append(doc, master, &master_key_id(log)?, now_secs)
+        .context("cannot sign the DID document update")?;
+    Ok(context_id)
+}
+
+/// Lists a device's Ed25519 key (device relationships plus `extra`) and
+/// its X25519 key in `doc`.
+fn list_device(
+    doc: &mut DidDocument,
+    device: &DeviceKey,
+    extra: &[Relationship],
+) -> Result<String> {
+    let public = device.public();
+    let x25519 = nuwa_identity::did_key::x25519_public_from_ed25519(&public)
+        .context("cannot derive the device's key-agreement key")?;
+    let context_id = context_id_for(&public);
+    let rels: Vec<Relationship> = DEVICE_RELATIONSHIPS.iter().chain(extra).copied().collect();
+    doc.add_key(&context_id, &public, &rels, None)
+        .context("cannot add the device key to the DID document")?;
+    doc.add_key_agreement_key(&format!("{context_id}{X25519_SUFFIX}"), &x25519, None)
+        .context("cannot add the device's key-agreement key to the DID document")?;
+    Ok(context_id)
+}
+
 /// Appends the signed update that adds a device: its Ed25519 key with the
 /// device relationships and its X25519 key under `keyAgreement`. Returns the
 /// device's context id.
 pub fn add_device(
     log: &mut DidLog,
-    master: &DeviceKey,
+    admin: &Admin,
     ed25519: &[u8; 32],
     x25519: &[u8; 32],
     now_secs: i64,
@@ -71,7 +213,7 @@ pub fn add_device(
         .context("cannot add the device key to the DID document")?;
     doc.add_key_agreement_key(&format!("{context_id}{X25519_SUFFIX}"), x25519, None)
         .context("cannot add the device's key-agreement key to the DID document")?;
-    log.append(doc, master, &master_key_id(log)?, now_secs)
+    log.append(doc, &admin.key, &admin.key_id, now_secs)
         .context("cannot sign the DID document update")?;
     Ok(context_id)
 }
@@ -91,7 +233,7 @@ pub struct Revocation {
 pub fn revoke(
     log: &DidLog,
     keys: &KeyRing,
-    master: &DeviceKey,
+    admin: &Admin,
     target: &str,
     self_context: &str,
     now_secs: i64,
@@ -119,6 +261,12 @@ pub fn revoke(
     if DidDocument::fragment(&master_id) == target {
         bail!("{target} is the agent's master key, not a device");
     }
+    if is_recovery_key(target) {
+        bail!(
+            "{target} is the agent's recovery key, not a device; replace it with \
+             `nuwa-node recovery create`"
+        );
+    }
     let mut next = doc.clone();
     next.remove_key(target)
         .with_context(|| format!("cannot remove {target}"))?;
@@ -127,23 +275,60 @@ pub fn revoke(
         next.remove_key(&x)
             .with_context(|| format!("cannot remove {x}"))?;
     }
+    if next
+        .capability_delegation
+        .iter()
+        .all(|id| is_recovery_key(id))
+    {
+        bail!(
+            "{target} is the last admin device: revoking it leaves only the recovery words able \
+             to change the agent. Promote another device first (`nuwa-node device promote ID`)"
+        );
+    }
     let mut log = log.clone();
-    log.append(next, master, &master_id, now_secs)
+    log.append(next, &admin.key, &admin.key_id, now_secs)
         .context("cannot sign the DID document update")?;
+    let (keys, grant, epoch, remaining) = new_epoch(
+        &log,
+        keys,
+        &admin.key,
+        admin.fragment(),
+        &[target.to_owned()],
+        now_secs,
+    )?;
+    Ok(Revocation {
+        log,
+        keys,
+        grant,
+        epoch,
+        remaining,
+    })
+}
 
+/// Opens the next key epoch, sealed to every active device of `log`'s
+/// current document, and signs its grant with `issuer` (a key listed with
+/// `capabilityDelegation` under the fragment `issuer_fragment`).
+fn new_epoch(
+    log: &DidLog,
+    keys: &KeyRing,
+    issuer: &DeviceKey,
+    issuer_fragment: &str,
+    revoked: &[String],
+    now_secs: i64,
+) -> Result<(KeyRing, Vec<u8>, u64, Vec<String>)> {
     let recipients = recipients(log.current(), now_secs)?;
     if recipients.is_empty() {
-        bail!("no device would remain after revoking {target}");
+        bail!("no device would remain to receive the new key epoch");
     }
     let epoch = keys.current().epoch() + 1;
     let key = SyncKey::generate(epoch).context("cannot generate the new sync key")?;
     let grant = EpochGrant::create(
         &key,
         &recipients,
-        &[target.to_owned()],
-        DidDocument::fragment(&master_id),
-        master.signing_key(),
-        &did,
+        revoked,
+        issuer_fragment,
+        issuer.signing_key(),
+        log.did(),
         now_secs.max(0) as u64,
     )
     .context("cannot create the epoch grant")?
@@ -151,12 +336,163 @@ pub fn revoke(
     .context("cannot encode the epoch grant")?;
     let mut keys = keys.clone();
     keys.insert(key).context("cannot add the new key epoch")?;
-    Ok(Revocation {
+    Ok((
+        keys,
+        grant,
+        epoch,
+        recipients.into_iter().map(|(c, _)| c).collect(),
+    ))
+}
+
+/// The active device `target` (a context id) of `doc`, or why it is not one.
+fn active_device(log: &DidLog, target: &str, now_secs: i64) -> Result<String> {
+    let doc = log.current();
+    let key_id = format!("{}#{target}", doc.id);
+    match doc.key_status(&key_id, now_secs) {
+        KeyStatus::Active if doc.has_relationship(&key_id, Relationship::Authentication) => {
+            Ok(key_id)
+        }
+        KeyStatus::NotListed
+            if log
+                .updates()
+                .iter()
+                .any(|u| u.document.key_status(&key_id, i64::MIN / 2) != KeyStatus::NotListed) =>
+        {
+            bail!("device {target} was revoked")
+        }
+        KeyStatus::NotListed => {
+            bail!("no device {target} in the agent's DID document; see `nuwa-node device list`")
+        }
+        _ => bail!("{target} is not an active device of the agent; see `nuwa-node device list`"),
+    }
+}
+
+/// `device promote`: gives device `target` `capabilityDelegation`, so it
+/// can approve, provision, promote and revoke devices too.
+pub fn promote(log: &DidLog, admin: &Admin, target: &str, now_secs: i64) -> Result<DidLog> {
+    let target = target.trim();
+    let key_id = active_device(log, target, now_secs)?;
+    let mut doc = log.current().clone();
+    if doc.has_relationship(&key_id, Relationship::CapabilityDelegation) {
+        bail!("device {target} is already an admin");
+    }
+    doc.grant(&key_id, Relationship::CapabilityDelegation)
+        .with_context(|| format!("cannot make {target} an admin"))?;
+    let mut log = log.clone();
+    log.append(doc, &admin.key, &admin.key_id, now_secs)
+        .context("cannot sign the DID document update")?;
+    Ok(log)
+}
+
+/// `device demote`: takes `capabilityDelegation` from device `target`. The
+/// last admin device cannot be demoted (only the recovery words would be
+/// left to change the agent).
+pub fn demote(log: &DidLog, admin: &Admin, target: &str, now_secs: i64) -> Result<DidLog> {
+    let target = target.trim();
+    let key_id = active_device(log, target, now_secs)?;
+    let mut doc = log.current().clone();
+    if !doc.has_relationship(&key_id, Relationship::CapabilityDelegation) {
+        bail!("device {target} is not an admin");
+    }
+    doc.revoke(&key_id, Relationship::CapabilityDelegation);
+    if doc
+        .capability_delegation
+        .iter()
+        .all(|id| is_recovery_key(id))
+    {
+        bail!(
+            "{target} is the last admin: demoting it leaves only the recovery words able to \
+             change the agent. Promote another device first"
+        );
+    }
+    let mut log = log.clone();
+    log.append(doc, &admin.key, &admin.key_id, now_secs)
+        .context("cannot sign the DID document update")?;
+    Ok(log)
+}
+
+/// What `recover` did: the extended log, the new epoch (already in `keys`)
+/// and its grant, and which keys it removed.
+pub struct Recovery {
+    pub log: DidLog,
+    pub keys: KeyRing,
+    pub grant: Vec<u8>,
+    pub epoch: u64,
+    /// Key fragments removed from the document (the lost master key, lost devices).
+    pub removed: Vec<String>,
+    /// Devices the new epoch was sealed to.
+    pub remaining: Vec<String>,
+    /// The new recovery key's id.
+    pub recovery_key_id: String,
+}
+
+/// `recover`: with the recovery key, makes `device` (this home's device,
+/// listed or not) an admin, removes the master key of `init` and every
+/// device in `lost`, replaces the recovery key with `new_recovery_public`,
+/// and opens a new key epoch sealed to the devices that remain, issued by
+/// `device`. Nothing changes on error.
+pub fn recover(
+    log: &DidLog,
+    keys: &KeyRing,
+    recovery: &DeviceKey,
+    device: &DeviceKey,
+    lost: &[String],
+    new_recovery_public: &[u8; 32],
+    now_secs: i64,
+) -> Result<Recovery> {
+    let did = log.did().to_owned();
+    let doc = log.current();
+    let recovery_id = check_belongs(doc, recovery, now_secs).map_err(anyhow::Error::new)?;
+    let context_id = context_id_for(&device.public());
+    let device_id = format!("{did}#{context_id}");
+    let mut next = doc.clone();
+    let mut removed = Vec::new();
+    if next.key_status(&device_id, now_secs) == KeyStatus::NotListed {
+        list_device(&mut next, device, &[Relationship::CapabilityDelegation])?;
+    } else if !next.has_relationship(&device_id, Relationship::CapabilityDelegation) {
+        next.grant(&device_id, Relationship::CapabilityDelegation)
+            .context("cannot make this device an admin")?;
+    }
+    let master_id = master_key_id(log)?;
+    if next.find_method(&master_id).is_some() {
+        next.remove_key(&master_id)
+            .context("cannot remove the master key")?;
+        removed.push(DidDocument::fragment(&master_id).to_owned());
+    }
+    let mut revoked = Vec::new();
+    for target in lost {
+        let target = target.trim();
+        if target == context_id {
+            bail!("{target} is this device; it cannot be lost and recover the agent");
+        }
+        if is_recovery_key(target) || target == DidDocument::fragment(&master_id) {
+            bail!("{target} is not a device; name lost devices by context id (`device list`)");
+        }
+        active_device(log, target, now_secs)?;
+        next.remove_key(target)
+            .with_context(|| format!("cannot remove {target}"))?;
+        let x = format!("{target}{X25519_SUFFIX}");
+        if next.find_method(&x).is_some() {
+            next.remove_key(&x)
+                .with_context(|| format!("cannot remove {x}"))?;
+        }
+        removed.push(target.to_owned());
+        revoked.push(target.to_owned());
+    }
+    let recovery_key_id = rotate_recovery_key(log, &mut next, new_recovery_public)?;
+    let mut log = log.clone();
+    log.append(next, recovery, &recovery_id, now_secs)
+        .context("cannot sign the recovery update")?;
+    let (keys, grant, epoch, remaining) =
+        new_epoch(&log, keys, device, &context_id, &revoked, now_secs)?;
+    Ok(Recovery {
         log,
         keys,
         grant,
         epoch,
-        remaining: recipients.into_iter().map(|(c, _)| c).collect(),
+        removed,
+        remaining,
+        recovery_key_id,
     })
 }
 
@@ -188,14 +524,18 @@ mod tests {
 
     struct Agent {
         log: DidLog,
-        master: DeviceKey,
+        master: Admin,
         devices: Vec<DeviceKey>,
         keys: KeyRing,
     }
 
     fn agent(n: usize) -> Agent {
-        let master = DeviceKey::generate().unwrap();
-        let mut log = DidLog::genesis(&master, 1_000).unwrap();
+        let key = DeviceKey::generate().unwrap();
+        let mut log = DidLog::genesis(&key, 1_000).unwrap();
+        let master = Admin {
+            key_id: master_key_id(&log).unwrap(),
+            key,
+        };
         let mut devices = Vec::new();
         for _ in 0..n {
             let d = DeviceKey::generate().unwrap();
@@ -297,7 +637,11 @@ mod tests {
         .unwrap();
         assert!(e.to_string().contains("no device"), "{e}");
         // A key without capabilityDelegation cannot sign the update.
-        let e = revoke(&a.log, &a.keys, &a.devices[0], &ctx[1], &ctx[0], 1_010)
+        let not_admin = Admin {
+            key_id: format!("{}#{}", a.log.did(), ctx[0]),
+            key: DeviceKey::from_seed(&a.devices[0].seed()),
+        };
+        let e = revoke(&a.log, &a.keys, &not_admin, &ctx[1], &ctx[0], 1_010)
             .err()
             .unwrap();
         assert!(e.to_string().contains("cannot sign"), "{e:#}");
@@ -372,5 +716,224 @@ mod tests {
         .err()
         .unwrap();
         assert!(err.contains("malformed"), "{err}");
+    }
+
+    /// An agent made as `init` makes it (device 0 and the recovery key in
+    /// the first update) plus `n - 1` more devices; returns the words' key.
+    fn agent_with_recovery(n: usize) -> (Agent, DeviceKey) {
+        let key = DeviceKey::generate().unwrap();
+        let recovery = DeviceKey::generate().unwrap();
+        let mut log = DidLog::genesis(&key, 1_000).unwrap();
+        let first = DeviceKey::generate().unwrap();
+        first_update(&mut log, &key, &first, &recovery.public(), 1_000).unwrap();
+        let master = Admin {
+            key_id: master_key_id(&log).unwrap(),
+            key,
+        };
+        let mut devices = vec![first];
+        for _ in 1..n {
+            let d = DeviceKey::generate().unwrap();
+            let x = nuwa_crypto::epoch::x25519_public_key(&d.x25519_secret());
+            add_device(&mut log, &master, &d.public(), &x, 1_000).unwrap();
+            devices.push(d);
+        }
+        let agent = Agent {
+            log,
+            master,
+            devices,
+            keys: KeyRing::new(SyncKey::generate(0).unwrap()),
+        };
+        (agent, recovery)
+    }
+
+    // Goal: recovery with the words makes the recovering device an admin,
+    // takes the master key and the lost device out, replaces the recovery
+    // key, and seals a new epoch only to the devices that remain; the old
+    // words and another agent's words are refused. Method: three devices,
+    // device 0 (with the master key's home) lost, device 1 recovers.
+    #[test]
+    fn recover_makes_this_device_admin_and_locks_the_lost_one_out() {
+        let (a, words) = agent_with_recovery(3);
+        let ctx: Vec<String> = a
+            .devices
+            .iter()
+            .map(|d| context_id_for(&d.public()))
+            .collect();
+        let new_words = DeviceKey::generate().unwrap();
+        let r = recover(
+            &a.log,
+            &a.keys,
+            &words,
+            &a.devices[1],
+            std::slice::from_ref(&ctx[0]),
+            &new_words.public(),
+            1_010,
+        )
+        .unwrap();
+        r.log.verify(Some(a.log.did()), 1_010).unwrap();
+        let doc = r.log.current();
+        let did = doc.id.clone();
+        assert!(doc.has_relationship(
+            &format!("{did}#{}", ctx[1]),
+            Relationship::CapabilityDelegation
+        ));
+        assert_eq!(
+            doc.key_status(&master_key_id(&a.log).unwrap(), 1_010),
+            KeyStatus::NotListed
+        );
+        assert_eq!(
+            doc.key_status(&format!("{did}#{}", ctx[0]), 1_010),
+            KeyStatus::NotListed
+        );
+        assert_eq!(recovery_keys(doc), vec![format!("{did}#recovery-2")]);
+        assert_eq!(r.recovery_key_id, format!("{did}#recovery-2"));
+        let mut removed = r.removed.clone();
+        removed.sort();
+        let mut want = vec![
+            ctx[0].clone(),
+            DidDocument::fragment(&master_key_id(&a.log).unwrap()).to_owned(),
+        ];
+        want.sort();
+        assert_eq!(removed, want);
+        assert_eq!(r.epoch, 1);
+        for i in [1, 2] {
+            match open_grant(&r.grant, &a.keys, doc, &a.devices[i], &ctx[i], 1_010).unwrap() {
+                GrantOutcome::NewKey(k) => {
+                    assert_eq!(k.expose_secret(), r.keys.current().expose_secret())
+                }
+                GrantOutcome::Known => panic!("device {i} should learn the new key"),
+            }
+        }
+        assert!(open_grant(&r.grant, &a.keys, doc, &a.devices[0], &ctx[0], 1_010).is_err());
+
+        // The old words are retired; a stranger's words never belonged.
+        let again = recover(
+            &r.log,
+            &r.keys,
+            &words,
+            &a.devices[1],
+            &[],
+            &new_words.public(),
+            1_020,
+        );
+        let e = again.err().unwrap().to_string();
+        assert!(e.contains("not a recovery key"), "{e}");
+        let stranger = DeviceKey::generate().unwrap();
+        let e = recover(
+            &a.log,
+            &a.keys,
+            &stranger,
+            &a.devices[1],
+            &[],
+            &new_words.public(),
+            1_020,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("not a recovery key"), "{e}");
+        // The new words work, from a device the log does not list yet.
+        let fresh = DeviceKey::generate().unwrap();
+        let newer = DeviceKey::generate().unwrap();
+        let r2 = recover(
+            &r.log,
+            &r.keys,
+            &new_words,
+            &fresh,
+            &[],
+            &newer.public(),
+            1_030,
+        )
+        .unwrap();
+        let fresh_id = format!("{did}#{}", context_id_for(&fresh.public()));
+        assert!(
+            r2.log
+                .current()
+                .has_relationship(&fresh_id, Relationship::Authentication)
+        );
+        assert!(
+            r2.log
+                .current()
+                .has_relationship(&fresh_id, Relationship::CapabilityDelegation)
+        );
+        assert_eq!(r2.epoch, 2);
+    }
+
+    // Goal: a promoted device can sign DID updates itself (add a device),
+    // a demoted one cannot, and neither revoke nor demote may leave the
+    // agent without an admin device. Method: promote device 1, let it add
+    // a device, demote it, then recover so device 1 is the only admin.
+    #[test]
+    fn promote_and_demote_move_admin_rights() {
+        let (a, words) = agent_with_recovery(2);
+        let ctx: Vec<String> = a
+            .devices
+            .iter()
+            .map(|d| context_id_for(&d.public()))
+            .collect();
+        let log = promote(&a.log, &a.master, &ctx[1], 1_010).unwrap();
+        let e = promote(&log, &a.master, &ctx[1], 1_010)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("already an admin"), "{e}");
+        let did = log.did().to_owned();
+        let phone = Admin {
+            key_id: format!("{did}#{}", ctx[1]),
+            key: DeviceKey::from_seed(&a.devices[1].seed()),
+        };
+        let mut by_phone = log.clone();
+        let d = DeviceKey::generate().unwrap();
+        let x = nuwa_crypto::epoch::x25519_public_key(&d.x25519_secret());
+        add_device(&mut by_phone, &phone, &d.public(), &x, 1_020).unwrap();
+        by_phone.verify(None, 1_020).unwrap();
+
+        let log = demote(&by_phone, &a.master, &ctx[1], 1_030).unwrap();
+        let mut denied = log.clone();
+        assert!(
+            add_device(
+                &mut denied,
+                &phone,
+                &DeviceKey::generate().unwrap().public(),
+                &x,
+                1_040
+            )
+            .is_err()
+        );
+        let e = demote(&log, &a.master, &ctx[1], 1_040)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("not an admin"), "{e}");
+        let e = promote(&log, &a.master, "recovery-1", 1_040)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("not an active device") || e.contains("no device"),
+            "{e}"
+        );
+
+        // After recovery device 0 is the only admin device: it cannot be
+        // demoted or revoked by itself.
+        let r = recover(
+            &log,
+            &a.keys,
+            &words,
+            &a.devices[0],
+            &[],
+            &DeviceKey::generate().unwrap().public(),
+            1_050,
+        )
+        .unwrap();
+        let me = Admin {
+            key_id: format!("{did}#{}", ctx[0]),
+            key: DeviceKey::from_seed(&a.devices[0].seed()),
+        };
+        let e = demote(&r.log, &me, &ctx[0], 1_060)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("last admin"), "{e}");
     }
 }

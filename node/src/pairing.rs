@@ -120,7 +120,11 @@ mod tests {
         let other = DeviceKey::generate().unwrap();
         let mut log = DidLog::genesis(&master, 1_000).unwrap();
         let x = nuwa_crypto::epoch::x25519_public_key(&joiner.x25519_secret());
-        crate::lifecycle::add_device(&mut log, &master, &joiner.public(), &x, 1_000).unwrap();
+        let admin = crate::lifecycle::Admin {
+            key_id: crate::lifecycle::master_key_id(&log).unwrap(),
+            key: master,
+        };
+        crate::lifecycle::add_device(&mut log, &admin, &joiner.public(), &x, 1_000).unwrap();
         let keys = KeyRing::new(SyncKey::generate(0).unwrap());
         let bytes = GrantPlaintext::new(&log, &keys, &[], "phone")
             .to_bytes()

@@ -112,9 +112,12 @@ impl Daemon {
                 return;
             }
         }
-        if let Err(e) =
-            lifecycle::load_master(&self.home_dir, self.session.log(), home::now_unix_secs())
-        {
+        if let Err(e) = lifecycle::load_admin(
+            &self.home_dir,
+            self.session.log(),
+            self.session.membership().device(),
+            home::now_unix_secs(),
+        ) {
             let _ = reply.send(Err(ApiError::new(
                 ErrorCode::NotKeyManager,
                 format!("{e:#}"),
@@ -504,8 +507,13 @@ impl Daemon {
         }
         let name = a.name.clone().unwrap_or_else(|| joiner.name.clone());
         let now_secs = home::now_unix_secs();
-        let master = lifecycle::load_master(&self.home_dir, self.session.log(), now_secs)
-            .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
+        let master = lifecycle::load_admin(
+            &self.home_dir,
+            self.session.log(),
+            self.session.membership().device(),
+            now_secs,
+        )
+        .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
         let mut log = self.session.log().clone();
         let context_id = lifecycle::add_device(
             &mut log,

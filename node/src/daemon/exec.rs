@@ -655,7 +655,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a_dir = dir.path().join("a");
         let b_dir = dir.path().join("b");
-        home::init(&a_dir, "a").unwrap();
+        home::init(
+            &a_dir,
+            "a",
+            &nuwa_identity::keys::DeviceKey::generate().unwrap().public(),
+        )
+        .unwrap();
         home::provision(&a_dir, &b_dir, "b").unwrap();
         let a = home::load(&a_dir).unwrap();
         let b = home::load(&b_dir).unwrap();
