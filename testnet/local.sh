@@ -95,7 +95,7 @@ chmod +x "$TMP/nuwa"
 NUWA="$TMP/nuwa"
 
 mkdir -p "$TMP/logs"
-"$BIN" --home "$TMP/node1" init --name node1 >/dev/null
+"$BIN" --home "$TMP/node1" init --name node1 --i-have-written-it-down >/dev/null
 for i in $(seq 2 "$N"); do
   "$BIN" --home "$TMP/node1" device provision --out "$TMP/node$i" --name "node$i" >/dev/null
 done

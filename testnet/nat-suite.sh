@@ -239,7 +239,7 @@ wait_value() { # HOST HOME CONTAINER KEY MINLEN SECS -> 0/1
   done
 }
 
-"$BIN" --home "$TMP/d1" init --name d1 >/dev/null
+"$BIN" --home "$TMP/d1" init --name d1 --i-have-written-it-down >/dev/null
 "$BIN" --home "$TMP/d1" device provision --out "$TMP/d2" --name d2 >/dev/null
 
 run_case() { # NAME MODE1 MODE2 EXPECT(direct|relayed)

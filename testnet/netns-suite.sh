@@ -94,7 +94,7 @@ for _ in $(seq 1 100); do grep -q "/ip4/10.77.0.2/tcp/" "$TMP/rv.out" 2>/dev/nul
 RV="$(grep -m1 '/ip4/10.77.0.2/tcp/' "$TMP/rv.out")"
 [ -n "$RV" ] && pass "rendezvous node prints its address: $RV" || { fail "rendezvous node did not start"; exit 1; }
 
-"$BIN" --home "$TMP/h1" init --name h1 >/dev/null
+"$BIN" --home "$TMP/h1" init --name h1 --i-have-written-it-down >/dev/null
 for h in h2 h3 fresh lonely; do "$BIN" --home "$TMP/h1" device provision --out "$TMP/$h" --name "$h" >/dev/null; done
 
 # 1a. Rendezvous only.
@@ -169,7 +169,7 @@ fi
 # device of the testnet: doctor exits 0.
 ip netns add "$LO_NS"
 ip -n "$LO_NS" link set lo up
-"$BIN" --home "$TMP/loonly" init --name loonly >/dev/null
+"$BIN" --home "$TMP/loonly" init --name loonly --i-have-written-it-down >/dev/null
 ip netns exec "$LO_NS" "$BIN" --home "$TMP/loonly" run >/dev/null 2>>"$TMP/loonly.log" &
 LP=$!
 for _ in $(seq 1 100); do ip netns exec "$LO_NS" "$BIN" --home "$TMP/loonly" status >/dev/null 2>&1 && break; sleep 0.1; done

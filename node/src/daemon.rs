@@ -1113,6 +1113,15 @@ impl Daemon {
                         let _ = reply.send(Err(e));
                     }
                 },
+                ApiRequest::Admin(change, reply) => match self.on_admin_change(change) {
+                    Ok((r, e)) => {
+                        effects.extend(e);
+                        acks.push(Ack::Value(reply, r));
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                },
                 ApiRequest::Approve(body, reply) => self.on_approve(body, reply).await,
                 ApiRequest::Provision(body, reply) => match self.on_provision(body) {
                     Ok((r, e)) => {
@@ -1432,6 +1441,14 @@ impl Daemon {
                     limit: nuwa_sync::pointer::MAX_POINTER_BYTES as u64,
                 }),
             master_key: self.home_dir.join(home::MASTER_KEY).exists(),
+            admin: crate::lifecycle::load_admin(
+                &self.home_dir,
+                self.session.log(),
+                self.session.membership().device(),
+                home::now_unix_secs(),
+            )
+            .is_ok(),
+            recovery_key: !crate::lifecycle::recovery_keys(self.session.log().current()).is_empty(),
         }
     }
 }

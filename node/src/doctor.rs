@@ -264,7 +264,67 @@ fn checks(home: &Path, net: config::Settings) -> Vec<Check> {
     out.push(check_dht_pointer(home, settings.as_ref()));
     out.push(check_disk(home));
     out.push(check_master_key(home));
+    out.push(check_recovery(home));
     out
+}
+
+/// The agent's way back when every admin device is lost: a recovery key
+/// in the DID document (agents created before recovery words had none),
+/// and a second admin device so that one loss needs no words at all.
+fn check_recovery(home: &Path) -> Check {
+    const NAME: &str = "recovery";
+    let h = home.display().to_string();
+    let Ok((device, log)) = read_identity(home) else {
+        return Check::skip(
+            NAME,
+            "the home's DID log cannot be read (see the home check)",
+        );
+    };
+    let doc = log.current();
+    let now = home::now_unix_secs();
+    let admins = doc
+        .capability_delegation
+        .iter()
+        .filter(|id| !crate::lifecycle::is_recovery_key(id))
+        .count();
+    if crate::lifecycle::recovery_keys(doc).is_empty() {
+        return Check::warn(
+            NAME,
+            "the agent has no recovery key: if every admin device is lost, no device can ever \
+             be approved or revoked again",
+            format!(
+                "on an admin device: `nuwa-node --home {h} recovery create` (shows 12 words to \
+                 write down and keep offline)"
+            ),
+        );
+    }
+    let me_admin = doc
+        .method_for_public(
+            &device.public(),
+            nuwa_identity::document::Relationship::CapabilityDelegation,
+            now,
+        )
+        .is_ok();
+    if admins <= 1 {
+        return Check::warn(
+            NAME,
+            format!(
+                "recovery words are set, and {} the only admin key: losing it means recovering \
+                 with the words",
+                if me_admin || home.join(home::MASTER_KEY).exists() {
+                    "this home holds"
+                } else {
+                    "one device holds"
+                }
+            ),
+            "make a second device an admin: `nuwa-node device promote CONTEXT_ID` on an admin \
+             device (`device list` shows the context ids)",
+        );
+    }
+    Check::pass(
+        NAME,
+        format!("recovery words are set, and {admins} keys are admin keys"),
+    )
 }
 
 /// The status report, or why the daemon is not running or not answering.

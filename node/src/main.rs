@@ -18,6 +18,7 @@ mod metrics;
 mod pair;
 mod pairing;
 mod panic_hook;
+mod recovery;
 mod service;
 mod snapshot;
 mod status;
@@ -73,14 +74,48 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Create a new agent (DID document, master key, sync key) with this
-    /// device as its first device. This home then holds the agent's master
-    /// key: only it can approve, provision and revoke devices.
+    /// Create a new agent (DID document, master key, sync key, recovery
+    /// key) with this device as its first device. This home then holds the
+    /// agent's master key (an admin key: it approves, provisions, promotes
+    /// and revokes devices). The recovery key is shown once as 12 words:
+    /// write them down; a few are asked back. They are the way back when
+    /// every admin device is lost (`nuwa-node recover`).
     Init {
         /// A name for this device, shown in status and `device list`
         /// (default: none).
         #[arg(long, default_value = "")]
         name: String,
+        /// Skip asking recovery words back (for scripts, which must keep
+        /// the words printed; with --json they are in `recovery_words`).
+        #[arg(long)]
+        i_have_written_it_down: bool,
+    },
+    /// Become the agent's admin again with the recovery words, when every
+    /// admin device is lost. Run on a device that is still one of the
+    /// agent's (its daemon stopped): it signs, with the words' key, the DID
+    /// update that makes this device an admin, removes the master key of
+    /// `init` and every --lost device, and replaces the recovery words
+    /// (the new ones are shown once). It opens a new key epoch for the
+    /// devices that remain, so a lost device reads nothing written after.
+    /// Start the daemon afterwards: peers adopt the update as they connect.
+    /// The words are read from the terminal, from --words-file, or from stdin.
+    Recover {
+        /// A lost device to remove (its context id, see `device list`;
+        /// repeatable).
+        #[arg(long, value_name = "CONTEXT_ID")]
+        lost: Vec<String>,
+        /// Read the recovery words from this file instead of the terminal.
+        #[arg(long, value_name = "FILE")]
+        words_file: Option<PathBuf>,
+        /// Skip asking the new words back (scripts; with --json they are in
+        /// `recovery_words`).
+        #[arg(long)]
+        i_have_written_it_down: bool,
+    },
+    /// The agent's recovery words.
+    Recovery {
+        #[command(subcommand)]
+        command: RecoveryCommand,
     },
     /// Join an agent as a new device: on a fresh home, print a one-time
     /// pairing code (and its QR) and wait until the device holding the
@@ -231,6 +266,21 @@ enum Command {
 }
 
 #[derive(Subcommand, Debug)]
+enum RecoveryCommand {
+    /// Make new recovery words and list their key in the DID document as the
+    /// agent's recovery key, replacing any earlier one (its words stop
+    /// working). For agents created before recovery words existed, or to
+    /// replace words that may be known. Needs an admin device; works
+    /// through its running daemon or on its home.
+    Create {
+        /// Skip asking the words back (scripts; with --json they are in
+        /// `recovery_words`).
+        #[arg(long)]
+        i_have_written_it_down: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum MasterKeyCommand {
     /// Copy the master key to FILE (mode 0600, synced to disk) and record
     /// the backup in the home, so that `doctor` stops warning. Refuses to
@@ -325,6 +375,22 @@ enum DeviceCommand {
     /// holding the master key (where `init` ran). Asks for confirmation on
     /// a terminal; without one, pass --yes.
     Revoke {
+        /// Context id of the device, e.g. device-0123456789ab.
+        context_id: String,
+        /// Do not ask for confirmation (needed when stdin is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Make a device an admin: give its key capabilityDelegation, so it can
+    /// approve, provision, promote, demote and revoke devices too (and keep
+    /// the agent manageable if this one is lost). Needs an admin device.
+    Promote {
+        /// Context id of the device, e.g. device-0123456789ab.
+        context_id: String,
+    },
+    /// Take admin rights from a device. The last admin device cannot be
+    /// demoted. Asks for confirmation on a terminal; without one, pass --yes.
+    Demote {
         /// Context id of the device, e.g. device-0123456789ab.
         context_id: String,
         /// Do not ask for confirmation (needed when stdin is not a terminal).
@@ -536,31 +602,83 @@ fn real_main(cli: Cli) -> Result<()> {
     };
     let json = cli.json;
     match cli.command {
-        Command::Init { name } => {
-            let h = home::init(&home_dir, &name)?;
+        Command::Init {
+            name,
+            i_have_written_it_down,
+        } => {
+            recovery::check_can_confirm(i_have_written_it_down)?;
+            if home_dir.exists() {
+                home::ensure_empty(&home_dir)?;
+            }
+            let phrase = nuwa_identity::recovery::RecoveryPhrase::generate()
+                .context("cannot generate the recovery words")?;
+            if !json {
+                recovery::show(&phrase, "(the new agent)");
+            }
+            recovery::confirm(&phrase, i_have_written_it_down)?;
+            let h = home::init(&home_dir, &name, &phrase.key().public())?;
             if json {
-                client::print_json(&serde_json::json!({
+                let mut v = serde_json::json!({
                     "did": h.log.did(),
                     "context_id": h.info.context_id,
                     "name": h.info.name,
                     "home": home_dir.display().to_string(),
-                }))?;
+                });
+                if i_have_written_it_down {
+                    v["recovery_words"] = phrase.words().to_string().into();
+                }
+                client::print_json(&v)?;
                 return Ok(());
             }
             println!("agent did:   {}", h.log.did());
             println!("context id:  {}", h.info.context_id);
             println!("home:        {}", home_dir.display());
             println!(
-                "this home holds the agent's master key: only it can approve, provision and \
-                 revoke devices. Lose it and no device can ever be added or removed again."
+                "this home holds the agent's master key, an admin key: it approves, provisions, \
+                 promotes and revokes devices. Make a second device an admin too (`device \
+                 promote`), so losing this one does not need the recovery words."
             );
             println!(
-                "back it up now, offline (a USB stick, a password manager): \
+                "back the master key up, offline (a USB stick, a password manager): \
                  nuwa-node --home {} master-key backup --out /path/to/usb/nuwa-master.key",
                 home_dir.display()
             );
             println!("next: nuwa-node --home {} run", home_dir.display());
             Ok(())
+        }
+        Command::Recover {
+            lost,
+            words_file,
+            i_have_written_it_down,
+        } => recovery::recover(
+            &home_dir,
+            &lost,
+            words_file.as_deref(),
+            i_have_written_it_down,
+            json,
+        ),
+        Command::Recovery {
+            command: RecoveryCommand::Create {
+                i_have_written_it_down,
+            },
+        } => recovery::create(&home_dir, i_have_written_it_down, json),
+        Command::Device {
+            command: DeviceCommand::Promote { context_id },
+        } => client::admin_change(&home_dir, true, &context_id, json),
+        Command::Device {
+            command: DeviceCommand::Demote { context_id, yes },
+        } => {
+            let context_id = context_id.trim();
+            if !yes {
+                client::confirm(
+                    &format!(
+                        "this takes admin rights from device {context_id}: it can no longer \
+                         approve, provision, promote or revoke devices."
+                    ),
+                    context_id,
+                )?;
+            }
+            client::admin_change(&home_dir, false, context_id, json)
         }
         Command::Device {
             command: DeviceCommand::List,

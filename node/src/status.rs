@@ -56,6 +56,13 @@ pub struct Status {
     /// Whether this home holds the agent's master key.
     #[serde(default)]
     pub master_key: bool,
+    /// Whether this device is an admin: it holds a key with
+    /// `capabilityDelegation` (the master key, or its own promoted key).
+    #[serde(default)]
+    pub admin: bool,
+    /// Whether the DID document lists a recovery key (recovery words).
+    #[serde(default)]
+    pub recovery_key: bool,
 }
 
 /// A whole-document catch-up in progress.
@@ -278,10 +285,10 @@ impl Status {
                 self.version,
                 humantime::format_duration(std::time::Duration::from_secs(self.uptime_s)),
                 self.key_epoch,
-                if self.master_key {
-                    ", holds the master key"
-                } else {
-                    ""
+                match (self.admin, self.master_key) {
+                    (true, true) => ", admin (holds the master key)",
+                    (true, false) => ", admin",
+                    _ => "",
                 }
             ));
         }

@@ -81,7 +81,7 @@ fn json_everywhere_and_the_users_view() {
     isolated("json_everywhere_and_the_users_view", || {
         let mut c = Cluster::new();
         let a = c.home("a");
-        let init = json_of(&a, &["init", "--name", "a"]);
+        let init = json_of(&a, &["init", "--name", "a", "--i-have-written-it-down"]);
         assert_eq!(init["name"], "a");
         assert!(init["did"].as_str().unwrap().starts_with("did:"));
         let prov = json_of(

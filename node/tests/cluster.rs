@@ -342,7 +342,7 @@ fn cli_errors_are_clear() {
             err.contains("no nuwa-node daemon is running") && err.contains("run"),
             "{err}"
         );
-        let again = cli(&a, &["init"]);
+        let again = cli(&a, &["init", "--i-have-written-it-down"]);
         assert!(!again.status.success());
         assert!(
             String::from_utf8(again.stderr)

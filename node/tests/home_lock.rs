@@ -96,7 +96,7 @@ fn a_locked_home_is_not_initialised_twice() {
         .open(home.join("daemon.lock"))
         .unwrap();
     lock.try_lock().unwrap();
-    let out = cli(&home, &["init", "--name", "x"]);
+    let out = cli(&home, &["init", "--name", "x", "--i-have-written-it-down"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("already running with home"), "{stderr}");

@@ -18,7 +18,7 @@ D="$(mktemp -d)"
 PID=
 cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; rm -rf "$D"; }
 trap cleanup EXIT
-"$B" --home "$D/a" init --name a >/dev/null 2>&1
+"$B" --home "$D/a" init --name a --i-have-written-it-down >/dev/null 2>&1
 start() {
   rm -f "$D/a/api.json"
   "$B" --home "$D/a" run --no-mdns --listen /ip4/127.0.0.1/tcp/0 >"$D/a.log" 2>&1 &

@@ -68,7 +68,8 @@ impl NodeBin {
     /// `init` in `dir`/`name`.
     pub async fn init(&self, dir: &Path, name: &str) -> Result<PathBuf> {
         let home = dir.join(name);
-        self.run_once(&home, &["init", "--name", name]).await?;
+        self.run_once(&home, &["init", "--name", name, "--i-have-written-it-down"])
+            .await?;
         Ok(home)
     }
 

@@ -342,6 +342,33 @@ async fn revoke(
     Ok(Json(call(&s, |tx| ApiRequest::Revoke(body, tx)).await??))
 }
 
+async fn promote(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let body: DeviceBody = json_body(&body, "promote")?;
+    let change = AdminChange::Promote(body);
+    Ok(Json(call(&s, |tx| ApiRequest::Admin(change, tx)).await??))
+}
+
+async fn demote(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let body: DeviceBody = json_body(&body, "demote")?;
+    let change = AdminChange::Demote(body);
+    Ok(Json(call(&s, |tx| ApiRequest::Admin(change, tx)).await??))
+}
+
+async fn recovery_key(
+    State(s): State<AppState>,
+    Body(body): Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let body: RecoveryKeyBody = json_body(&body, "recovery-key")?;
+    let change = AdminChange::RecoveryKey(body);
+    Ok(Json(call(&s, |tx| ApiRequest::Admin(change, tx)).await??))
+}
+
 async fn approve(
     State(s): State<AppState>,
     Body(body): Body,
@@ -558,6 +585,9 @@ const ENDPOINTS: &[&str] = &[
     "/v1/devices/revoke",
     "/v1/devices/approve",
     "/v1/devices/provision",
+    "/v1/devices/promote",
+    "/v1/devices/demote",
+    "/v1/did/recovery-key",
     "/v1/state/put",
     "/v1/state/get",
     "/v1/state/export",
@@ -613,6 +643,9 @@ fn router(state: AppState) -> Router {
         .route("/v1/devices/revoke", post(revoke))
         .route("/v1/devices/approve", post(approve))
         .route("/v1/devices/provision", post(provision))
+        .route("/v1/devices/promote", post(promote))
+        .route("/v1/devices/demote", post(demote))
+        .route("/v1/did/recovery-key", post(recovery_key))
         .route("/v1/state/put", post(put))
         .route("/v1/state/get", get(get_state))
         .route("/v1/state/export", get(export))

@@ -52,6 +52,40 @@ pub struct RevokeBody {
     pub context_id: String,
 }
 
+/// `POST /v1/devices/promote` and `/v1/devices/demote`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceBody {
+    pub context_id: String,
+}
+
+/// `POST /v1/did/recovery-key`: make this the agent's recovery key. The
+/// words stay with the client: only the public key travels.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecoveryKeyBody {
+    /// Hex of the recovery key's 32-byte Ed25519 public key.
+    pub public_key_hex: String,
+}
+
+/// A DID document change an admin device signs.
+#[derive(Debug, Clone)]
+pub enum AdminChange {
+    Promote(DeviceBody),
+    Demote(DeviceBody),
+    RecoveryKey(RecoveryKeyBody),
+}
+
+/// The reply to an [`AdminChange`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AdminReply {
+    /// `promoted`, `demoted` or `recovery_key`.
+    pub change: String,
+    /// The device, or the new recovery key's id.
+    pub subject: String,
+    pub did_log_len: usize,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RevokeReply {
     pub revoked: String,
@@ -286,7 +320,9 @@ pub enum ErrorCode {
     BatchAborted,
     /// 400: this device cannot be revoked (it is this one, or unknown).
     CannotRevoke,
-    /// 403: only the home holding the master key can do this.
+    /// 400: a promotion, demotion or recovery-key change that does not apply.
+    CannotChangeDevices,
+    /// 403: only an admin device (one holding a `capabilityDelegation` key) can do this.
     NotKeyManager,
     /// 403: this device was revoked: it writes nothing that would sync.
     DeviceRevoked,
@@ -347,6 +383,7 @@ impl ErrorCode {
         ErrorCode::ContainerConflict,
         ErrorCode::BatchAborted,
         ErrorCode::CannotRevoke,
+        ErrorCode::CannotChangeDevices,
         ErrorCode::NotKeyManager,
         ErrorCode::DeviceRevoked,
         ErrorCode::BadName,
@@ -392,6 +429,7 @@ impl ErrorCode {
             ErrorCode::ContainerConflict => 409,
             ErrorCode::BatchAborted => 409,
             ErrorCode::CannotRevoke => 400,
+            ErrorCode::CannotChangeDevices => 400,
             ErrorCode::NotKeyManager => 403,
             ErrorCode::DeviceRevoked => 403,
             ErrorCode::BadName => 400,
@@ -438,6 +476,7 @@ impl ErrorCode {
             ErrorCode::ContainerConflict => "container_conflict",
             ErrorCode::BatchAborted => "batch_aborted",
             ErrorCode::CannotRevoke => "cannot_revoke",
+            ErrorCode::CannotChangeDevices => "cannot_change_devices",
             ErrorCode::NotKeyManager => "not_key_manager",
             ErrorCode::DeviceRevoked => "device_revoked",
             ErrorCode::BadName => "bad_name",
@@ -538,6 +577,7 @@ pub enum ApiRequest {
     Devices(oneshot::Sender<Vec<crate::devices::DeviceEntry>>),
     Put(PutBody, oneshot::Sender<Result<PutReply, ApiError>>),
     Revoke(RevokeBody, oneshot::Sender<Result<RevokeReply, ApiError>>),
+    Admin(AdminChange, oneshot::Sender<Result<Value, ApiError>>),
     Approve(ApproveBody, oneshot::Sender<Result<ApproveReply, ApiError>>),
     Provision(ProvisionBody, oneshot::Sender<Result<Value, ApiError>>),
     Tool(Tool, oneshot::Sender<Result<serde_json::Value, ApiError>>),

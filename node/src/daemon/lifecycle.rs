@@ -8,7 +8,10 @@ use nuwa_sync::Effect;
 use tracing::info;
 
 use super::Daemon;
-use crate::api::{ApiError, ErrorCode, ProvisionBody, ProvisionReply, RevokeBody, RevokeReply};
+use crate::api::{
+    AdminChange, AdminReply, ApiError, ErrorCode, ProvisionBody, ProvisionReply, RevokeBody,
+    RevokeReply,
+};
 use crate::home;
 use crate::lifecycle;
 
@@ -22,8 +25,13 @@ impl Daemon {
         body: RevokeBody,
     ) -> Result<(RevokeReply, Vec<Effect>), ApiError> {
         let now_secs = home::now_unix_secs();
-        let master = lifecycle::load_master(&self.home_dir, self.session.log(), now_secs)
-            .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
+        let master = lifecycle::load_admin(
+            &self.home_dir,
+            self.session.log(),
+            self.session.membership().device(),
+            now_secs,
+        )
+        .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
         let r = lifecycle::revoke(
             self.session.log(),
             self.session.secure().keys(),
@@ -87,8 +95,13 @@ impl Daemon {
             ));
         }
         let now_secs = home::now_unix_secs();
-        let master = lifecycle::load_master(&self.home_dir, self.session.log(), now_secs)
-            .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
+        let master = lifecycle::load_admin(
+            &self.home_dir,
+            self.session.log(),
+            self.session.membership().device(),
+            now_secs,
+        )
+        .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
         let (_out_lock, device) = home::prepare_new_home(&out)
             .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("{e:#}")))?;
         let mut log = self.session.log().clone();
@@ -118,6 +131,71 @@ impl Daemon {
             context_id: info.context_id,
             name: info.name,
             out: out.display().to_string(),
+            did_log_len: log.len(),
+        };
+        let reply = serde_json::to_value(reply)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        Ok((reply, effects))
+    }
+}
+
+impl Daemon {
+    /// `device promote`, `device demote` and `recovery create` while this
+    /// daemon runs: sign the DID update with this home's admin key, persist
+    /// the log, then hand it to the session, whose effects push it to every
+    /// peer. No new key epoch: nobody loses access.
+    pub(super) fn on_admin_change(
+        &mut self,
+        change: AdminChange,
+    ) -> Result<(serde_json::Value, Vec<Effect>), ApiError> {
+        let now_secs = home::now_unix_secs();
+        let admin = lifecycle::load_admin(
+            &self.home_dir,
+            self.session.log(),
+            self.session.membership().device(),
+            now_secs,
+        )
+        .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
+        let refused =
+            |e: anyhow::Error| ApiError::new(ErrorCode::CannotChangeDevices, format!("{e:#}"));
+        let log = self.session.log();
+        let (log, change, subject) = match change {
+            AdminChange::Promote(b) => (
+                lifecycle::promote(log, &admin, &b.context_id, now_secs).map_err(refused)?,
+                "promoted",
+                b.context_id.trim().to_owned(),
+            ),
+            AdminChange::Demote(b) => (
+                lifecycle::demote(log, &admin, &b.context_id, now_secs).map_err(refused)?,
+                "demoted",
+                b.context_id.trim().to_owned(),
+            ),
+            AdminChange::RecoveryKey(b) => {
+                let public: [u8; 32] = hex::decode(b.public_key_hex.trim())
+                    .ok()
+                    .and_then(|v| v.try_into().ok())
+                    .ok_or_else(|| {
+                        ApiError::new(
+                            ErrorCode::BadRequest,
+                            "public_key_hex must be 64 hex digits (a 32-byte Ed25519 key)",
+                        )
+                    })?;
+                let (log, key_id) =
+                    lifecycle::set_recovery_key(log, &admin, &public, now_secs).map_err(refused)?;
+                (log, "recovery_key", key_id)
+            }
+        };
+        drop(admin);
+        home::save_log(&self.home_dir, &log)
+            .map_err(|e| ApiError::new(ErrorCode::StorageFailed, format!("{e:#}")))?;
+        let effects = self
+            .session
+            .adopt_own_update(log.clone(), None, home::now_ms())
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        info!(change, subject = %subject, "DID document changed");
+        let reply = AdminReply {
+            change: change.to_owned(),
+            subject,
             did_log_len: log.len(),
         };
         let reply = serde_json::to_value(reply)

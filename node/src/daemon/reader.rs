@@ -462,6 +462,7 @@ fn answer_misrouted(req: ApiRequest) {
         ApiRequest::Status(_) | ApiRequest::Devices(_) => {}
         ApiRequest::Put(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Revoke(_, r) => drop(r.send(Err(e()))),
+        ApiRequest::Admin(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Approve(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Provision(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Tool(_, r) => drop(r.send(Err(e()))),

@@ -113,7 +113,7 @@ impl Cluster {
     /// `init` a new agent in home `name`.
     pub fn init(&self, name: &str) -> PathBuf {
         let home = self.home(name);
-        cli_ok(&home, &["init", "--name", name]);
+        cli_ok(&home, &["init", "--name", name, "--i-have-written-it-down"]);
         home
     }
 

@@ -1,0 +1,332 @@
+//! The recovery words at the terminal: showing them once, asking a few of
+//! them back, reading them for `recover`, and the commands that use them
+//! (`recovery create`, `recover`). The words never touch the disk and never
+//! reach the daemon: only the recovery key's public half leaves this
+//! process (`POST /v1/did/recovery-key`).
+//!
+//! What the words are and how they make a key is `nuwa_identity::recovery`;
+//! the DID updates they sign are `crate::lifecycle`.
+
+use std::io::{BufRead as _, IsTerminal as _, Read as _, Write as _};
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use nuwa_identity::recovery::{
+    CONFIRM_WORDS, RecoveryPhrase, WORD_COUNT, check_confirmation, random_confirmation_positions,
+};
+use serde::Serialize;
+use zeroize::Zeroizing;
+
+use crate::client::{self, print_json};
+use crate::home;
+
+/// Longest input accepted as recovery words (12 words of at most 8
+/// letters, with room for stray spaces and numbering).
+const MAX_WORDS_INPUT: usize = 4096;
+
+/// How many times the words may be typed back wrong before giving up.
+const CONFIRM_TRIES: usize = 3;
+
+/// Refuses early, before anything is generated, when the words could not
+/// be confirmed: no terminal to ask on, and no `--i-have-written-it-down`.
+pub fn check_can_confirm(written_down: bool) -> Result<()> {
+    if written_down || std::io::stdin().is_terminal() {
+        return Ok(());
+    }
+    bail!(
+        "this shows the agent's recovery words, which must be written down and a few typed \
+         back, but stdin is not a terminal. Run it on a terminal, or (scripts) pass \
+         --i-have-written-it-down and keep the words it prints"
+    )
+}
+
+/// Prints the words, numbered, with what they are for.
+pub fn show(phrase: &RecoveryPhrase, did: &str) {
+    let words = phrase.words();
+    let mut out = String::new();
+    out.push_str(&format!(
+        "\nRECOVERY WORDS of agent {did}\n\
+         Write them down on paper, in order, and keep them offline. They are shown only \
+         now and stored nowhere. With them, `nuwa-node recover` makes a device the agent's \
+         admin again when every admin device is lost; whoever has them can take the agent \
+         over.\n\n"
+    ));
+    for (i, w) in words.split_whitespace().enumerate() {
+        out.push_str(&format!("  {:>2}. {w:<10}", i + 1));
+        if i % 4 == 3 {
+            out.push('\n');
+        }
+    }
+    out.push('\n');
+    // Not through `println!`: a closed stdout must not panic here.
+    let _ = std::io::stdout().lock().write_all(out.as_bytes());
+    let _ = std::io::stdout().flush();
+}
+
+/// Asks for a few of the words back on the terminal, unless the user said
+/// they are written down. Nothing has been written when this fails.
+pub fn confirm(phrase: &RecoveryPhrase, written_down: bool) -> Result<()> {
+    if written_down {
+        return Ok(());
+    }
+    check_can_confirm(false)?;
+    let mut attempt = 1;
+    loop {
+        let positions = random_confirmation_positions(WORD_COUNT, CONFIRM_WORDS)
+            .context("cannot choose the words to confirm")?;
+        let mut answers = Vec::new();
+        for p in positions {
+            let line = prompt(&format!("type word #{p}: "))?;
+            answers.push((p, line.trim().to_owned()));
+        }
+        match check_confirmation(phrase, &answers) {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < CONFIRM_TRIES => {
+                eprintln!("{e}; try again ({} tries left)", CONFIRM_TRIES - attempt);
+                attempt += 1;
+            }
+            Err(e) => bail!("{e}; nothing was changed. Run the command again"),
+        }
+    }
+}
+
+fn prompt(text: &str) -> Result<Zeroizing<String>> {
+    let mut err = std::io::stderr().lock();
+    write!(err, "{text}")?;
+    err.flush()?;
+    drop(err);
+    let mut line = Zeroizing::new(String::new());
+    let n = std::io::stdin()
+        .lock()
+        .take(MAX_WORDS_INPUT as u64)
+        .read_line(&mut line)
+        .context("cannot read from the terminal")?;
+    if n == 0 {
+        bail!("no answer (end of input); nothing was changed");
+    }
+    Ok(line)
+}
+
+/// Reads recovery words: from `file` when given, else asked on the
+/// terminal, else all of stdin (scripts). Bounded; parsed with a typed
+/// error that names the wrong word.
+pub fn read_words(file: Option<&Path>) -> Result<RecoveryPhrase> {
+    let text: Zeroizing<String> = match file {
+        Some(path) => {
+            let f = std::fs::File::open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            let mut s = Zeroizing::new(String::new());
+            f.take(MAX_WORDS_INPUT as u64 + 1)
+                .read_to_string(&mut s)
+                .with_context(|| format!("cannot read {} as text", path.display()))?;
+            if s.len() > MAX_WORDS_INPUT {
+                bail!("{} is too large to hold recovery words", path.display());
+            }
+            s
+        }
+        None if std::io::stdin().is_terminal() => {
+            prompt(&format!("the {WORD_COUNT} recovery words, in order: "))?
+        }
+        None => {
+            let mut s = Zeroizing::new(String::new());
+            std::io::stdin()
+                .lock()
+                .take(MAX_WORDS_INPUT as u64 + 1)
+                .read_to_string(&mut s)
+                .context("cannot read the recovery words from stdin")?;
+            if s.len() > MAX_WORDS_INPUT {
+                bail!("stdin is too large to hold recovery words");
+            }
+            s
+        }
+    };
+    // Numbering as `show` prints it ("1. word") is accepted.
+    let cleaned: Zeroizing<String> = Zeroizing::new(
+        text.split_whitespace()
+            .filter(|w| !w.trim_end_matches('.').chars().all(|c| c.is_ascii_digit()))
+            .collect::<Vec<_>>()
+            .join(" "),
+    );
+    RecoveryPhrase::parse(&cleaned)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("the recovery words were not accepted; nothing was changed")
+}
+
+#[derive(Serialize)]
+struct RecoveryCreated {
+    did: String,
+    recovery_key_id: String,
+    did_log_len: usize,
+    /// Only with --i-have-written-it-down: scripts must keep them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recovery_words: Option<String>,
+}
+
+/// `recovery create`: new words, and the DID update (signed by this
+/// home's admin key) that makes their key the agent's recovery key,
+/// replacing any earlier one. Through the daemon when it runs.
+pub fn create(home_dir: &Path, written_down: bool, json: bool) -> Result<()> {
+    check_can_confirm(written_down)?;
+    let lock = home::try_lock(home_dir)?;
+    let h = home::load(home_dir)?;
+    let now = home::now_unix_secs();
+    if lock.is_some() {
+        // Refuse before showing words that could not be used.
+        crate::lifecycle::load_admin(home_dir, &h.log, &h.device, now)?;
+    }
+    let phrase = RecoveryPhrase::generate().context("cannot generate recovery words")?;
+    if !json {
+        show(&phrase, h.log.did());
+    }
+    confirm(&phrase, written_down)?;
+    let public = phrase.key().public();
+    let (key_id, len) = match lock {
+        Some(_lock) => {
+            let admin = crate::lifecycle::load_admin(home_dir, &h.log, &h.device, now)?;
+            let (log, key_id) = crate::lifecycle::set_recovery_key(&h.log, &admin, &public, now)?;
+            home::save_log(home_dir, &log)?;
+            eprintln!(
+                "no daemon is running: changed in the home; peers learn it when it next runs"
+            );
+            (key_id, log.len())
+        }
+        None => {
+            let r: crate::api::AdminReply = client::post_json(
+                home_dir,
+                "/v1/did/recovery-key",
+                &crate::api::RecoveryKeyBody {
+                    public_key_hex: hex::encode(public),
+                },
+            )?;
+            (r.subject, r.did_log_len)
+        }
+    };
+    if json {
+        return print_json(&RecoveryCreated {
+            did: h.log.did().to_owned(),
+            recovery_key_id: key_id,
+            did_log_len: len,
+            recovery_words: written_down.then(|| phrase.words().to_string()),
+        });
+    }
+    println!(
+        "recovery key {key_id} is the agent's recovery key now; any earlier recovery words no \
+         longer work"
+    );
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Recovered {
+    did: String,
+    admin: String,
+    removed: Vec<String>,
+    epoch: u64,
+    remaining: Vec<String>,
+    recovery_key_id: String,
+    did_log_len: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recovery_words: Option<String>,
+}
+
+/// `recover`: on this device's home, with the daemon stopped, sign with the
+/// recovery words the update that makes this device an admin, removes the
+/// master key of `init` and the `lost` devices, and replaces the words;
+/// open a new key epoch for the devices that remain; show the new words.
+pub fn recover(
+    home_dir: &Path,
+    lost: &[String],
+    words_file: Option<&Path>,
+    written_down: bool,
+    json: bool,
+) -> Result<()> {
+    check_can_confirm(written_down)?;
+    if !home_dir.join(home::DEVICE_KEY).exists() {
+        bail!(
+            "{} is not a device of the agent. Recover on a device that still is one (its home \
+             holds the agent's DID log and keys): `nuwa-node --home THAT_HOME recover`; then \
+             add this machine from it with `nuwa-node pair` and `device approve`",
+            home_dir.display()
+        );
+    }
+    let Some(_lock) = home::try_lock(home_dir)? else {
+        bail!(
+            "the daemon of {} is running; stop it first (Ctrl-C, or `systemctl --user stop \
+             nuwa-node`), run recover, then start it again: it hands the new DID log and key \
+             epoch to every peer",
+            home_dir.display()
+        );
+    };
+    let h = home::load(home_dir)?;
+    let now = home::now_unix_secs();
+    let words = read_words(words_file)?;
+    let old_key = words.key();
+    drop(words);
+    // Check the words before anything else is generated or shown.
+    nuwa_identity::recovery::check_belongs(h.log.current(), &old_key, now)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("the recovery words were not accepted; nothing was changed")?;
+    let next = RecoveryPhrase::generate().context("cannot generate new recovery words")?;
+    let r = crate::lifecycle::recover(
+        &h.log,
+        &h.keys,
+        &old_key,
+        &h.device,
+        lost,
+        &next.key().public(),
+        now,
+    )?;
+    drop(old_key);
+    if !json {
+        println!(
+            "recovered: this device ({}) is an admin of {}",
+            h.info.context_id,
+            h.log.did()
+        );
+        show(&next, h.log.did());
+    }
+    // The old words already signed; until the new ones are confirmed the
+    // update is not written, so a failed confirmation changes nothing.
+    confirm(&next, written_down)?;
+    home::save_keys(home_dir, &r.keys)?;
+    home::save_grant(home_dir, &r.grant)?;
+    home::save_log(home_dir, &r.log)?;
+    if json {
+        return print_json(&Recovered {
+            did: h.log.did().to_owned(),
+            admin: h.info.context_id.clone(),
+            removed: r.removed,
+            epoch: r.epoch,
+            remaining: r.remaining,
+            recovery_key_id: r.recovery_key_id,
+            did_log_len: r.log.len(),
+            recovery_words: written_down.then(|| next.words().to_string()),
+        });
+    }
+    println!(
+        "removed from the DID document: {}",
+        if r.removed.is_empty() {
+            "nothing".to_owned()
+        } else {
+            r.removed.join(", ")
+        }
+    );
+    println!(
+        "new key epoch {} sealed to {} device(s): {}",
+        r.epoch,
+        r.remaining.len(),
+        r.remaining.join(", ")
+    );
+    if lost.is_empty() {
+        println!(
+            "note: no --lost device was named, so every device of the DID document stays a \
+             member; revoke a lost one with `nuwa-node device revoke CONTEXT_ID`"
+        );
+    }
+    println!(
+        "next: start the daemon (`nuwa-node --home {} run`); its peers adopt the update and the \
+         new epoch as they connect",
+        home_dir.display()
+    );
+    Ok(())
+}
