@@ -1033,8 +1033,9 @@ fn check_master_key(home: &Path) -> Check {
     };
     let fix = format!(
         "copy it somewhere safe off this device: `nuwa-node --home {h} master-key backup \
-         --out /media/usb/nuwa-master.key` (then keep that copy offline). Without it, a lost \
-         device means no device can ever be approved or revoked again"
+         --out /media/usb/nuwa-master.key` (then keep that copy offline). Without a copy, a \
+         second admin device (`device promote`) or the recovery words, losing this device \
+         means no device can ever be approved or revoked again"
     );
     let record: Option<BackupRecord> = fs::read(home.join(MASTER_KEY_BACKUP))
         .ok()
@@ -1042,8 +1043,8 @@ fn check_master_key(home: &Path) -> Check {
     match record {
         None => Check::warn(
             NAME,
-            "present and never backed up: it is the only key that can approve or revoke \
-             devices",
+            "present and never backed up: it is an admin key (it approves, promotes and \
+             revokes devices)",
             fix,
         ),
         Some(r) if r.key_fingerprint != key_fingerprint(&key) => Check::warn(

@@ -42,8 +42,8 @@ Quick start (three devices of one agent on this machine):
   nuwa-node --home /tmp/b state get notes
 
 Add a device by code: `nuwa-node --home /tmp/c pair` on it prints a code;
-`nuwa-node --home /tmp/a device approve CODE` approves it (/tmp/a holds the
-master key: `init` ran there). Remove one with
+`nuwa-node --home /tmp/a device approve CODE` approves it (/tmp/a is an
+admin: `init` ran there; `device promote` makes more). Remove one with
 `nuwa-node --home /tmp/a device revoke CONTEXT_ID`.
 
 Output: text for people by default; with --json (before or after the
@@ -118,9 +118,9 @@ enum Command {
         command: RecoveryCommand,
     },
     /// Join an agent as a new device: on a fresh home, print a one-time
-    /// pairing code (and its QR) and wait until the device holding the
-    /// agent's master key (the home where `init` ran, its daemon running)
-    /// runs `nuwa-node --home THAT_HOME device approve CODE`. Then write the
+    /// pairing code (and its QR) and wait until an admin device of the
+    /// agent (the home where `init` ran, or a promoted device; its daemon
+    /// running) runs `nuwa-node --home THAT_HOME device approve CODE`. Then write the
     /// home and run the initial sync. A wrong code is refused on both sides;
     /// three wrong attempts burn the code; the code expires (default 10
     /// minutes).
@@ -257,8 +257,8 @@ enum Command {
         #[command(flatten)]
         net: config::Settings,
     },
-    /// The agent's master key (HOME/master.key, only where `init` ran): the
-    /// one key that can approve and revoke devices.
+    /// The agent's master key (HOME/master.key, only where `init` ran): an
+    /// admin key, which approves, promotes and revokes devices.
     MasterKey {
         #[command(subcommand)]
         command: MasterKeyCommand,
@@ -354,8 +354,8 @@ enum DeviceCommand {
     /// Approve a new device that shows CODE (from `nuwa-node pair`): find it
     /// on the LAN (mDNS) or through the configured rendezvous servers, check
     /// the code with SPAKE2, add its keys to the DID document and hand it
-    /// the sync keys. Needs the running daemon of a device holding the
-    /// master key (where `init` ran).
+    /// the sync keys. Needs the running daemon of an admin device (where
+    /// `init` ran, or one promoted or recovered since).
     Approve {
         /// The code shown on the new device, e.g. ABCD-EFGH.
         code: String,
@@ -371,8 +371,9 @@ enum DeviceCommand {
     /// and can decrypt nothing written from now on and its writes are
     /// refused. Data written before stays readable to the other devices.
     /// Works through the running daemon, or offline on the home if none
-    /// runs (peers learn it when the daemon next starts). Needs the home
-    /// holding the master key (where `init` ran). Asks for confirmation on
+    /// runs (peers learn it when the daemon next starts). Needs an admin
+    /// device (where `init` ran, or one promoted or recovered since). The
+    /// last admin device cannot be revoked. Asks for confirmation on
     /// a terminal; without one, pass --yes.
     Revoke {
         /// Context id of the device, e.g. device-0123456789ab.
@@ -613,7 +614,7 @@ fn real_main(cli: Cli) -> Result<()> {
             let phrase = nuwa_identity::recovery::RecoveryPhrase::generate()
                 .context("cannot generate the recovery words")?;
             if !json {
-                recovery::show(&phrase, "(the new agent)");
+                recovery::show(&phrase, None);
             }
             recovery::confirm(&phrase, i_have_written_it_down)?;
             let h = home::init(&home_dir, &name, &phrase.key().public())?;

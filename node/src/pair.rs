@@ -167,9 +167,9 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
     println!("pairing code: {shown}");
     println!("{}", qr(&format!("nuwa-pair:{shown}")));
     println!(
-        "Approve it on the device that holds the agent's master key (the home where \
-         `nuwa-node init` ran), with its daemon running:\n\
-         \x20 nuwa-node --home <HOME where init ran> device approve {shown}\n\
+        "Approve it on an admin device of the agent (the home where `nuwa-node init` ran, \
+         or a device promoted since), with its daemon running:\n\
+         \x20 nuwa-node --home <HOME of that device> device approve {shown}\n\
          The code expires in {}. Waiting for approval (Ctrl-C to cancel)...",
         humantime::format_duration(Duration::from_secs(opts.code_ttl.as_secs().max(30)))
     );

@@ -40,12 +40,14 @@ pub fn check_can_confirm(written_down: bool) -> Result<()> {
     )
 }
 
-/// Prints the words, numbered, with what they are for.
-pub fn show(phrase: &RecoveryPhrase, did: &str) {
+/// Prints the words, numbered, with what they are for (`did`: the agent's,
+/// when it exists yet).
+pub fn show(phrase: &RecoveryPhrase, did: Option<&str>) {
     let words = phrase.words();
     let mut out = String::new();
+    let whose = did.map_or_else(|| "this new agent".to_owned(), |d| format!("agent {d}"));
     out.push_str(&format!(
-        "\nRECOVERY WORDS of agent {did}\n\
+        "\nRECOVERY WORDS of {whose}\n\
          Write them down on paper, in order, and keep them offline. They are shown only \
          now and stored nowhere. With them, `nuwa-node recover` makes a device the agent's \
          admin again when every admin device is lost; whoever has them can take the agent \
@@ -176,7 +178,7 @@ pub fn create(home_dir: &Path, written_down: bool, json: bool) -> Result<()> {
     }
     let phrase = RecoveryPhrase::generate().context("cannot generate recovery words")?;
     if !json {
-        show(&phrase, h.log.did());
+        show(&phrase, Some(h.log.did()));
     }
     confirm(&phrase, written_down)?;
     let public = phrase.key().public();
@@ -240,7 +242,6 @@ pub fn recover(
     written_down: bool,
     json: bool,
 ) -> Result<()> {
-    check_can_confirm(written_down)?;
     if !home_dir.join(home::DEVICE_KEY).exists() {
         bail!(
             "{} is not a device of the agent. Recover on a device that still is one (its home \
@@ -249,6 +250,7 @@ pub fn recover(
             home_dir.display()
         );
     }
+    check_can_confirm(written_down)?;
     let Some(_lock) = home::try_lock(home_dir)? else {
         bail!(
             "the daemon of {} is running; stop it first (Ctrl-C, or `systemctl --user stop \
@@ -283,7 +285,7 @@ pub fn recover(
             h.info.context_id,
             h.log.did()
         );
-        show(&next, h.log.did());
+        show(&next, Some(h.log.did()));
     }
     // The old words already signed; until the new ones are confirmed the
     // update is not written, so a failed confirmation changes nothing.

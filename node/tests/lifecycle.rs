@@ -391,7 +391,7 @@ fn offline_revoke_takes_effect_at_next_start() {
         let b = c.provision(&a, "b");
         let r = c.provision(&a, "r");
         let cr = context_id(&r);
-        // Only the home holding the master key may revoke.
+        // Only an admin device (capabilityDelegation) may revoke.
         let out = cli(&b, &["device", "revoke", "--yes", &cr]);
         assert!(!out.status.success());
         assert!(
