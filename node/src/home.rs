@@ -150,6 +150,14 @@ pub fn save_grant(dir: &Path, grant: &[u8]) -> Result<()> {
     write_private(&dir.join(EPOCH_GRANT), grant)
 }
 
+/// The DID log as last persisted in the home (unverified: it was checked
+/// when it was written).
+pub fn read_log(dir: &Path) -> Result<DidLog> {
+    let path = dir.join(DID_LOG);
+    let bytes = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("cannot parse {}", path.display()))
+}
+
 /// Persists a newer DID log learned from a peer.
 pub fn save_log(dir: &Path, log: &DidLog) -> Result<()> {
     write_log(dir, log)

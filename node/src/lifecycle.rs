@@ -218,6 +218,84 @@ pub fn add_device(
     Ok(context_id)
 }
 
+/// Applies to `onto` the change that turned `base` into `mine`: methods
+/// added or removed, and ids added to or removed from each relationship.
+/// What no longer applies (a method already there, one already gone, an
+/// id whose method is missing) is skipped. Used to sign again, on top of
+/// the winning branch, what this device signed on a branch that lost a
+/// fork.
+pub fn rebase_change(base: &DidDocument, mine: &DidDocument, onto: &DidDocument) -> DidDocument {
+    let mut out = onto.clone();
+    let ids = |d: &DidDocument| -> Vec<String> {
+        d.verification_method.iter().map(|m| m.id.clone()).collect()
+    };
+    let (base_ids, mine_ids) = (ids(base), ids(mine));
+    for id in base_ids.iter().filter(|id| !mine_ids.contains(id)) {
+        if out.find_method(id).is_some() {
+            let _ = out.remove_key(id);
+        }
+    }
+    for m in mine
+        .verification_method
+        .iter()
+        .filter(|m| !base_ids.contains(&m.id))
+    {
+        let clash = out
+            .verification_method
+            .iter()
+            .any(|o| o.id == m.id || o.public_key_multibase == m.public_key_multibase);
+        if !clash {
+            out.verification_method.push(m.clone());
+        }
+    }
+    for rel in Relationship::ALL {
+        let (b, n) = (base.relationship(rel), mine.relationship(rel));
+        for id in b.iter().filter(|id| !n.contains(id)) {
+            out.revoke(id, rel);
+        }
+        for id in n.iter().filter(|id| !b.contains(id)) {
+            if out.find_method(id).is_some() && !out.has_relationship(id, rel) {
+                let _ = out.grant(id, rel);
+            }
+        }
+    }
+    out
+}
+
+/// After the DID log moved from `old` to `new` (a peer's branch won a
+/// fork), the updates of `old` that are gone and were signed by one of
+/// `own` (public keys this home holds), re-applied on top of `new`'s
+/// current document. None when nothing of ours was dropped or it is all in
+/// the winner already.
+pub fn rebased_document(
+    old: &DidLog,
+    new: &DidLog,
+    own: &[[u8; 32]],
+) -> Option<(DidDocument, usize)> {
+    let kept: std::collections::HashSet<String> =
+        new.updates().iter().filter_map(|u| u.hash().ok()).collect();
+    if kept.contains(&old.head_hash()) {
+        return None;
+    }
+    let mut doc = new.current().clone();
+    let mut n = 0;
+    for pair in old.updates().windows(2) {
+        let (prev, update) = (&pair[0], &pair[1]);
+        if update.hash().is_ok_and(|h| kept.contains(&h)) {
+            continue;
+        }
+        let signer = prev
+            .document
+            .find_method(&update.key_id)
+            .and_then(|m| m.ed25519_public().ok());
+        if signer.is_some_and(|p| own.contains(&p)) {
+            doc = rebase_change(&prev.document, &update.document, &doc);
+            n += 1;
+        }
+    }
+    (n > 0 && &doc != new.current() && doc.validate().is_ok()).then_some((doc, n))
+}
+
 /// The result of revoking a device: the extended log, the new epoch's key
 /// (already in `keys`) and the encoded grant that hands it to the rest.
 pub struct Revocation {
@@ -935,5 +1013,71 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("last admin"), "{e}");
+    }
+
+    // Goal: two admins who approved devices concurrently converge on one
+    // log that lists both devices: the loser of the fork rule signs its
+    // change again on top of the winner. Method: the master and a promoted
+    // device each add a device to the same log; both merge the other's.
+    #[test]
+    fn a_lost_fork_is_rebased_onto_the_winner() {
+        let (a, _words) = agent_with_recovery(2);
+        let ctx: Vec<String> = a
+            .devices
+            .iter()
+            .map(|d| context_id_for(&d.public()))
+            .collect();
+        let base = promote(&a.log, &a.master, &ctx[1], 1_010).unwrap();
+        let phone = Admin {
+            key_id: format!("{}#{}", base.did(), ctx[1]),
+            key: DeviceKey::from_seed(&a.devices[1].seed()),
+        };
+        let (x, y) = (
+            DeviceKey::generate().unwrap(),
+            DeviceKey::generate().unwrap(),
+        );
+        let xx = |d: &DeviceKey| nuwa_crypto::epoch::x25519_public_key(&d.x25519_secret());
+        let mut by_master = base.clone();
+        let cx = add_device(&mut by_master, &a.master, &x.public(), &xx(&x), 1_020).unwrap();
+        let mut by_phone = base.clone();
+        let cy = add_device(&mut by_phone, &phone, &y.public(), &xx(&y), 1_020).unwrap();
+
+        // Each side merges the other's log; exactly one branch wins.
+        let mut m = by_master.clone();
+        let mut p = by_phone.clone();
+        let om = m.merge_from(&by_phone, 1_030).unwrap();
+        let op = p.merge_from(&by_master, 1_030).unwrap();
+        assert_eq!(m, p, "both sides pick the same branch");
+        let (loser_old, loser_admin) = match (&om, &op) {
+            (nuwa_identity::log::MergeOutcome::Replaced { .. }, _) => (&by_master, &a.master),
+            (_, nuwa_identity::log::MergeOutcome::Replaced { .. }) => (&by_phone, &phone),
+            other => panic!("no branch won: {other:?}"),
+        };
+        let own = [loser_admin.key.public()];
+        let (doc, n) = rebased_document(loser_old, &m, &own).expect("something to rebase");
+        assert_eq!(n, 1);
+        let mut merged = m.clone();
+        merged
+            .append(doc, &loser_admin.key, &loser_admin.key_id, 1_040)
+            .unwrap();
+        merged.verify(None, 1_040).unwrap();
+        let did = merged.did().to_owned();
+        for c in [&cx, &cy] {
+            assert!(
+                merged
+                    .current()
+                    .has_relationship(&format!("{did}#{c}"), Relationship::Authentication),
+                "{c} missing after the rebase"
+            );
+        }
+        // The winner's side has nothing of its own to rebase.
+        let winner_admin = if std::ptr::eq(loser_admin, &a.master) {
+            &phone
+        } else {
+            &a.master
+        };
+        assert!(rebased_document(&m, &merged, &[winner_admin.key.public()]).is_none());
+        // Nor does a device whose log simply grew.
+        assert!(rebased_document(&base, &merged, &own).is_none());
     }
 }

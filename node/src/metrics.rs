@@ -56,6 +56,8 @@ events! {
     ContainersLoaded => "containers_loaded", "Evicted containers loaded back into memory on use";
     CatchUpsOffLoop => "catch_ups_off_loop", "Big sync messages (a whole document, a long partition) applied on a worker thread instead of the daemon loop";
     DevicesRevoked => "devices_revoked", "Devices revoked from this device";
+    DidLogForksLost => "did_log_forks_lost", "DID log forks (two admins' concurrent updates) this device resolved for the other branch (the fork rule)";
+    DidLogUpdatesRebased => "did_log_updates_rebased", "This device's DID updates of a branch that lost a fork, signed again on top of the winner";
     DhtBootstrapFailed => "dht_bootstrap_failed", "Failed DHT bootstraps";
     DhtPointerTopicMismatch => "dht_pointer_topic_mismatch", "Verified DHT pointers naming another topic";
     DhtPointersVerified => "dht_pointers_verified", "DHT pointers of this agent that verified";

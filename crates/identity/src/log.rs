@@ -303,7 +303,7 @@ impl DidUpdate {
 }
 
 /// What [`DidLog::merge_from`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MergeOutcome {
     /// The other log held nothing new (it equals ours or is a prefix of it).
     Unchanged,
@@ -314,6 +314,55 @@ pub enum MergeOutcome {
         /// Our length after the merge.
         to: usize,
     },
+    /// The logs forked at position `at` and the other branch won the fork
+    /// rule ([`fork_order`]): our log is now the other one, and `dropped`
+    /// holds our updates from `at` on, so that whoever signed them can
+    /// apply their changes again on top of the winner.
+    Replaced {
+        /// First position at which the logs differ.
+        at: usize,
+        /// Our updates that are no longer in the log.
+        dropped: Vec<DidUpdate>,
+    },
+    /// The logs forked at position `at` and our branch won: nothing changed.
+    KeptOurs {
+        /// First position at which the logs differ.
+        at: usize,
+    },
+}
+
+impl MergeOutcome {
+    /// Whether the merge changed our log (extended or replaced it).
+    pub fn changed(&self) -> bool {
+        matches!(
+            self,
+            MergeOutcome::Extended { .. } | MergeOutcome::Replaced { .. }
+        )
+    }
+}
+
+/// The rank of an update's signer in the fork rule: a recovery key
+/// (`#recovery-…`) outranks every other key.
+fn signer_rank(update: &DidUpdate) -> u8 {
+    if crate::recovery::is_recovery_fragment(&update.key_id) {
+        2
+    } else {
+        1
+    }
+}
+
+/// The fork rule: which of two valid logs of one agent that diverge at
+/// position `at` wins (`Greater`: `a`). The branch whose updates from `at`
+/// on include a signature by a higher-ranked key wins (a recovery key
+/// beats any admin, so the words can always undo what a stolen admin
+/// signed); between equals, the branch whose update at `at` has the lower
+/// hash. Deterministic, and a total order over the branches of one tree,
+/// so every device that has seen the same branches picks the same log.
+pub fn fork_order(a: &DidLog, b: &DidLog, at: usize) -> std::cmp::Ordering {
+    let rank = |l: &DidLog| l.updates[at..].iter().map(signer_rank).max().unwrap_or(0);
+    rank(a)
+        .cmp(&rank(b))
+        .then_with(|| b.hashes[at].cmp(&a.hashes[at]))
 }
 
 /// A DID log. Always holds at least the genesis and at most [`MAX_LOG_UPDATES`]
@@ -518,13 +567,15 @@ impl DidLog {
         &self.updates
     }
 
-    /// Adopts `other` if it verifiably extends this log.
+    /// Adopts `other` if it verifiably extends this log, or if it diverges
+    /// from it and wins the fork rule ([`fork_order`]).
     ///
     /// Returns `Unchanged` when `other` equals this log or is a prefix of it
     /// (nothing to learn; `other` is not even verified), `Extended` when this
-    /// log is a prefix of `other` and `other` verifies, and [`LogError::Fork`]
-    /// when both verify but diverge. Any other error means `other` is invalid
-    /// or for another agent. This log is unchanged on every error.
+    /// log is a prefix of `other` and `other` verifies, and, when both
+    /// diverge and `other` verifies, `Replaced` (it won) or `KeptOurs`. Any
+    /// error means `other` is invalid or for another agent. This log is
+    /// unchanged on every error.
     pub fn merge_from(
         &mut self,
         other: &DidLog,
@@ -542,8 +593,13 @@ impl DidLog {
             return Ok(MergeOutcome::Unchanged);
         }
         other.verify(Some(self.did()), now_unix_secs)?;
-        if let Some(index) = diverge_at {
-            return Err(LogError::Fork { seq: index as u64 });
+        if let Some(at) = diverge_at {
+            if fork_order(other, self, at) != std::cmp::Ordering::Greater {
+                return Ok(MergeOutcome::KeptOurs { at });
+            }
+            let dropped = self.updates[at..].to_vec();
+            *self = other.clone();
+            return Ok(MergeOutcome::Replaced { at, dropped });
         }
         let from = self.len();
         *self = other.clone();

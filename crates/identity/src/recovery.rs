@@ -375,7 +375,7 @@ pub fn recovery_fragment(generation: u32) -> String {
 }
 
 /// Whether a key id or fragment names a recovery key (`recovery-<anything>`).
-fn is_recovery_fragment(key_id: &str) -> bool {
+pub fn is_recovery_fragment(key_id: &str) -> bool {
     DidDocument::fragment(key_id)
         .strip_prefix(RECOVERY_FRAGMENT_PREFIX)
         .is_some_and(|rest| rest.starts_with('-'))

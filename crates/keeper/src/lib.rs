@@ -390,7 +390,7 @@ impl Keeper {
                 let outcome = ours
                     .merge_from(&theirs, now_secs)
                     .map_err(|e| refuse(RefusalCode::BadLog, e.to_string()))?;
-                let changed = !matches!(outcome, nuwa_identity::log::MergeOutcome::Unchanged);
+                let changed = outcome.changed();
                 (ours, changed)
             }
             (Some(ours), None) => (ours, false),

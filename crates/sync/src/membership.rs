@@ -11,7 +11,7 @@
 
 use nuwa_identity::document::{DidDocument, Relationship};
 use nuwa_identity::keys::{DeviceKey, verify_ed25519};
-use nuwa_identity::log::{DidLog, MergeOutcome};
+use nuwa_identity::log::DidLog;
 use nuwa_identity::nip2::{NonceStore, signing_hash};
 use nuwa_proto::{Hello, PROTOCOL_VERSION};
 
@@ -157,7 +157,7 @@ impl Membership {
                 nuwa_identity::log::LogError::Fork { .. } => Rejection::DidLogFork,
                 other => Rejection::BadDidLog(other.to_string()),
             })?;
-        let extended = matches!(outcome, MergeOutcome::Extended { .. });
+        let extended = outcome.changed();
         if extended {
             self.log = merged;
         }
@@ -272,7 +272,9 @@ impl Membership {
             nuwa_identity::log::LogError::Fork { .. } => Rejection::DidLogFork,
             other => Rejection::BadDidLog(other.to_string()),
         })?;
-        let log_extended = matches!(outcome, MergeOutcome::Extended { .. });
+        // A branch that won a fork replaces ours: handled like an extension
+        // (persisted, every peer re-checked, Hellos re-sent).
+        let log_extended = outcome.changed();
 
         let method = merged
             .current()

@@ -354,10 +354,11 @@ impl AgentPointer {
 
     /// [`AgentPointer::verify`] for a device of the agent that holds its own
     /// log `ours` (possibly newer or older than the embedded one): the record
-    /// must also be under our agent's DHT key, its log must be equal to, a
-    /// prefix of, or an extension of ours ([`PointerError::Fork`] otherwise),
-    /// and the signer must be active in the newer of the two logs, so a
-    /// device we know to be revoked cannot steer us with an old log.
+    /// must also be under our agent's DHT key, its log must verify as a log
+    /// of our agent (a fork with ours is settled by the fork rule,
+    /// `nuwa_identity::log::fork_order`), and the signer must be active in
+    /// the log that wins (the newer one, or the fork's winner), so a device
+    /// we know to be revoked cannot steer us with an old log.
     pub fn verify_for_agent(
         &self,
         dht_key: &[u8],

@@ -152,6 +152,7 @@ impl Daemon {
             }
         }
         if persist_log {
+            rest.extend(self.rebase_after_fork());
             if let Err(e) = home::save_log(&self.home_dir, self.session.log()) {
                 warn!(error = %e, "cannot persist the newer DID log");
             }
@@ -563,6 +564,77 @@ impl Daemon {
             Ok(Ok(None)) => {}
             Ok(Err(err)) | Err(err) => {
                 self.fatal = Some(err.context(format!("cannot reload container {name:?}")));
+            }
+        }
+    }
+}
+
+impl Daemon {
+    /// The session adopted a peer's DID log. If it was not an extension of
+    /// the one on disk but another branch that won the fork rule, the DID
+    /// updates this home signed on the losing branch are gone: sign their
+    /// changes again, as one update on top of the winner, and hand it to
+    /// the session (its effects send it to every peer). Returns those
+    /// effects; nothing when no update of ours was dropped.
+    fn rebase_after_fork(&mut self) -> Vec<Effect> {
+        let Ok(old) = home::read_log(&self.home_dir) else {
+            return Vec::new();
+        };
+        let new = self.session.log().clone();
+        if new.len() >= old.len() && new.updates()[old.len() - 1] == old.updates()[old.len() - 1] {
+            return Vec::new(); // an extension: nothing dropped
+        }
+        self.count(Event::DidLogForksLost);
+        let mut own = vec![self.session.membership().device().public()];
+        if let Ok(bytes) = std::fs::read(self.home_dir.join(home::MASTER_KEY)) {
+            if let Ok(k) = nuwa_identity::keys::DeviceKey::from_seed_file_bytes(&bytes) {
+                own.push(k.public());
+            }
+        }
+        let Some((doc, n)) = crate::lifecycle::rebased_document(&old, &new, &own) else {
+            info!(
+                "DID log fork: another branch won the fork rule; no update of this device was dropped"
+            );
+            return Vec::new();
+        };
+        let now_secs = home::now_unix_secs();
+        let admin = match crate::lifecycle::load_admin(
+            &self.home_dir,
+            &new,
+            self.session.membership().device(),
+            now_secs,
+        ) {
+            Ok(a) => a,
+            Err(_) => {
+                warn!(
+                    updates = n,
+                    "DID log fork: another branch won and it took this device's admin rights, \
+                     so its {n} dropped update(s) cannot be signed again; if that branch is not \
+                     yours, recover with the recovery words (`nuwa-node recover`)"
+                );
+                return Vec::new();
+            }
+        };
+        let mut log = new;
+        if let Err(e) = log.append(doc, &admin.key, &admin.key_id, now_secs) {
+            warn!(error = %e, "DID log fork: cannot sign this device's dropped updates again");
+            return Vec::new();
+        }
+        match self.session.adopt_own_update(log, None, home::now_ms()) {
+            Ok(effects) => {
+                for _ in 0..n {
+                    self.count(Event::DidLogUpdatesRebased);
+                }
+                info!(
+                    updates = n,
+                    "DID log fork: another branch won the fork rule; this device's dropped \
+                     updates were signed again on top of it"
+                );
+                effects
+            }
+            Err(e) => {
+                warn!(error = %e, "DID log fork: the re-signed update was refused");
+                Vec::new()
             }
         }
     }

@@ -682,25 +682,88 @@ fn merge_from_outcomes() {
     assert_eq!(mine.head_hash(), longest.head_hash());
     assert_eq!(mine.current(), longest.current());
 
-    // Same length, different head: fork at seq 2.
-    let mut mine = longer.clone();
+    // Diverging at seq 2, every signer an admin: the branch whose update
+    // at seq 2 has the lower hash wins, whatever the lengths, and the
+    // outcome is the same from both sides.
+    let (winner, loser) = if sibling.hashes[2] < longest.hashes[2] {
+        (&sibling, &longest)
+    } else {
+        (&longest, &sibling)
+    };
+    let mut mine = loser.clone();
+    match mine.merge_from(winner, T0 + 4).expect("ok") {
+        MergeOutcome::Replaced { at: 2, dropped } => {
+            assert_eq!(dropped, loser.updates()[2..].to_vec())
+        }
+        other => panic!("the winner was not adopted: {other:?}"),
+    }
+    assert_eq!(&mine, winner);
+    let mut mine = winner.clone();
+    assert_eq!(
+        mine.merge_from(loser, T0 + 4).expect("ok"),
+        MergeOutcome::KeptOurs { at: 2 }
+    );
+    assert_eq!(&mine, winner);
+    assert_eq!(
+        fork_order(winner, loser, 2),
+        std::cmp::Ordering::Greater,
+        "fork_order agrees with merge_from"
+    );
+
+    // A branch holding a recovery-key signature beats an admin-only one,
+    // even a longer one with a lower hash.
+    let recovery = key(30);
+    let mut with_recovery = base.clone();
+    let mut doc = with_recovery.current().clone();
+    doc.add_key(
+        "recovery-1",
+        &recovery.public(),
+        &[Relationship::CapabilityDelegation],
+        None,
+    )
+    .expect("add recovery");
+    with_recovery
+        .append(doc, &master, &mid, T0 + 3)
+        .expect("append");
+    let rid = format!("{}#recovery-1", base.did());
+    let mut admin_branch = with_recovery.clone();
+    for n in 0..3 {
+        let mut doc = admin_branch.current().clone();
+        doc.add_key(&format!("x{n}"), &key(50 + n).public(), &[], None)
+            .expect("add");
+        admin_branch
+            .append(doc, &master, &mid, T0 + 3)
+            .expect("append");
+    }
+    let mut recovered = with_recovery.clone();
+    let mut doc = recovered.current().clone();
+    doc.add_key("r", &key(60).public(), &[], None).expect("add");
+    recovered
+        .append(doc, &recovery, &rid, T0 + 3)
+        .expect("recovery signs");
+    let at = with_recovery.len();
+    assert_eq!(
+        fork_order(&recovered, &admin_branch, at),
+        std::cmp::Ordering::Greater
+    );
+    let mut mine = admin_branch.clone();
     assert!(matches!(
-        mine.merge_from(&sibling, T0 + 4),
-        Err(LogError::Fork { seq: 2 })
+        mine.merge_from(&recovered, T0 + 4).expect("ok"),
+        MergeOutcome::Replaced { .. }
     ));
-    assert_eq!(mine, longer);
-    // Longer but diverging: fork too.
-    let mut mine = sibling.clone();
+    assert_eq!(mine, recovered);
+    let mut mine = recovered.clone();
     assert!(matches!(
-        mine.merge_from(&longest, T0 + 4),
-        Err(LogError::Fork { seq: 2 })
+        mine.merge_from(&admin_branch, T0 + 4).expect("ok"),
+        MergeOutcome::KeptOurs { .. }
     ));
-    // Shorter and diverging: fork.
+
+    // A forged branch is refused before the rule is applied; ours stays.
+    let forged = edit_json(&sibling, |j| {
+        j["updates"][2]["nonce"] = serde_json::json!("00".repeat(16))
+    });
     let mut mine = longest.clone();
-    assert!(matches!(
-        mine.merge_from(&sibling, T0 + 4),
-        Err(LogError::Fork { seq: 2 })
-    ));
+    assert!(mine.merge_from(&forged, T0 + 4).is_err());
     assert_eq!(mine, longest);
 
     // Another agent: refused.

@@ -851,7 +851,9 @@ fn verify_for_agent_cases() {
             laptop(),
             "ok",
         ),
-        ("fork", &with_laptop, &with_tablet, phone(), "fork"),
+        // A fork is settled by the fork rule; the signer is active on both
+        // branches.
+        ("fork", &with_laptop, &with_tablet, phone(), "ok"),
         (
             "signer revoked in ours",
             &phone_revoked,
