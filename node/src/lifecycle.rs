@@ -372,6 +372,7 @@ pub fn revoke(
         &admin.key,
         admin.fragment(),
         &[target.to_owned()],
+        0,
         now_secs,
     )?;
     Ok(Revocation {
@@ -392,13 +393,14 @@ fn new_epoch(
     issuer: &DeviceKey,
     issuer_fragment: &str,
     revoked: &[String],
+    min_epoch: u64,
     now_secs: i64,
 ) -> Result<(KeyRing, Vec<u8>, u64, Vec<String>)> {
     let recipients = recipients(log.current(), now_secs)?;
     if recipients.is_empty() {
         bail!("no device would remain to receive the new key epoch");
     }
-    let epoch = keys.current().epoch() + 1;
+    let epoch = (keys.current().epoch() + 1).max(min_epoch);
     let key = SyncKey::generate(epoch).context("cannot generate the new sync key")?;
     let grant = EpochGrant::create(
         &key,
@@ -561,8 +563,19 @@ pub fn recover(
     let mut log = log.clone();
     log.append(next, recovery, &recovery_id, now_secs)
         .context("cannot sign the recovery update")?;
-    let (keys, grant, epoch, remaining) =
-        new_epoch(&log, keys, device, &context_id, &revoked, now_secs)?;
+    // The device recovering may have missed epochs its peers opened (a
+    // stolen admin revoked it): number this one after every update of the
+    // log it signs on, so it cannot reuse an epoch another device holds.
+    let min_epoch = log.len() as u64;
+    let (keys, grant, epoch, remaining) = new_epoch(
+        &log,
+        keys,
+        device,
+        &context_id,
+        &revoked,
+        min_epoch,
+        now_secs,
+    )?;
     Ok(Recovery {
         log,
         keys,
@@ -873,7 +886,9 @@ mod tests {
         ];
         want.sort();
         assert_eq!(removed, want);
-        assert_eq!(r.epoch, 1);
+        // Numbered after the log it was opened on (4 updates: genesis,
+        // first update, two devices, the recovery).
+        assert_eq!(r.epoch, r.log.len() as u64);
         for i in [1, 2] {
             match open_grant(&r.grant, &a.keys, doc, &a.devices[i], &ctx[i], 1_010).unwrap() {
                 GrantOutcome::NewKey(k) => {
@@ -934,7 +949,8 @@ mod tests {
                 .current()
                 .has_relationship(&fresh_id, Relationship::CapabilityDelegation)
         );
-        assert_eq!(r2.epoch, 2);
+        assert_eq!(r2.epoch, r2.log.len() as u64);
+        assert!(r2.epoch > r.epoch);
     }
 
     // Goal: a promoted device can sign DID updates itself (add a device),
