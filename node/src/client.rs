@@ -832,6 +832,7 @@ pub fn approve(
     code: &str,
     name: Option<String>,
     timeout: std::time::Duration,
+    recovery: bool,
     json: bool,
 ) -> Result<()> {
     let c = Client::new(home).map_err(|_| {
@@ -851,6 +852,7 @@ pub fn approve(
             code: code.to_owned(),
             name,
             timeout_secs: Some(timeout.as_secs()),
+            recovery,
         };
         let r = c
             .send(
@@ -864,6 +866,15 @@ pub fn approve(
     })?;
     if json {
         return print_json(&r);
+    }
+    if r.handover {
+        println!(
+            "handed over: device {} (\"{}\", peer {}) received the DID log and the keys \
+             sealed to the recovery key; it lists itself as admin with the recovery words and \
+             its peers learn it when it syncs",
+            r.context_id, r.name, r.peer_id
+        );
+        return Ok(());
     }
     println!(
         "approved: device {} (\"{}\", peer {}) added; DID log now has {} updates",

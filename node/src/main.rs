@@ -91,14 +91,17 @@ enum Command {
         i_have_written_it_down: bool,
     },
     /// Become the agent's admin again with the recovery words, when every
-    /// admin device is lost. Run on a device that is still one of the
-    /// agent's (its daemon stopped): it signs, with the words' key, the DID
-    /// update that makes this device an admin, removes the master key of
-    /// `init` and every --lost device, and replaces the recovery words
-    /// (the new ones are shown once). It opens a new key epoch for the
-    /// devices that remain, so a lost device reads nothing written after.
-    /// Start the daemon afterwards: peers adopt the update as they connect.
-    /// The words are read from the terminal, from --words-file, or from stdin.
+    /// admin device is lost. It signs, with the words' key, the DID update
+    /// that makes this device an admin, removes the master key of `init`
+    /// and every --lost device, and replaces the recovery words (the new
+    /// ones are shown once). It opens a new key epoch for the devices that
+    /// remain, so a lost device reads nothing written after. On a device
+    /// that is still one of the agent's, run it with the daemon stopped,
+    /// then start the daemon: peers adopt the update as they connect. On a
+    /// fresh home it shows a pairing code: on any device of the agent that
+    /// still runs, `device approve --recovery CODE` hands over the DID log
+    /// and the keys sealed to the recovery key; then it syncs. The words
+    /// are read from the terminal, from --words-file, or from stdin.
     Recover {
         /// A lost device to remove (its context id, see `device list`;
         /// repeatable).
@@ -111,6 +114,16 @@ enum Command {
         /// `recovery_words`).
         #[arg(long)]
         i_have_written_it_down: bool,
+        /// On a fresh home: how long the code stays valid, e.g. 10m.
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+        ttl: std::time::Duration,
+        /// On a fresh home: give the initial sync this long.
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+        sync_timeout: std::time::Duration,
+        /// Network, discovery and API settings (a fresh home pairs to get
+        /// the log and keys); each overrides its key in HOME/config.toml.
+        #[command(flatten)]
+        net: config::Settings,
     },
     /// The agent's recovery words.
     Recovery {
@@ -365,6 +378,12 @@ enum DeviceCommand {
         /// Give up after this long (at most 10m).
         #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
         timeout: std::time::Duration,
+        /// The code is shown by `nuwa-node recover` on a new machine: hand
+        /// it the DID log and the sync keys sealed to the agent's recovery
+        /// key (only the recovery words open them) instead of adding it.
+        /// Any device of the agent can do this, admin or not.
+        #[arg(long)]
+        recovery: bool,
     },
     /// Revoke a device (by its context id, see `device list`): remove its
     /// keys from the DID document and open a new key epoch, so it receives
@@ -651,6 +670,77 @@ fn real_main(cli: Cli) -> Result<()> {
             lost,
             words_file,
             i_have_written_it_down,
+            ttl,
+            sync_timeout,
+            net,
+        } if !home_dir.join(home::DEVICE_KEY).exists() => {
+            let _log = init_tracing_quiet()?;
+            recovery::check_can_confirm(i_have_written_it_down)?;
+            if home_dir.exists() {
+                home::ensure_empty(&home_dir)?;
+            }
+            let words = recovery::read_words(words_file.as_deref())?;
+            let next = nuwa_identity::recovery::RecoveryPhrase::generate()
+                .context("cannot generate new recovery words")?;
+            if !json {
+                println!(
+                    "the agent's NEW recovery words (they replace the old ones once this recovery completes):"
+                );
+                recovery::show(&next, None);
+            }
+            recovery::confirm(&next, i_have_written_it_down)?;
+            let listen = parse_addrs(
+                "--listen",
+                net.network.listen.as_deref().unwrap_or_default(),
+            )?;
+            let rendezvous_servers = parse_addrs(
+                "--rendezvous",
+                net.discovery
+                    .rendezvous_servers
+                    .as_deref()
+                    .unwrap_or_default(),
+            )?;
+            let mdns = net.discovery.mdns.unwrap_or(true);
+            let mdns_interfaces = net.discovery.mdns_interfaces.clone().unwrap_or_default();
+            let sync = Some(run_options(&home_dir, net, Some(sync_timeout))?);
+            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            rt.block_on(pair::run(
+                &home_dir,
+                pair::PairOptions {
+                    name: String::new(),
+                    listen,
+                    mdns,
+                    mdns_interfaces,
+                    rendezvous_servers,
+                    code_ttl: ttl,
+                    sync,
+                    recovery: Some(pair::RecoveryJoin {
+                        key: words.key(),
+                        lost,
+                        next_public: next.key().public(),
+                    }),
+                },
+            ))?;
+            if json {
+                let h = home::load(&home_dir)?;
+                let mut v = serde_json::json!({
+                    "did": h.log.did(),
+                    "admin": h.info.context_id,
+                    "epoch": h.keys.current().epoch(),
+                    "did_log_len": h.log.len(),
+                });
+                if i_have_written_it_down {
+                    v["recovery_words"] = next.words().to_string().into();
+                }
+                client::print_json(&v)?;
+            }
+            Ok(())
+        }
+        Command::Recover {
+            lost,
+            words_file,
+            i_have_written_it_down,
+            ..
         } => recovery::recover(
             &home_dir,
             &lost,
@@ -690,8 +780,9 @@ fn real_main(cli: Cli) -> Result<()> {
                     code,
                     name,
                     timeout,
+                    recovery,
                 },
-        } => client::approve(&home_dir, &code, name, timeout, json),
+        } => client::approve(&home_dir, &code, name, timeout, recovery, json),
         Command::Device {
             command: DeviceCommand::Revoke { context_id, yes },
         } => {
@@ -745,6 +836,7 @@ fn real_main(cli: Cli) -> Result<()> {
                     rendezvous_servers,
                     code_ttl: ttl,
                     sync,
+                    recovery: None,
                 },
             ))
         }

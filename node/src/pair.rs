@@ -40,6 +40,19 @@ pub struct PairOptions {
     pub code_ttl: Duration,
     /// Run options for the initial sync (None: skip it).
     pub sync: Option<crate::daemon::RunOptions>,
+    /// `recover` on a fresh home: take a recovery handover instead of a
+    /// grant, and list this device with the words.
+    pub recovery: Option<RecoveryJoin>,
+}
+
+/// What `recover` on a fresh home brings to pairing.
+pub struct RecoveryJoin {
+    /// The key of the recovery words.
+    pub key: DeviceKey,
+    /// Lost devices to remove (context ids).
+    pub lost: Vec<String>,
+    /// The public key of the new recovery words (already shown and confirmed).
+    pub next_public: [u8; 32],
 }
 
 struct Session {
@@ -166,13 +179,22 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
     let shown = code.to_string();
     println!("pairing code: {shown}");
     println!("{}", qr(&format!("nuwa-pair:{shown}")));
-    println!(
-        "Approve it on an admin device of the agent (the home where `nuwa-node init` ran, \
-         or a device promoted since), with its daemon running:\n\
-         \x20 nuwa-node --home <HOME of that device> device approve {shown}\n\
-         The code expires in {}. Waiting for approval (Ctrl-C to cancel)...",
-        humantime::format_duration(Duration::from_secs(opts.code_ttl.as_secs().max(30)))
-    );
+    let expires = humantime::format_duration(Duration::from_secs(opts.code_ttl.as_secs().max(30)));
+    if opts.recovery.is_some() {
+        println!(
+            "On any device of the agent that still runs (admin or not), hand this machine \
+             the agent's DID log and keys (sealed to the recovery words):\n\
+             \x20 nuwa-node --home <HOME of that device> device approve --recovery {shown}\n\
+             The code expires in {expires}. Waiting (Ctrl-C to cancel)..."
+        );
+    } else {
+        println!(
+            "Approve it on an admin device of the agent (the home where `nuwa-node init` ran, \
+             or a device promoted since), with its daemon running:\n\
+             \x20 nuwa-node --home <HOME of that device> device approve {shown}\n\
+             The code expires in {expires}. Waiting for approval (Ctrl-C to cancel)..."
+        );
+    }
     std::io::stdout().flush().ok();
 
     let mut limiter = AttemptLimiter::default();
@@ -228,7 +250,7 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
                         last_peer = Some(peer);
                         let step_result = on_step(
                             peer, step, &body, &net, &code, &keys, &name, &local,
-                            &mut limiter, &mut session, &device, dir,
+                            &mut limiter, &mut session, &device, dir, opts.recovery.as_ref(),
                         )
                         .await;
                         match step_result {
@@ -338,6 +360,7 @@ async fn on_step(
     session: &mut Option<Session>,
     device: &DeviceKey,
     dir: &Path,
+    recovery: Option<&RecoveryJoin>,
 ) -> Result<bool> {
     let now_secs = home::now_unix_secs() as u64;
     let in_session = session.as_ref().is_some_and(|s| s.peer == peer);
@@ -406,26 +429,65 @@ async fn on_step(
                     return Ok(false);
                 }
             };
-            let (g, ring) =
-                match GrantPlaintext::open(&plaintext, &device.public(), now_secs as i64) {
+            let dev = DeviceKey::from_seed(&device.seed());
+            if let Some(r) = recovery {
+                let recovered = GrantPlaintext::open_handover(&plaintext, &r.key, now_secs as i64)
+                    .and_then(|(g, ring)| {
+                        let rec = crate::lifecycle::recover(
+                            &g.did_log,
+                            &ring,
+                            &r.key,
+                            &dev,
+                            &r.lost,
+                            &r.next_public,
+                            now_secs as i64,
+                        )?;
+                        Ok((g.name.clone(), rec))
+                    });
+                let (name, rec) = match recovered {
                     Ok(x) => x,
                     Err(e) => {
                         *session = None;
                         send_step(net, peer, PairingStep::Abort, format!("{e:#}").into_bytes())
                             .await;
-                        bail!("the approving device sent an unusable grant: {e:#}");
+                        bail!("recovery failed: {e:#}");
                     }
                 };
-            let grant = hex::decode(&g.epoch_grant_hex).unwrap_or_default();
-            let dev = DeviceKey::from_seed(&device.seed());
-            home::write_paired(
-                dir,
-                &dev,
-                &g.name,
-                &ring,
-                (!grant.is_empty()).then_some(grant.as_slice()),
-                &g.did_log,
-            )?;
+                home::write_paired(dir, &dev, &name, &rec.keys, Some(&rec.grant), &rec.log)?;
+                println!(
+                    "recovered: this device ({}) is an admin of {}; removed {}; new key epoch {} \
+                     sealed to {}",
+                    context_id_for(&dev.public()),
+                    rec.log.did(),
+                    if rec.removed.is_empty() {
+                        "nothing".to_owned()
+                    } else {
+                        rec.removed.join(", ")
+                    },
+                    rec.epoch,
+                    rec.remaining.join(", ")
+                );
+            } else {
+                let (g, ring) =
+                    match GrantPlaintext::open(&plaintext, &device.public(), now_secs as i64) {
+                        Ok(x) => x,
+                        Err(e) => {
+                            *session = None;
+                            send_step(net, peer, PairingStep::Abort, format!("{e:#}").into_bytes())
+                                .await;
+                            bail!("the approving device sent an unusable grant: {e:#}");
+                        }
+                    };
+                let grant = hex::decode(&g.epoch_grant_hex).unwrap_or_default();
+                home::write_paired(
+                    dir,
+                    &dev,
+                    &g.name,
+                    &ring,
+                    (!grant.is_empty()).then_some(grant.as_slice()),
+                    &g.did_log,
+                )?;
+            }
             limiter.record_success(code);
             send_step(net, peer, PairingStep::Done, Vec::new()).await;
             return Ok(true);

@@ -49,7 +49,21 @@ pub struct GrantPlaintext {
     pub epoch_grant_hex: String,
     /// The name the new device was registered under.
     pub name: String,
+    /// A recovery handover (`device approve --recovery`): every key of the
+    /// key ring sealed to the agent's recovery key (its X25519 form), hex of
+    /// `epoch (8, big-endian) ‖ ephemeral public (32) ‖ nonce (24) ‖
+    /// ciphertext (48)`, so that only whoever holds the recovery words opens
+    /// them. `key_ring_hex` is then empty, and the log does not list the new
+    /// device: it lists itself, signing with the words (`recover`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recovery_sealed_hex: Vec<String>,
 }
+
+/// The context id a recovery handover seals to (bound into each sealed key).
+const HANDOVER_CONTEXT: &str = "nuwa-recovery-handover";
+
+/// Most keys a handover may carry (the key ring's own bound).
+const MAX_HANDOVER_KEYS: usize = 1024;
 
 impl Drop for GrantPlaintext {
     fn drop(&mut self) {
@@ -65,7 +79,113 @@ impl GrantPlaintext {
             key_ring_hex: hex::encode(keys.to_file_bytes().as_slice()),
             epoch_grant_hex: hex::encode(grant),
             name: name.to_owned(),
+            recovery_sealed_hex: Vec::new(),
         }
+    }
+
+    /// A recovery handover: the log as it is and every epoch key sealed to
+    /// the agent's recovery key, which the current document must list.
+    pub fn handover(log: &DidLog, keys: &KeyRing, grant: &[u8], name: &str) -> Result<Self> {
+        let doc = log.current();
+        let recovery = doc
+            .verification_method
+            .iter()
+            .find(|m| {
+                nuwa_identity::recovery::is_recovery_fragment(&m.id)
+                    && doc.has_relationship(&m.id, Relationship::CapabilityDelegation)
+            })
+            .context(
+                "this agent has no recovery key, so nothing can be handed over for recovery \
+                 (an admin device adds one with `nuwa-node recovery create`)",
+            )?;
+        let ed = recovery
+            .ed25519_public()
+            .context("the recovery key is not an Ed25519 key")?;
+        let x = nuwa_identity::did_key::x25519_public_from_ed25519(&ed)
+            .context("cannot derive the recovery key's key-agreement form")?;
+        let mut sealed = Vec::new();
+        for epoch in keys.epochs() {
+            let key = keys.get(epoch).context("key ring epoch vanished")?;
+            let s = nuwa_crypto::epoch::seal_key_to(&x, HANDOVER_CONTEXT, log.did(), key)
+                .context("cannot seal a key for the handover")?;
+            let mut bytes = Vec::with_capacity(8 + 32 + 24 + 48);
+            bytes.extend_from_slice(&s.epoch.to_be_bytes());
+            bytes.extend_from_slice(&s.ephemeral_public);
+            bytes.extend_from_slice(&s.nonce);
+            bytes.extend_from_slice(&s.ciphertext);
+            sealed.push(hex::encode(bytes));
+        }
+        Ok(GrantPlaintext {
+            agent_did: log.did().to_owned(),
+            did_log: log.clone(),
+            key_ring_hex: String::new(),
+            epoch_grant_hex: hex::encode(grant),
+            name: name.to_owned(),
+            recovery_sealed_hex: sealed,
+        })
+    }
+
+    /// Whether this is a recovery handover rather than a grant.
+    pub fn is_handover(&self) -> bool {
+        !self.recovery_sealed_hex.is_empty()
+    }
+
+    /// Opens a recovery handover with the recovery key of the words: the
+    /// log verifies and is this agent's, the words' key is its recovery
+    /// key, and every sealed epoch key opens. Returns the log and the ring.
+    pub fn open_handover(
+        bytes: &[u8],
+        recovery: &nuwa_identity::keys::DeviceKey,
+        now_secs: i64,
+    ) -> Result<(Self, KeyRing)> {
+        let g: GrantPlaintext = serde_json::from_slice(bytes)
+            .context("the handover from the approving device is malformed")?;
+        if !g.is_handover() {
+            bail!("the approving device sent a grant, not a recovery handover");
+        }
+        if g.recovery_sealed_hex.len() > MAX_HANDOVER_KEYS {
+            bail!("the handover carries too many keys");
+        }
+        if g.did_log.did() != g.agent_did {
+            bail!(
+                "the handover's DID log is for {}, not {}",
+                g.did_log.did(),
+                g.agent_did
+            );
+        }
+        g.did_log
+            .verify(None, now_secs)
+            .context("the handover's DID log does not verify")?;
+        nuwa_identity::recovery::check_belongs(g.did_log.current(), recovery, now_secs)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("the recovery words were not accepted; nothing was written")?;
+        let secret = recovery.x25519_secret();
+        let mut ring: Option<KeyRing> = None;
+        for h in &g.recovery_sealed_hex {
+            let b = hex::decode(h).context("a sealed key of the handover is malformed")?;
+            if b.len() != 8 + 32 + 24 + 48 {
+                bail!("a sealed key of the handover has the wrong length");
+            }
+            let sealed = nuwa_crypto::epoch::SealedKey {
+                epoch: u64::from_be_bytes(b[..8].try_into().expect("8 bytes")),
+                ephemeral_public: b[8..40].try_into().expect("32 bytes"),
+                nonce: b[40..64].try_into().expect("24 bytes"),
+                ciphertext: b[64..].try_into().expect("48 bytes"),
+            };
+            let key = nuwa_crypto::epoch::open_sealed_key(
+                &secret,
+                HANDOVER_CONTEXT,
+                &g.agent_did,
+                &sealed,
+            )
+            .context("a key of the handover does not open with these recovery words")?;
+            match ring.as_mut() {
+                None => ring = Some(KeyRing::new(key)),
+                Some(r) => r.insert(key).context("the handover's keys conflict")?,
+            }
+        }
+        let ring = ring.context("the handover carries no key")?;
+        Ok((g, ring))
     }
 
     pub fn to_bytes(&self) -> Result<Zeroizing<Vec<u8>>> {

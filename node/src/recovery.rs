@@ -231,7 +231,8 @@ struct Recovered {
     recovery_words: Option<String>,
 }
 
-/// `recover`: on this device's home, with the daemon stopped, sign with the
+/// `recover` on a device's home, with the daemon stopped (a fresh home
+/// pairs instead: `main` runs `pair` with a `RecoveryJoin`): sign with the
 /// recovery words the update that makes this device an admin, removes the
 /// master key of `init` and the `lost` devices, and replaces the words;
 /// open a new key epoch for the devices that remain; show the new words.
@@ -242,14 +243,6 @@ pub fn recover(
     written_down: bool,
     json: bool,
 ) -> Result<()> {
-    if !home_dir.join(home::DEVICE_KEY).exists() {
-        bail!(
-            "{} is not a device of the agent. Recover on a device that still is one (its home \
-             holds the agent's DID log and keys): `nuwa-node --home THAT_HOME recover`; then \
-             add this machine from it with `nuwa-node pair` and `device approve`",
-            home_dir.display()
-        );
-    }
     check_can_confirm(written_down)?;
     let Some(_lock) = home::try_lock(home_dir)? else {
         bail!(

@@ -479,3 +479,154 @@ fn two_admins_fork_and_the_words_undo_a_stolen_admin() {
         );
     });
 }
+
+/// `recover` on a fresh home with `words`; it prints a code to hand over.
+fn recover_fresh(home: &Path, words: &str) -> Pairing {
+    let file = home.with_extension("words");
+    std::fs::write(&file, words).unwrap();
+    Pairing::start_command(
+        home,
+        &[
+            "recover",
+            "--words-file",
+            file.to_str().unwrap(),
+            "--i-have-written-it-down",
+        ],
+        &["--mdns-interface", "lo"],
+    )
+}
+
+// Goal: done-when 1 of issue 15 as written: the admin's home is deleted; on
+// a fresh home `recover` with the words succeeds (a surviving non-admin
+// device hands over the log and keys, sealed to the recovery key); the new
+// admin revokes the lost device and pairs a new one by code; nothing
+// written before or after is lost; the lost device, restored from a copy,
+// reads nothing written after and is refused. Another agent's words are
+// refused at the handover and write nothing. Method: real daemons, mDNS on
+// lo, `recover` as a child process like `pair`.
+#[test]
+fn a_fresh_home_recovers_the_agent() {
+    isolated("a_fresh_home_recovers_the_agent", || {
+        let mut c = Cluster::new();
+        let (a, words) = init_with_words(&c, "a");
+        let b = c.provision(&a, "b");
+        let cc = c.provision(&a, "c");
+        let ia = c.start(&a, &[]);
+        c.start(&b, &[]);
+        c.start(&cc, &[]);
+        let ca = context_id(&a);
+        wait_for("all verified", Duration::from_secs(15), || {
+            [&a, &b, &cc]
+                .iter()
+                .all(|h| status(h).map(|s| verified(&s).len() == 2).unwrap_or(false))
+                .then_some(())
+        });
+        cli_ok(&a, &["state", "put", "notes", "before", "1"]);
+        wait_for(
+            "the first write everywhere",
+            Duration::from_secs(15),
+            || {
+                [&b, &cc]
+                    .iter()
+                    .all(|h| get_json(h, "notes").is_some_and(|v| v["before"] == json!(1)))
+                    .then_some(())
+            },
+        );
+        c.stop(ia);
+        let lost_copy = c.home("a-restored");
+        assert!(
+            std::process::Command::new("cp")
+                .arg("-a")
+                .arg(&a)
+                .arg(&lost_copy)
+                .status()
+                .unwrap()
+                .success()
+        );
+        std::fs::remove_dir_all(&a).unwrap();
+
+        // Another agent's words: the handover opens for nobody; nothing written.
+        let (_, stranger) = init_with_words(&c, "stranger");
+        let wrong = c.home("wrong");
+        let mut p = recover_fresh(&wrong, &stranger);
+        let out = cli(&b, &["device", "approve", "--recovery", &p.code]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("not a recovery key"),
+            "the approving side was not told: {err}"
+        );
+        let st = p.wait_exit(Duration::from_secs(30));
+        assert!(
+            !st.success(),
+            "recovery with another agent's words succeeded"
+        );
+        assert!(p.stderr().contains("not a recovery key"), "{}", p.stderr());
+        assert!(!wrong.join("device.key").exists());
+
+        // The right words on a fresh home; b (not an admin) hands over.
+        let n = c.home("n");
+        let mut p = recover_fresh(&n, &words);
+        let out = cli_ok(&b, &["device", "approve", "--recovery", &p.code]);
+        assert!(out.contains("handed over"), "{out}");
+        assert!(
+            p.wait_exit(Duration::from_secs(60)).success(),
+            "{}",
+            p.stderr()
+        );
+        let cn = context_id(&n);
+        c.start(&n, &[]);
+        wait_for(
+            "b and c adopt the recovery",
+            Duration::from_secs(30),
+            || [&b, &cc].iter().all(|h| is_admin(h, &cn)).then_some(()),
+        );
+        assert_eq!(get_json(&n, "notes").unwrap()["before"], json!(1));
+
+        // The new admin revokes the lost device and pairs a new one.
+        cli_ok(&n, &["device", "revoke", "--yes", &ca]);
+        cli_ok(&n, &["state", "put", "notes", "after", "2"]);
+        let d = c.home("d");
+        let mut p = Pairing::start(&d, &["--mdns-interface", "lo"]);
+        cli_ok(&n, &["device", "approve", &p.code]);
+        assert!(
+            p.wait_exit(Duration::from_secs(60)).success(),
+            "{}",
+            p.stderr()
+        );
+        c.start(&d, &[]);
+        wait_for("everyone has everything", Duration::from_secs(30), || {
+            [&n, &b, &cc, &d]
+                .iter()
+                .all(|h| {
+                    get_json(h, "notes")
+                        .is_some_and(|v| v["before"] == json!(1) && v["after"] == json!(2))
+                })
+                .then_some(())
+        });
+
+        // The lost device, restored: refused, and nothing new reaches it.
+        let (rb, rc) = (
+            counter(&b, "rejected_connection_unknown_key"),
+            counter(&cc, "rejected_connection_unknown_key"),
+        );
+        let b_addr = listen_addr(&b);
+        let c_addr = listen_addr(&cc);
+        c.start(&lost_copy, &["--peer", &b_addr, "--peer", &c_addr]);
+        wait_for(
+            "both peers refuse the lost device",
+            Duration::from_secs(45),
+            || {
+                (counter(&b, "rejected_connection_unknown_key") > rb
+                    && counter(&cc, "rejected_connection_unknown_key") > rc)
+                    .then_some(())
+            },
+        );
+        let vl = get_json(&lost_copy, "notes").unwrap();
+        assert!(
+            vl.get("after").is_none(),
+            "the lost device got a later write: {vl}"
+        );
+        let newest = key_ring(&n).current().epoch();
+        assert!(key_ring(&lost_copy).get(newest).is_none());
+    });
+}

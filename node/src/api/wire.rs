@@ -122,6 +122,11 @@ pub struct ApproveBody {
     /// Give up after this many seconds (default 60, at most 600).
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// A recovery handover instead of an approval (`nuwa-node recover` on
+    /// a fresh home shows the code): any device may do it; the keys it
+    /// hands over open only with the recovery words.
+    #[serde(default)]
+    pub recovery: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -130,6 +135,10 @@ pub struct ApproveReply {
     pub name: String,
     pub peer_id: String,
     pub did_log_len: usize,
+    /// A recovery handover (`--recovery`): nothing was added; the device
+    /// lists itself with the recovery words.
+    #[serde(default)]
+    pub handover: bool,
 }
 
 #[derive(Debug, Deserialize)]

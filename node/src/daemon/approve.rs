@@ -45,6 +45,9 @@ pub(super) struct Candidate {
 pub(super) struct Approval {
     code: PairingCode,
     name: Option<String>,
+    /// A recovery handover (`approve --recovery`): hand over the log and the
+    /// keys sealed to the recovery key instead of adding the device.
+    recovery: bool,
     reply: oneshot::Sender<Result<ApproveReply, ApiError>>,
     timeout_ms: u64,
     deadline_ms: u64,
@@ -112,7 +115,18 @@ impl Daemon {
                 return;
             }
         }
-        if let Err(e) = lifecycle::load_admin(
+        if body.recovery {
+            // Any device of the agent may hand over: what it sends opens
+            // only with the recovery words.
+            if lifecycle::recovery_keys(self.session.log().current()).is_empty() {
+                let _ = reply.send(Err(ApiError::new(
+                    ErrorCode::CannotChangeDevices,
+                    "this agent has no recovery key, so there is nothing to recover with (an \
+                     admin device adds one with `nuwa-node recovery create`)",
+                )));
+                return;
+            }
+        } else if let Err(e) = lifecycle::load_admin(
             &self.home_dir,
             self.session.log(),
             self.session.membership().device(),
@@ -144,6 +158,7 @@ impl Daemon {
         self.pairing.approval = Some(Approval {
             code,
             name: body.name,
+            recovery: body.recovery,
             reply,
             timeout_ms,
             deadline_ms: now + timeout_ms,
@@ -507,6 +522,9 @@ impl Daemon {
         }
         let name = a.name.clone().unwrap_or_else(|| joiner.name.clone());
         let now_secs = home::now_unix_secs();
+        if a.recovery {
+            return self.hand_over(peer, name).await;
+        }
         let master = lifecycle::load_admin(
             &self.home_dir,
             self.session.log(),
@@ -554,6 +572,7 @@ impl Daemon {
                 name: name.clone(),
                 peer_id: peer.to_string(),
                 did_log_len: log.len(),
+                handover: false,
             });
         }
         let frame = Frame::Pairing {
@@ -563,6 +582,44 @@ impl Daemon {
         let _ = self.net.send(peer, frame.encode()).await;
         info!(%context_id, %name, "DID document updated with the new device; grant sent");
         self.execute(effects, Vec::new()).await;
+        Ok(())
+    }
+
+    /// The recovery handover: the log unchanged and the key ring sealed to
+    /// the recovery key. Nothing here changes; the new device lists itself
+    /// with the words and its Hello brings that update.
+    async fn hand_over(&mut self, peer: PeerId, name: String) -> Result<(), ApiError> {
+        let pt = GrantPlaintext::handover(
+            self.session.log(),
+            self.session.secure().keys(),
+            self.session.membership().epoch_grant(),
+            &name,
+        )
+        .map_err(|e| ApiError::new(ErrorCode::CannotChangeDevices, format!("{e:#}")))?
+        .to_bytes()
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{e:#}")))?;
+        let Some(a) = &mut self.pairing.approval else {
+            return Ok(());
+        };
+        let Some(session) = a.session.as_mut() else {
+            return Ok(());
+        };
+        let grant = session.grant(&pt).map_err(|e| pairing_error(&e))?;
+        a.granted = Some(ApproveReply {
+            context_id: nuwa_identity::keys::context_id_for(
+                &public_from_peer_id(&peer).unwrap_or_default(),
+            ),
+            name: name.clone(),
+            peer_id: peer.to_string(),
+            did_log_len: self.session.log().len(),
+            handover: true,
+        });
+        let frame = Frame::Pairing {
+            step: PairingStep::Grant,
+            body: grant.encode(),
+        };
+        let _ = self.net.send(peer, frame.encode()).await;
+        info!(%name, "recovery handover sent: the log, and the keys sealed to the recovery key");
         Ok(())
     }
 }

@@ -423,19 +423,18 @@ impl Drop for Pairing {
 
 impl Pairing {
     pub fn start(home: &Path, extra: &[&str]) -> Pairing {
+        Pairing::start_command(home, &["pair", "--name", "phone"], extra)
+    }
+
+    /// Runs `command` (`pair ...`, or `recover ...` on a fresh home), which
+    /// prints a code and waits for a device to approve it.
+    pub fn start_command(home: &Path, command: &[&str], extra: &[&str]) -> Pairing {
         let stderr = home.with_extension("pair.err");
         let mut child = Command::new(bin())
             .arg("--home")
             .arg(home)
-            .args([
-                "pair",
-                "--name",
-                "phone",
-                "--listen",
-                "/ip4/127.0.0.1/tcp/0",
-                "--sync-timeout",
-                "30s",
-            ])
+            .args(command)
+            .args(["--listen", "/ip4/127.0.0.1/tcp/0", "--sync-timeout", "30s"])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
