@@ -1,5 +1,5 @@
-//! The agent's DID document as a compact chain of signed operations: the v2
-//! DID log.
+//! The agent's DID document as a compact, fork-aware chain of signed
+//! operations: the v2 DID log.
 //!
 //! [`crate::log::DidLog`] puts the whole document in every update, so what a
 //! stranger must fetch grows by a document per pairing or revocation. A
@@ -23,9 +23,21 @@
 //! `capabilityDelegation`, `state`, `auth_prev` and `authority` are right, and
 //! no recovery key (see [`signer_rank`]) is listed under `authentication`.
 //!
+//! **Forks.** Several devices may hold `capabilityDelegation`, so concurrent
+//! updates fork the chain. [`compare_branches`] orders any two chains of one
+//! DID totally and deterministically (longer prefix, then the highest signer
+//! rank after the fork, then the lower hash at the fork), so every device that
+//! has seen the same branches picks the same one; [`DidChain::merge`] adopts a
+//! winning branch and hands back our lost entries for [`rebase_ops`]. Between
+//! admin-only branches the lower hash wins, and a key holder can retry nonces
+//! until its entry hashes lower, so an admin can undo a revocation of itself
+//! that another admin signed by forking at it. Only a recovery signature after
+//! the fork settles that: revoke a compromised admin with the recovery key.
+//!
 //! Like the rest of the crate this module does no IO and reads no clock;
 //! storing chains and proofs and sending them to peers is the node's job.
 
+use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
 use base64::Engine;
@@ -59,7 +71,7 @@ pub const RECOVERY_FRAGMENT_PREFIX: &str = "recovery";
 pub const RANK_NONE: u8 = 0;
 /// Rank of an ordinary `capabilityDelegation` key (an admin device or the master key).
 pub const RANK_ADMIN: u8 = 1;
-/// Rank of a recovery key.
+/// Rank of a recovery key: its signature after a fork beats any admin-only branch.
 pub const RANK_RECOVERY: u8 = 2;
 
 /// Above this many grant/revoke ops for one relationship, [`diff`] sets the whole list instead.
@@ -1036,10 +1048,38 @@ struct EntryMeta {
     authority: bool,
 }
 
+/// What [`DidChain::merge`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MergeOutcome {
+    /// The other chain held nothing new (it equals ours or is a prefix of it).
+    Unchanged,
+    /// Our chain now equals the other, longer chain; lengths before and after.
+    Extended {
+        /// Our length before the merge.
+        from: usize,
+        /// Our length after the merge.
+        to: usize,
+    },
+    /// The chains fork and ours wins; nothing changed.
+    KeptOurs {
+        /// First seq at which the chains differ.
+        fork_seq: u64,
+    },
+    /// The chains fork and the other wins: our chain now equals it. `lost`
+    /// holds our entries from the fork on, so the ops our own key signed can
+    /// be re-signed on top of the winner ([`rebase_ops`]).
+    SwitchedFork {
+        /// First seq at which the chains differed.
+        fork_seq: u64,
+        /// Our entries from `fork_seq` on, which the winner does not hold.
+        lost: Vec<DidEntry>,
+    },
+}
+
 /// A DID chain: at least the genesis, at most [`MAX_CHAIN_ENTRIES`] entries,
 /// v1 entries only at the start. Deserializing checks that shape and that
 /// every op applies (to know the current document); call
-/// [`DidChain::verify`] before trusting one.
+/// [`DidChain::verify`] (or use [`DidChain::merge`]) before trusting one.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(try_from = "RawDidChain")]
 pub struct DidChain {
@@ -1352,6 +1392,41 @@ impl DidChain {
         self.append_ops(ops, signer, signer_key_id, now_unix_secs)
     }
 
+    /// Adopts `other` if it verifies and either extends this chain or wins
+    /// the fork against it ([`compare_branches`]).
+    ///
+    /// `other` is verified only when it would be adopted. This chain is
+    /// unchanged on every error and when `other` loses.
+    pub fn merge(
+        &mut self,
+        other: &DidChain,
+        now_unix_secs: i64,
+    ) -> Result<MergeOutcome, ChainError> {
+        let order = compare_branches(self, other)?;
+        let fork = self.fork_point(other);
+        if order != Ordering::Less {
+            return Ok(match fork {
+                None => MergeOutcome::Unchanged,
+                Some(index) => MergeOutcome::KeptOurs {
+                    fork_seq: seq_at(index),
+                },
+            });
+        }
+        other.verify(Some(self.did()), now_unix_secs)?;
+        let outcome = match fork {
+            None => MergeOutcome::Extended {
+                from: self.len(),
+                to: other.len(),
+            },
+            Some(index) => MergeOutcome::SwitchedFork {
+                fork_seq: seq_at(index),
+                lost: self.entries[index..].to_vec(),
+            },
+        };
+        *self = other.clone();
+        Ok(outcome)
+    }
+
     /// The compact proof of the current document: the genesis, every
     /// authority entry, every entry signed by a recovery key, the head entry
     /// and the current document. When the head is a v1 entry, the v1 entries
@@ -1420,11 +1495,75 @@ impl DidChain {
         &self.entries
     }
 
+    /// First position at which the chains hold different entries, if any.
+    fn fork_point(&self, other: &DidChain) -> Option<usize> {
+        self.meta
+            .iter()
+            .zip(&other.meta)
+            .position(|(ours, theirs)| ours.hash != theirs.hash)
+    }
+
     fn head(&self) -> (&DidEntry, &str) {
         // Invariant: every constructor rejects an empty entry list, and entries are never removed.
         let last = self.entries.len() - 1;
         (&self.entries[last], &self.meta[last].hash)
     }
+}
+
+/// Orders two chains of the same DID; `Greater` means `a` wins.
+///
+/// Let f be the first position where they differ. If there is none, one is
+/// a prefix of the other and the longer wins. Otherwise the branch whose
+/// entries from f on include the higher [`signer_rank`] wins (a recovery
+/// signature beats any admin-only branch, however long), and on a tie the
+/// branch whose entry at f has the lexicographically lower hash. Equal means
+/// the chains are identical. The order is total, so every device that has
+/// seen the same branches picks the same winner. Neither chain is verified.
+pub fn compare_branches(a: &DidChain, b: &DidChain) -> Result<Ordering, ChainError> {
+    if a.did() != b.did() {
+        return Err(ChainError::WrongDid {
+            expected: a.did().to_owned(),
+            found: shorten(b.did()),
+        });
+    }
+    let Some(f) = a.fork_point(b) else {
+        return Ok(a.len().cmp(&b.len()));
+    };
+    let top_rank = |c: &DidChain| {
+        c.meta[f..]
+            .iter()
+            .map(|m| m.rank)
+            .max()
+            .unwrap_or(RANK_NONE)
+    };
+    Ok(top_rank(a)
+        .cmp(&top_rank(b))
+        .then_with(|| b.meta[f].hash.cmp(&a.meta[f].hash)))
+}
+
+/// The ops of `lost` entries (those [`MergeOutcome::SwitchedFork`] returned,
+/// typically filtered to the ones our own key signed) that still make sense on
+/// top of the winner's current document: each op is kept only if it applies,
+/// changes the document and leaves it valid, applied in order. So an
+/// `add_method` of a key the winner already lists, a grant it already made or
+/// a removal of something gone are dropped. v1 entries carry no ops and are
+/// skipped. The result may be empty; append it with [`DidChain::append_ops`].
+pub fn rebase_ops(lost: &[DidEntry], winner_current: &DidDocument) -> Vec<DidOp> {
+    let mut doc = winner_current.clone();
+    let mut kept = Vec::new();
+    for entry in lost {
+        let DidEntry::V2(e) = entry else {
+            continue;
+        };
+        for op in &e.ops {
+            let mut next = doc.clone();
+            if apply_op(&mut next, op).is_ok() && next != doc && next.validate().is_ok() {
+                doc = next;
+                kept.push(op.clone());
+            }
+        }
+    }
+    kept
 }
 
 /// Hex SHA-256 of the document's canonical JSON: a v2 entry's `state`.

@@ -1,5 +1,6 @@
 //! Tests of the v2 DID chain: ops and diffs, the entry rules, v1 migration,
-//! proofs, and the proof size after 1,000 updates. Generated cases use a seeded generator; a failing run
+//! proofs, the fork order, merging and rebasing, and the proof size after
+//! 1,000 updates. Generated cases use a seeded generator; a failing run
 //! prints its seed and replays with `SEED=<n>`.
 
 use std::collections::VecDeque;
@@ -127,6 +128,22 @@ impl Agent {
     fn phone_id(&self) -> String {
         device_id(self.chain.current(), &self.phone)
     }
+}
+
+/// `chain` plus one entry signed by `signer` that pairs `device`.
+fn paired(
+    chain: &DidChain,
+    device: &DeviceKey,
+    signer: &DeviceKey,
+    key_id: &str,
+    timestamp: i64,
+) -> DidChain {
+    let mut chain = chain.clone();
+    let doc = with_device(chain.current(), device, &[]);
+    chain
+        .append_document(&doc, signer, key_id, timestamp)
+        .expect("pairing is allowed");
+    chain
 }
 
 /// Signs a v2 entry on top of `chain` whose fields are all computed honestly
@@ -1552,6 +1569,311 @@ fn proof_stays_small_after_1000_updates() {
         "a proof of {largest_proof} bytes"
     );
     assert!(bytes.len() <= 16 * 1024, "proof is {} bytes", bytes.len());
+}
+
+/// A fork fixture: `base` is the agent chain; every branch forks after it.
+fn fork_pair(agent: &Agent) -> (DidChain, DidChain) {
+    let by_master = paired(
+        &agent.chain,
+        &key(20),
+        &agent.master,
+        &agent.master_id(),
+        T0 + 10,
+    );
+    let by_admin = paired(
+        &agent.chain,
+        &key(21),
+        &agent.admin,
+        &agent.admin_id(),
+        T0 + 10,
+    );
+    (by_master, by_admin)
+}
+
+fn hash_at(chain: &DidChain, index: usize) -> &str {
+    &chain.meta[index].hash
+}
+
+// Goal: the fork rule's three cases on hand-built branches: two admins are ordered by the lower
+// hash at the fork, a recovery signature beats a longer admin-only branch, and a prefix loses to
+// its extension.
+#[test]
+fn fork_rule_cases() {
+    let agent = Agent::new();
+    let (a, b) = fork_pair(&agent);
+    let want = hash_at(&b, 4).cmp(hash_at(&a, 4));
+    assert_eq!(compare_branches(&a, &b).expect("same did"), want);
+    assert_eq!(compare_branches(&b, &a).expect("same did"), want.reverse());
+    assert_ne!(want, Ordering::Equal);
+
+    // The admin branch is three entries longer; the recovery branch has one entry.
+    let mut long = a.clone();
+    for n in 22..24 {
+        long = paired(&long, &key(n), &agent.admin, &agent.admin_id(), T0 + 11);
+    }
+    let recovered = paired(
+        &agent.chain,
+        &key(30),
+        &agent.recovery,
+        &agent.recovery_id(),
+        T0 + 10,
+    );
+    assert_eq!(
+        compare_branches(&recovered, &long).expect("ok"),
+        Ordering::Greater
+    );
+    assert_eq!(
+        compare_branches(&long, &recovered).expect("ok"),
+        Ordering::Less
+    );
+
+    // Prefix rule, and equality.
+    assert_eq!(compare_branches(&long, &a).expect("ok"), Ordering::Greater);
+    assert_eq!(
+        compare_branches(&agent.chain, &a).expect("ok"),
+        Ordering::Less
+    );
+    assert_eq!(
+        compare_branches(&a, &a.clone()).expect("ok"),
+        Ordering::Equal
+    );
+
+    let stranger = DidChain::genesis(&key(40), T0).expect("genesis");
+    assert!(matches!(
+        compare_branches(&a, &stranger),
+        Err(ChainError::WrongDid { .. })
+    ));
+}
+
+// Goal: compare_branches is a total order, so all devices converge: on random trees of branches
+// (forks at different points, signers of every rank) it is antisymmetric, Equal only for equal
+// chains, transitive on every triple, and every order of discovery elects the same winner.
+#[test]
+fn fork_order_is_total() {
+    let agent = Agent::new();
+    let mut rng = Rng::from_env(1500);
+    let signers = [
+        (&agent.master, agent.master_id()),
+        (&agent.admin, agent.admin_id()),
+        (&agent.recovery, agent.recovery_id()),
+    ];
+    let mut device = 100u32;
+    for round in 0..4 {
+        let mut branches = vec![agent.chain.clone()];
+        for _ in 0..9 {
+            let parent = branches[rng.below(branches.len())].clone();
+            let cut = agent.chain.len() + rng.below(parent.len() - agent.chain.len() + 1);
+            let mut child =
+                DidChain::from_entries(parent.entries()[..cut].to_vec()).expect("prefix");
+            for _ in 0..1 + rng.below(3) {
+                // Recovery signatures are rare, as they would be.
+                let (signer, id) = &signers[if rng.chance(15) { 2 } else { rng.below(2) }];
+                device += 1;
+                let doc = with_device(child.current(), &device_key(device), &[]);
+                child
+                    .append_document(&doc, signer, id, T0 + 10)
+                    .expect("admin pairs");
+            }
+            branches.push(child);
+        }
+        let cmp = |a: &DidChain, b: &DidChain| compare_branches(a, b).expect("same did");
+        for a in &branches {
+            for b in &branches {
+                assert_eq!(
+                    cmp(a, b),
+                    cmp(b, a).reverse(),
+                    "round {round}: antisymmetry"
+                );
+                assert_eq!(
+                    cmp(a, b) == Ordering::Equal,
+                    a == b,
+                    "round {round}: equality"
+                );
+                for c in &branches {
+                    if cmp(a, b) == Ordering::Greater && cmp(b, c) == Ordering::Greater {
+                        assert_eq!(cmp(a, c), Ordering::Greater, "round {round}: transitivity");
+                    }
+                }
+            }
+        }
+        let mut winners = BTreeSet::new();
+        for _ in 0..10 {
+            let mut order = branches.clone();
+            rng.shuffle(&mut order);
+            // Each device adopts whatever beats what it holds, in the order it hears of it.
+            let mut held = order[0].clone();
+            for other in &order[1..] {
+                held.merge(other, NOW).expect("valid branches merge");
+            }
+            winners.insert(held.head_hash().to_owned());
+        }
+        assert_eq!(
+            winners.len(),
+            1,
+            "round {round}: every order elects one winner"
+        );
+    }
+}
+
+// Goal: merge's outcomes: prefixes change nothing, extensions are adopted, a losing fork keeps
+// ours, a winning fork replaces ours and returns our lost entries, and an invalid or foreign
+// chain is refused without touching ours.
+#[test]
+fn merge_outcomes() {
+    let agent = Agent::new();
+    let (a, b) = fork_pair(&agent);
+    let (winner, loser) = if compare_branches(&a, &b).expect("ok") == Ordering::Greater {
+        (a, b)
+    } else {
+        (b, a)
+    };
+
+    let mut mine = winner.clone();
+    assert_eq!(
+        mine.merge(&agent.chain, NOW).expect("ok"),
+        MergeOutcome::Unchanged
+    );
+    assert_eq!(
+        mine.merge(&winner, NOW).expect("ok"),
+        MergeOutcome::Unchanged
+    );
+    assert_eq!(
+        mine.merge(&loser, NOW).expect("ok"),
+        MergeOutcome::KeptOurs { fork_seq: 4 }
+    );
+    assert_eq!(mine, winner);
+
+    let mut mine = agent.chain.clone();
+    assert_eq!(
+        mine.merge(&winner, NOW).expect("ok"),
+        MergeOutcome::Extended { from: 4, to: 5 }
+    );
+    assert_eq!(mine, winner);
+    assert_eq!(mine.current(), winner.current());
+
+    let mut mine = loser.clone();
+    assert_eq!(
+        mine.merge(&winner, NOW).expect("ok"),
+        MergeOutcome::SwitchedFork {
+            fork_seq: 4,
+            lost: loser.entries()[4..].to_vec()
+        }
+    );
+    assert_eq!(mine, winner);
+
+    // A winning but invalid branch (an entry's state tampered after signing) is refused.
+    let tampered = edit_json(&winner, |j| {
+        j["entries"][4]["state"] = serde_json::json!("00".repeat(32))
+    })
+    .expect("shape is fine");
+    let mut mine = agent.chain.clone();
+    assert!(matches!(
+        mine.merge(&tampered, NOW),
+        Err(ChainError::BadSignature { seq: 4, .. })
+    ));
+    assert_eq!(mine, agent.chain);
+    let stranger = DidChain::genesis(&key(40), T0).expect("genesis");
+    assert!(matches!(
+        mine.merge(&stranger, NOW),
+        Err(ChainError::WrongDid { .. })
+    ));
+    assert_eq!(mine, agent.chain);
+}
+
+// Goal: after two admins approve different devices concurrently, the loser of the fork rebases
+// its approval onto the winner, so both devices end up listed and both admins converge; ops the
+// winner already made are dropped.
+#[test]
+fn rebase_keeps_a_concurrently_approved_device() {
+    let agent = Agent::new();
+    let (x, y) = (key(20), key(21));
+    let (by_master, by_admin) = fork_pair(&agent);
+    let master_wins = compare_branches(&by_master, &by_admin).expect("ok") == Ordering::Greater;
+    let (winner, mut loser, loser_key, loser_id) = if master_wins {
+        (by_master, by_admin, &agent.admin, agent.admin_id())
+    } else {
+        (by_admin, by_master, &agent.master, agent.master_id())
+    };
+    let MergeOutcome::SwitchedFork { lost, .. } = loser.merge(&winner, NOW).expect("merge") else {
+        panic!("the loser switches to the winner");
+    };
+    let mine: Vec<DidEntry> = lost
+        .into_iter()
+        .filter(|e| e.key_id() == loser_id)
+        .collect();
+    assert_eq!(mine.len(), 1);
+    let ops = rebase_ops(&mine, loser.current());
+    assert!(!ops.is_empty());
+    loser
+        .append_ops(ops, loser_key, &loser_id, T0 + 20)
+        .expect("rebased approval");
+    loser.verify(Some(&agent.did()), NOW).expect("valid");
+    for device in [&x, &y] {
+        let id = device_id(loser.current(), device);
+        assert!(
+            loser.current().has_relationship(&id, Authentication),
+            "{id} listed"
+        );
+    }
+    let mut other = winner.clone();
+    assert!(matches!(
+        other.merge(&loser, NOW).expect("ok"),
+        MergeOutcome::Extended { .. }
+    ));
+    assert_eq!(other.head_hash(), loser.head_hash());
+
+    // Both admins approved the same device: nothing is left to rebase.
+    let same_a = paired(&agent.chain, &x, &agent.master, &agent.master_id(), T0 + 10);
+    let same_b = paired(&agent.chain, &x, &agent.admin, &agent.admin_id(), T0 + 10);
+    assert!(rebase_ops(&same_b.entries()[4..], same_a.current()).is_empty());
+    assert!(
+        rebase_ops(&same_a.entries()[..1], same_b.current()).is_empty(),
+        "v1 entries are skipped"
+    );
+}
+
+// Goal: document what the fork rule means for a revoked admin. Method: the admin forks at the
+// position of its own revocation. Against a revocation the master signed, the fork wins whenever
+// its entry hashes lower (the admin can retry nonces until it does); against a revocation the
+// recovery key signed, it always loses, however long.
+#[test]
+fn revoked_admin_forks_lose_only_to_recovery() {
+    let agent = Agent::new();
+    let revoked_by = |signer: &DeviceKey, id: &str| {
+        let mut chain = agent.chain.clone();
+        let doc = without_device(chain.current(), &agent.admin);
+        chain
+            .append_document(&doc, signer, id, T0 + 10)
+            .expect("revocation");
+        chain
+    };
+    let by_master = revoked_by(&agent.master, &agent.master_id());
+    let by_recovery = revoked_by(&agent.recovery, &agent.recovery_id());
+    // The admin signs a fork at seq 4, retrying until its entry hashes below the master's.
+    let mut fork = None;
+    for n in 0..64u32 {
+        let candidate = paired(
+            &agent.chain,
+            &device_key(500 + n),
+            &agent.admin,
+            &agent.admin_id(),
+            T0 + 10,
+        );
+        if hash_at(&candidate, 4) < hash_at(&by_master, 4) {
+            fork = Some(candidate);
+            break;
+        }
+    }
+    let mut fork = fork.expect("half of all hashes are lower; 64 tries suffice");
+    fork = paired(&fork, &key(60), &agent.admin, &agent.admin_id(), T0 + 11);
+    assert_eq!(
+        compare_branches(&fork, &by_master).expect("ok"),
+        Ordering::Greater
+    );
+    assert_eq!(
+        compare_branches(&fork, &by_recovery).expect("ok"),
+        Ordering::Less
+    );
 }
 
 // Goal: the v2 wire format is frozen: a v2 entry built deterministically (fixed nonce) on top of
