@@ -21,6 +21,7 @@ use nuwa_fuzz::{
     agent_did, device, device_context_id, genesis_log, log_with_device, master,
     populated_container, sync_key, txt_bytes,
 };
+use nuwa_identity::chain::DidChain;
 use nuwa_identity::did_key::ed25519_public_multibase;
 use nuwa_identity::document::Relationship;
 use nuwa_identity::keys::DeviceKey;
@@ -61,6 +62,7 @@ fn main() -> Result<()> {
     announcement(&corpus)?;
     did_document(&corpus)?;
     did_log(&corpus)?;
+    did_chain(&corpus)?;
     epoch_grant(&corpus)?;
     pairing(&corpus)?;
     sync_message(&corpus)?;
@@ -302,6 +304,29 @@ fn did_log(c: &Corpus) -> Result<()> {
     // Another agent's genesis, which every merge must refuse.
     let other = DidLog::genesis(&DeviceKey::from_seed(&[9; 32]), NOW_UNIX_SECS)?;
     c.write("did_log", "other-agent", &serde_json::to_vec(&other)?)?;
+    Ok(())
+}
+
+fn did_chain(c: &Corpus) -> Result<()> {
+    // Each chain goes in twice: as chain JSON and as the proof of its head.
+    let genesis = DidChain::from_v1(&genesis_log())?;
+    c.write("did_chain", "genesis", &serde_json::to_vec(&genesis)?)?;
+    c.write("did_chain", "genesis-proof", &genesis.proof().encode()?)?;
+
+    // The migrated two-update log, then a v2 entry: the master makes a
+    // second device an admin (an authority entry, so the proof carries it).
+    let mut chain = DidChain::from_v1(&log_with_device())?;
+    let mut doc = chain.current().clone();
+    doc.add_key(
+        "admin",
+        &DeviceKey::from_seed(&[3; 32]).public(),
+        &[Relationship::Authentication, Relationship::CapabilityDelegation],
+        None,
+    )?;
+    let master_id = ed25519_public_multibase(&master().public());
+    chain.append_document(&doc, &master(), &master_id, NOW_UNIX_SECS + 2)?;
+    c.write("did_chain", "v2-entry", &serde_json::to_vec(&chain)?)?;
+    c.write("did_chain", "v2-entry-proof", &chain.proof().encode()?)?;
     Ok(())
 }
 

@@ -422,7 +422,7 @@ impl DidDocument {
         }
     }
 
-    fn relationship_mut(&mut self, rel: Relationship) -> &mut Vec<String> {
+    pub(crate) fn relationship_mut(&mut self, rel: Relationship) -> &mut Vec<String> {
         match rel {
             Relationship::Authentication => &mut self.authentication,
             Relationship::AssertionMethod => &mut self.assertion_method,

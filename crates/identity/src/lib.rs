@@ -10,6 +10,9 @@
 //!   expiry, relationship);
 //! * [`log`]: the agent's document as a self-certifying hash chain of signed
 //!   updates, with verification and fork-aware merging;
+//! * [`chain`]: the v2 log, whose entries carry ops instead of whole
+//!   documents, with compact proofs a stranger can check from the DID alone
+//!   and a deterministic fork rule for several admin devices;
 //! * [`nip2`]: NIP-2 signing and verification of JSON content, with a bounded
 //!   replay store ([`nip2::NonceStore`]);
 //! * [`canonical`]: the canonical JSON bytes that get hashed and signed;
@@ -23,6 +26,7 @@
 //! user, and mapping keys to libp2p PeerIds are left to other crates.
 
 pub mod canonical;
+pub mod chain;
 pub mod did_key;
 pub mod document;
 pub mod keys;

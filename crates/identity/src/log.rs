@@ -266,7 +266,7 @@ impl DidUpdate {
         Ok(update)
     }
 
-    fn check_signature(&self, public: &[u8; 32]) -> Result<(), LogError> {
+    pub(crate) fn check_signature(&self, public: &[u8; 32]) -> Result<(), LogError> {
         let malformed = LogError::MalformedUpdate {
             seq: self.seq,
             reason: "signature must be 64 bytes of base64url without padding",
@@ -289,7 +289,7 @@ impl DidUpdate {
         })
     }
 
-    fn check_nonce(&self) -> Result<(), LogError> {
+    pub(crate) fn check_nonce(&self) -> Result<(), LogError> {
         let ok = self.nonce.len() == 32 && self.nonce.bytes().all(|b| b.is_ascii_hexdigit());
         if ok {
             Ok(())
@@ -621,7 +621,7 @@ impl DidLog {
     }
 }
 
-fn verify_genesis(update: &DidUpdate, now_unix_secs: i64) -> Result<(), LogError> {
+pub(crate) fn verify_genesis(update: &DidUpdate, now_unix_secs: i64) -> Result<(), LogError> {
     if update.seq != 0 {
         return Err(LogError::BadSeq {
             index: 0,
@@ -652,7 +652,7 @@ fn verify_genesis(update: &DidUpdate, now_unix_secs: i64) -> Result<(), LogError
     update.check_signature(&public)
 }
 
-fn verify_step(
+pub(crate) fn verify_step(
     prev: &DidUpdate,
     prev_hash: &str,
     update: &DidUpdate,
