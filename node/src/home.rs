@@ -44,6 +44,8 @@ pub const API_FILE: &str = "api.json";
 /// by this name in its home).
 pub const API_SOCKET: &str = "api.sock";
 pub const LOCK_FILE: &str = "daemon.lock";
+/// A rotated device key waiting to replace `device.key` (see `rotate_device`).
+pub const NEXT_DEVICE_KEY: &str = "device.key.next";
 
 /// Relationships every device key gets. `authentication` is what sync
 /// membership checks; the others let a device sign state and invoke
@@ -333,8 +335,69 @@ pub fn check_private(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `device rotate`'s files. The new key is written aside first, then the
+/// log, keys and grant that list it, then it replaces `device.key`: a crash
+/// before that last step is finished by the next [`load`], which takes the
+/// key aside when the log lists it and not the old one.
+pub fn rotate_device(
+    dir: &Path,
+    new: &DeviceKey,
+    name: &str,
+    log: &DidLog,
+    keys: &KeyRing,
+    grant: &[u8],
+) -> Result<DeviceInfo> {
+    write_private(&dir.join(NEXT_DEVICE_KEY), &new.to_seed_file_bytes())?;
+    save_keys(dir, keys)?;
+    save_grant(dir, grant)?;
+    write_log(dir, log)?;
+    finish_rotation(dir)?;
+    let info = DeviceInfo {
+        context_id: context_id_for(&new.public()),
+        name: name.to_owned(),
+    };
+    write_private(&dir.join(DEVICE_INFO), &serde_json::to_vec_pretty(&info)?)?;
+    Ok(info)
+}
+
+/// Completes an interrupted rotation: moves `device.key.next` over
+/// `device.key` if the home's log lists the next key's context id (and
+/// drops it otherwise, since the update never became durable).
+fn finish_rotation(dir: &Path) -> Result<()> {
+    let next = dir.join(NEXT_DEVICE_KEY);
+    let Ok(bytes) = fs::read(&next) else {
+        return Ok(());
+    };
+    let key = DeviceKey::from_seed_file_bytes(&bytes)
+        .with_context(|| format!("cannot read {}", next.display()))?;
+    let log = read_log(dir)?;
+    let ctx = context_id_for(&key.public());
+    if log
+        .current()
+        .find_method(&format!("{}#{ctx}", log.did()))
+        .is_some()
+    {
+        fs::rename(&next, dir.join(DEVICE_KEY))
+            .with_context(|| format!("cannot move {} into place", next.display()))?;
+        let info_path = dir.join(DEVICE_INFO);
+        if let Ok(mut info) = fs::read(&info_path)
+            .map_err(anyhow::Error::from)
+            .and_then(|b| Ok(serde_json::from_slice::<DeviceInfo>(&b)?))
+        {
+            if info.context_id != ctx {
+                info.context_id = ctx;
+                write_private(&info_path, &serde_json::to_vec_pretty(&info)?)?;
+            }
+        }
+    } else {
+        fs::remove_file(&next).with_context(|| format!("cannot remove {}", next.display()))?;
+    }
+    Ok(())
+}
+
 /// Loads an existing home.
 pub fn load(dir: &Path) -> Result<Home> {
+    finish_rotation(dir)?;
     if !dir.join(DEVICE_KEY).exists() {
         bail!(
             "{} is not a nuwa-node home (no {DEVICE_KEY}); create one with `nuwa-node --home {} init`",

@@ -491,6 +491,76 @@ pub fn demote(log: &DidLog, admin: &Admin, target: &str, now_secs: i64) -> Resul
     Ok(log)
 }
 
+/// What `device rotate` did: the extended log and the new key epoch.
+pub struct Rotation {
+    pub log: DidLog,
+    pub keys: KeyRing,
+    pub grant: Vec<u8>,
+    pub epoch: u64,
+    pub old_context: String,
+    pub new_context: String,
+}
+
+/// `device rotate`: replaces this device's key `old` with `new`, with the
+/// same relationships, in one update signed by `admin` (this device's own
+/// key when it is an admin, or the master key of this home), and opens a
+/// new key epoch sealed to the devices of the new document, so the old
+/// key reads nothing written after.
+pub fn rotate(
+    log: &DidLog,
+    keys: &KeyRing,
+    admin: &Admin,
+    old: &DeviceKey,
+    new: &DeviceKey,
+    now_secs: i64,
+) -> Result<Rotation> {
+    let doc = log.current();
+    let old_context = context_id_for(&old.public());
+    let old_id = active_device(log, &old_context, now_secs)?;
+    let extra: Vec<Relationship> = Relationship::ALL
+        .into_iter()
+        .filter(|r| !DEVICE_RELATIONSHIPS.contains(r) && *r != Relationship::KeyAgreement)
+        .filter(|r| doc.has_relationship(&old_id, *r))
+        .collect();
+    let mut next = doc.clone();
+    next.remove_key(&old_id)
+        .context("cannot remove the old device key")?;
+    let x = format!("{old_context}{X25519_SUFFIX}");
+    if next.find_method(&x).is_some() {
+        next.remove_key(&x)
+            .context("cannot remove the old key-agreement key")?;
+    }
+    let new_context = list_device(&mut next, new, &extra)?;
+    let mut log = log.clone();
+    log.append(next, &admin.key, &admin.key_id, now_secs)
+        .context("cannot sign the rotation")?;
+    // The grant's issuer must hold capabilityDelegation in the new
+    // document: the master key, or the device's new key.
+    let (issuer, fragment): (&DeviceKey, String) = if admin.key.public() == old.public() {
+        (new, new_context.clone())
+    } else {
+        (&admin.key, admin.fragment().to_owned())
+    };
+    let min_epoch = log.len() as u64;
+    let (keys, grant, epoch, _) = new_epoch(
+        &log,
+        keys,
+        issuer,
+        &fragment,
+        std::slice::from_ref(&old_context),
+        min_epoch,
+        now_secs,
+    )?;
+    Ok(Rotation {
+        log,
+        keys,
+        grant,
+        epoch,
+        old_context,
+        new_context,
+    })
+}
+
 /// What `recover` did: the extended log, the new epoch (already in `keys`)
 /// and its grant, and which keys it removed.
 pub struct Recovery {

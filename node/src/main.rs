@@ -401,6 +401,12 @@ enum DeviceCommand {
         #[arg(long, short = 'y')]
         yes: bool,
     },
+    /// Replace this device's key (its PeerId and context id change) with
+    /// no loss of state and no pairing: one DID update, signed by this
+    /// device's admin key (a non-admin device is promoted first), and a new
+    /// key epoch, so the old key reads nothing written after. Run it with
+    /// the daemon stopped; peers accept the new key from the log.
+    Rotate,
     /// Make a device an admin: give its key capabilityDelegation, so it can
     /// approve, provision, promote, demote and revoke devices too (and keep
     /// the agent manageable if this one is lost). Needs an admin device.
@@ -756,6 +762,9 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Device {
             command: DeviceCommand::Promote { context_id },
         } => client::admin_change(&home_dir, true, &context_id, json),
+        Command::Device {
+            command: DeviceCommand::Rotate,
+        } => recovery::rotate(&home_dir, json),
         Command::Device {
             command: DeviceCommand::Demote { context_id, yes },
         } => {

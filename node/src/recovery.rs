@@ -1,6 +1,7 @@
 //! The recovery words at the terminal: showing them once, asking a few of
 //! them back, reading them for `recover`, and the commands that use them
-//! (`recovery create`, `recover`). The words never touch the disk and never
+//! (`recovery create`, `recover`); and `device rotate`, the other command
+//! that replaces keys on a home with its daemon stopped. The words never touch the disk and never
 //! reach the daemon: only the recovery key's public half leaves this
 //! process (`POST /v1/did/recovery-key`).
 //!
@@ -322,6 +323,57 @@ pub fn recover(
         "next: start the daemon (`nuwa-node --home {} run`); its peers adopt the update and the \
          new epoch as they connect",
         home_dir.display()
+    );
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Rotated {
+    old_context_id: String,
+    context_id: String,
+    epoch: u64,
+    did_log_len: usize,
+}
+
+/// `device rotate`: with the daemon stopped, replaces this device's key
+/// (and so its PeerId and context id) in one DID update signed by this
+/// home's admin key, opens a new key epoch, and writes the home. The
+/// store, its at-rest key and every epoch key stay: nothing is lost and
+/// nothing is paired again.
+pub fn rotate(home_dir: &Path, json: bool) -> Result<()> {
+    let Some(_lock) = home::try_lock(home_dir)? else {
+        bail!(
+            "the daemon of {} is running; stop it first, run `device rotate`, then start it \
+             again (its new key is its new identity on the network)",
+            home_dir.display()
+        );
+    };
+    let h = home::load(home_dir)?;
+    let now = home::now_unix_secs();
+    let admin = crate::lifecycle::load_admin(home_dir, &h.log, &h.device, now).map_err(|_| {
+        anyhow::anyhow!(
+            "this device is not an admin, and a key change must be signed by one. Make it an \
+             admin first (on an admin device: `nuwa-node device promote {}`), rotate, then take \
+             it back if you like (`device demote`)",
+            h.info.context_id
+        )
+    })?;
+    let new = nuwa_identity::keys::DeviceKey::generate().context("cannot generate the new key")?;
+    let r = crate::lifecycle::rotate(&h.log, &h.keys, &admin, &h.device, &new, now)?;
+    drop(admin);
+    home::rotate_device(home_dir, &new, &h.info.name, &r.log, &r.keys, &r.grant)?;
+    if json {
+        return print_json(&Rotated {
+            old_context_id: r.old_context,
+            context_id: r.new_context,
+            epoch: r.epoch,
+            did_log_len: r.log.len(),
+        });
+    }
+    println!(
+        "rotated: this device is {} now (was {}); new key epoch {}. Start the daemon: peers \
+         accept the new key from the DID log it brings",
+        r.new_context, r.old_context, r.epoch
     );
     Ok(())
 }

@@ -630,3 +630,107 @@ fn a_fresh_home_recovers_the_agent() {
         assert!(key_ring(&lost_copy).get(newest).is_none());
     });
 }
+
+// Goal: done-when of issue 15's key rotation: `device rotate` replaces a
+// device's key (its PeerId and context id change) with no loss of state
+// and no pairing; peers accept the new key through the log, and the old
+// key is refused and gets nothing written after. A non-admin device is told
+// to be promoted first. Method: two real daemons; a rotates with its
+// daemon stopped, keeps a copy of its old home, and comes back.
+#[test]
+fn rotating_a_device_key_keeps_its_state() {
+    isolated("rotating_a_device_key_keeps_its_state", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        let b = c.provision(&a, "b");
+        let ia = c.start(&a, &[]);
+        let ib = c.start(&b, &[]);
+        let (ca, cb) = (context_id(&a), context_id(&b));
+        wait_for("a and b verified", Duration::from_secs(15), || {
+            (status(&a)
+                .map(|s| verified(&s) == vec![cb.clone()])
+                .unwrap_or(false))
+            .then_some(())
+        });
+        cli_ok(&a, &["state", "put", "notes", "before", "1"]);
+        wait_for("b has a's write", Duration::from_secs(15), || {
+            get_json(&b, "notes")
+                .is_some_and(|v| v["before"] == json!(1))
+                .then_some(())
+        });
+        let old_peer = status(&a).unwrap()["device"]["peer_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+
+        // b is not an admin: told what to do, nothing changed.
+        let out = cli(&b, &["device", "rotate"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("stop it first"),
+            "{err}"
+        );
+
+        c.stop(ia);
+        let old_copy = c.home("a-old");
+        assert!(
+            std::process::Command::new("cp")
+                .arg("-a")
+                .arg(&a)
+                .arg(&old_copy)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let out = cli_ok(&a, &["device", "rotate", "--json"]);
+        let r: Value = serde_json::from_str(&out).unwrap();
+        let new_ctx = r["context_id"].as_str().unwrap().to_owned();
+        assert_eq!(r["old_context_id"], json!(ca));
+        assert_ne!(new_ctx, ca);
+        assert_eq!(context_id(&a), new_ctx);
+        c.start(&a, &[]);
+        let st = status(&a).unwrap();
+        assert_ne!(st["device"]["peer_id"].as_str().unwrap(), old_peer);
+        assert_eq!(st["device"]["authorised"], json!(true));
+        assert_eq!(
+            get_json(&a, "notes").unwrap()["before"],
+            json!(1),
+            "state kept"
+        );
+        wait_for("b accepts the new key", Duration::from_secs(30), || {
+            (status(&b)
+                .map(|s| verified(&s) == vec![new_ctx.clone()])
+                .unwrap_or(false)
+                && listed(&b, &new_ctx)
+                && device_row(&b, &ca)["status"] == json!("revoked"))
+            .then_some(())
+        });
+        cli_ok(&a, &["state", "put", "notes", "after_a", "2"]);
+        cli_ok(&b, &["state", "put", "notes", "after_b", "3"]);
+        wait_for("a and b converge", Duration::from_secs(20), || {
+            let va = get_json(&a, "notes")?;
+            let vb = get_json(&b, "notes")?;
+            (va == vb && va["after_a"] == json!(2) && va["after_b"] == json!(3)).then_some(())
+        });
+        // The old key (a copy of the home from before) is refused.
+        let rb = counter(&b, "rejected_connection_unknown_key");
+        let b_addr = listen_addr(&b);
+        c.start(&old_copy, &["--peer", &b_addr, "--no-mdns"]);
+        wait_for("b refuses the old key", Duration::from_secs(45), || {
+            (counter(&b, "rejected_connection_unknown_key") > rb).then_some(())
+        });
+        let vo = get_json(&old_copy, "notes").unwrap();
+        assert!(
+            vo.get("after_a").is_none() && vo.get("after_b").is_none(),
+            "{vo}"
+        );
+        // A non-admin device, daemon stopped, is told to be promoted first.
+        c.stop(ib);
+        let out = cli(&b, &["device", "rotate"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("device promote"),
+            "{err}"
+        );
+    });
+}
