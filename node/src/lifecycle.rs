@@ -561,6 +561,16 @@ pub fn rotate(
     })
 }
 
+/// How a key `recover` removed reads to a person: devices by context id,
+/// the master key of `init` by name.
+pub fn describe_removed(fragment: &str) -> String {
+    if fragment.starts_with("device-") {
+        fragment.to_owned()
+    } else {
+        format!("the master key of init (#{fragment})")
+    }
+}
+
 /// What `recover` did: the extended log, the new epoch (already in `keys`)
 /// and its grant, and which keys it removed.
 pub struct Recovery {

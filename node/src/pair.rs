@@ -431,19 +431,28 @@ async fn on_step(
             };
             let dev = DeviceKey::from_seed(&device.seed());
             if let Some(r) = recovery {
-                let recovered = GrantPlaintext::open_handover(&plaintext, &r.key, now_secs as i64)
-                    .and_then(|(g, ring)| {
-                        let rec = crate::lifecycle::recover(
-                            &g.did_log,
-                            &ring,
-                            &r.key,
-                            &dev,
-                            &r.lost,
-                            &r.next_public,
-                            now_secs as i64,
-                        )?;
-                        Ok((g.name.clone(), rec))
-                    });
+                // A handover (`approve --recovery`), or a plain grant from an
+                // admin that added this device already: the words then only
+                // make it the admin.
+                let handover = serde_json::from_slice::<GrantPlaintext>(&plaintext)
+                    .is_ok_and(|g| g.is_handover());
+                let opened = if handover {
+                    GrantPlaintext::open_handover(&plaintext, &r.key, now_secs as i64)
+                } else {
+                    GrantPlaintext::open(&plaintext, &device.public(), now_secs as i64)
+                };
+                let recovered = opened.and_then(|(g, ring)| {
+                    let rec = crate::lifecycle::recover(
+                        &g.did_log,
+                        &ring,
+                        &r.key,
+                        &dev,
+                        &r.lost,
+                        &r.next_public,
+                        now_secs as i64,
+                    )?;
+                    Ok((g.name.clone(), rec))
+                });
                 let (name, rec) = match recovered {
                     Ok(x) => x,
                     Err(e) => {
@@ -462,7 +471,11 @@ async fn on_step(
                     if rec.removed.is_empty() {
                         "nothing".to_owned()
                     } else {
-                        rec.removed.join(", ")
+                        rec.removed
+                            .iter()
+                            .map(|r| crate::lifecycle::describe_removed(r))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     },
                     rec.epoch,
                     rec.remaining.join(", ")

@@ -304,7 +304,11 @@ pub fn recover(
         if r.removed.is_empty() {
             "nothing".to_owned()
         } else {
-            r.removed.join(", ")
+            r.removed
+                .iter()
+                .map(|r| crate::lifecycle::describe_removed(r))
+                .collect::<Vec<_>>()
+                .join(", ")
         }
     );
     println!(
