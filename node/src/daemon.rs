@@ -1441,13 +1441,7 @@ impl Daemon {
                     limit: nuwa_sync::pointer::MAX_POINTER_BYTES as u64,
                 }),
             master_key: self.home_dir.join(home::MASTER_KEY).exists(),
-            admin: crate::lifecycle::load_admin(
-                &self.home_dir,
-                self.session.log(),
-                self.session.membership().device(),
-                home::now_unix_secs(),
-            )
-            .is_ok(),
+            admin: self.admin_key(home::now_unix_secs()).is_ok(),
             recovery_key: !crate::lifecycle::recovery_keys(self.session.log().current()).is_empty(),
         }
     }

@@ -600,6 +600,46 @@ fn init_tracing_quiet() -> Result<logging::Guard> {
     logging::init(&logging::LogArgs::default(), "warn")
 }
 
+/// What `pair` (and `recover` on a fresh home) needs: the network flags,
+/// the code's lifetime, the initial sync (`None`: skip it) and, for
+/// recovery, the words' key.
+fn pair_options(
+    home_dir: &std::path::Path,
+    name: String,
+    ttl: std::time::Duration,
+    net: config::Settings,
+    sync_timeout: Option<std::time::Duration>,
+    recovery: Option<pair::RecoveryJoin>,
+) -> Result<pair::PairOptions> {
+    let listen = parse_addrs(
+        "--listen",
+        net.network.listen.as_deref().unwrap_or_default(),
+    )?;
+    let rendezvous_servers = parse_addrs(
+        "--rendezvous",
+        net.discovery
+            .rendezvous_servers
+            .as_deref()
+            .unwrap_or_default(),
+    )?;
+    let mdns = net.discovery.mdns.unwrap_or(true);
+    let mdns_interfaces = net.discovery.mdns_interfaces.clone().unwrap_or_default();
+    let sync = match sync_timeout {
+        Some(t) => Some(run_options(home_dir, net, Some(t))?),
+        None => None,
+    };
+    Ok(pair::PairOptions {
+        name,
+        listen,
+        mdns,
+        mdns_interfaces,
+        rendezvous_servers,
+        code_ttl: ttl,
+        sync,
+        recovery,
+    })
+}
+
 fn main() -> ExitCode {
     // Files and directories this process creates are private whatever the
     // inherited umask (sled creates its files itself, with 0666 & ~umask).
@@ -695,38 +735,20 @@ fn real_main(cli: Cli) -> Result<()> {
                 recovery::show(&next, None);
             }
             recovery::confirm(&next, i_have_written_it_down)?;
-            let listen = parse_addrs(
-                "--listen",
-                net.network.listen.as_deref().unwrap_or_default(),
-            )?;
-            let rendezvous_servers = parse_addrs(
-                "--rendezvous",
-                net.discovery
-                    .rendezvous_servers
-                    .as_deref()
-                    .unwrap_or_default(),
-            )?;
-            let mdns = net.discovery.mdns.unwrap_or(true);
-            let mdns_interfaces = net.discovery.mdns_interfaces.clone().unwrap_or_default();
-            let sync = Some(run_options(&home_dir, net, Some(sync_timeout))?);
-            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-            rt.block_on(pair::run(
+            let opts = pair_options(
                 &home_dir,
-                pair::PairOptions {
-                    name: String::new(),
-                    listen,
-                    mdns,
-                    mdns_interfaces,
-                    rendezvous_servers,
-                    code_ttl: ttl,
-                    sync,
-                    recovery: Some(pair::RecoveryJoin {
-                        key: words.key(),
-                        lost,
-                        next_public: next.key().public(),
-                    }),
-                },
-            ))?;
+                String::new(),
+                ttl,
+                net,
+                Some(sync_timeout),
+                Some(pair::RecoveryJoin {
+                    key: words.key(),
+                    lost,
+                    next_public: next.key().public(),
+                }),
+            )?;
+            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            rt.block_on(pair::run(&home_dir, opts))?;
             if json {
                 let h = home::load(&home_dir)?;
                 let mut v = serde_json::json!({
@@ -816,38 +838,16 @@ fn real_main(cli: Cli) -> Result<()> {
             net,
         } => {
             let _log = init_tracing_quiet()?;
-            let listen = parse_addrs(
-                "--listen",
-                net.network.listen.as_deref().unwrap_or_default(),
-            )?;
-            let rendezvous_servers = parse_addrs(
-                "--rendezvous",
-                net.discovery
-                    .rendezvous_servers
-                    .as_deref()
-                    .unwrap_or_default(),
-            )?;
-            let mdns = net.discovery.mdns.unwrap_or(true);
-            let mdns_interfaces = net.discovery.mdns_interfaces.clone().unwrap_or_default();
-            let sync = if no_sync {
-                None
-            } else {
-                Some(run_options(&home_dir, net, Some(sync_timeout))?)
-            };
-            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-            rt.block_on(pair::run(
+            let opts = pair_options(
                 &home_dir,
-                pair::PairOptions {
-                    name: name.unwrap_or_default(),
-                    listen,
-                    mdns,
-                    mdns_interfaces,
-                    rendezvous_servers,
-                    code_ttl: ttl,
-                    sync,
-                    recovery: None,
-                },
-            ))
+                name.unwrap_or_default(),
+                ttl,
+                net,
+                (!no_sync).then_some(sync_timeout),
+                None,
+            )?;
+            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            rt.block_on(pair::run(&home_dir, opts))
         }
         Command::Device {
             command: DeviceCommand::Provision { out, name },

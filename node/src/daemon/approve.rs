@@ -126,16 +126,8 @@ impl Daemon {
                 )));
                 return;
             }
-        } else if let Err(e) = lifecycle::load_admin(
-            &self.home_dir,
-            self.session.log(),
-            self.session.membership().device(),
-            home::now_unix_secs(),
-        ) {
-            let _ = reply.send(Err(ApiError::new(
-                ErrorCode::NotKeyManager,
-                format!("{e:#}"),
-            )));
+        } else if let Err(e) = self.admin_key(home::now_unix_secs()) {
+            let _ = reply.send(Err(e));
             return;
         }
         if !self.mdns_on && self.wide.rv_servers().is_empty() {
@@ -525,13 +517,7 @@ impl Daemon {
         if a.recovery {
             return self.hand_over(peer, name).await;
         }
-        let master = lifecycle::load_admin(
-            &self.home_dir,
-            self.session.log(),
-            self.session.membership().device(),
-            now_secs,
-        )
-        .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
+        let master = self.admin_key(now_secs)?;
         let mut log = self.session.log().clone();
         let context_id = lifecycle::add_device(
             &mut log,

@@ -598,12 +598,7 @@ impl Daemon {
             return Vec::new();
         };
         let now_secs = home::now_unix_secs();
-        let admin = match crate::lifecycle::load_admin(
-            &self.home_dir,
-            &new,
-            self.session.membership().device(),
-            now_secs,
-        ) {
+        let admin = match self.admin_key(now_secs) {
             Ok(a) => a,
             Err(_) => {
                 warn!(

@@ -16,6 +16,18 @@ use crate::home;
 use crate::lifecycle;
 
 impl Daemon {
+    /// This home's admin key (see `lifecycle::load_admin`), or the API error
+    /// that says why there is none.
+    pub(super) fn admin_key(&self, now_secs: i64) -> Result<lifecycle::Admin, ApiError> {
+        lifecycle::load_admin(
+            &self.home_dir,
+            self.session.log(),
+            self.session.membership().device(),
+            now_secs,
+        )
+        .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))
+    }
+
     /// `device revoke`: sign the DID update removing the device, open a new
     /// key epoch for the rest, persist both, then hand them to the session,
     /// whose effects push them to every peer (which also drops the revoked
@@ -25,13 +37,7 @@ impl Daemon {
         body: RevokeBody,
     ) -> Result<(RevokeReply, Vec<Effect>), ApiError> {
         let now_secs = home::now_unix_secs();
-        let master = lifecycle::load_admin(
-            &self.home_dir,
-            self.session.log(),
-            self.session.membership().device(),
-            now_secs,
-        )
-        .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
+        let master = self.admin_key(now_secs)?;
         let r = lifecycle::revoke(
             self.session.log(),
             self.session.secure().keys(),
@@ -95,13 +101,7 @@ impl Daemon {
             ));
         }
         let now_secs = home::now_unix_secs();
-        let master = lifecycle::load_admin(
-            &self.home_dir,
-            self.session.log(),
-            self.session.membership().device(),
-            now_secs,
-        )
-        .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
+        let master = self.admin_key(now_secs)?;
         let (_out_lock, device) = home::prepare_new_home(&out)
             .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("{e:#}")))?;
         let mut log = self.session.log().clone();
@@ -149,13 +149,7 @@ impl Daemon {
         change: AdminChange,
     ) -> Result<(serde_json::Value, Vec<Effect>), ApiError> {
         let now_secs = home::now_unix_secs();
-        let admin = lifecycle::load_admin(
-            &self.home_dir,
-            self.session.log(),
-            self.session.membership().device(),
-            now_secs,
-        )
-        .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))?;
+        let admin = self.admin_key(now_secs)?;
         let refused =
             |e: anyhow::Error| ApiError::new(ErrorCode::CannotChangeDevices, format!("{e:#}"));
         let log = self.session.log();
