@@ -672,7 +672,7 @@ fn real_main(cli: Cli) -> Result<()> {
             name,
             i_have_written_it_down,
         } => {
-            recovery::check_can_confirm(i_have_written_it_down)?;
+            recovery::check_can_confirm(i_have_written_it_down, json)?;
             if home_dir.exists() {
                 home::ensure_empty(&home_dir)?;
             }
@@ -721,7 +721,7 @@ fn real_main(cli: Cli) -> Result<()> {
             net,
         } if !home_dir.join(home::DEVICE_KEY).exists() => {
             let _log = init_tracing_quiet()?;
-            recovery::check_can_confirm(i_have_written_it_down)?;
+            recovery::check_can_confirm(i_have_written_it_down, json)?;
             if home_dir.exists() {
                 home::ensure_empty(&home_dir)?;
             }

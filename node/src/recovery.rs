@@ -30,7 +30,16 @@ const CONFIRM_TRIES: usize = 3;
 
 /// Refuses early, before anything is generated, when the words could not
 /// be confirmed: no terminal to ask on, and no `--i-have-written-it-down`.
-pub fn check_can_confirm(written_down: bool) -> Result<()> {
+pub fn check_can_confirm(written_down: bool, json: bool) -> Result<()> {
+    if json && !written_down {
+        // With --json the words are not printed for people: they are in
+        // `recovery_words`, which only a script that keeps them may ask for.
+        bail!(
+            "with --json the new recovery words are printed only in the JSON (`recovery_words`), \
+             for scripts that keep them: pass --i-have-written-it-down too, or drop --json to see \
+             them and type a few back"
+        );
+    }
     if written_down || std::io::stdin().is_terminal() {
         return Ok(());
     }
@@ -72,7 +81,7 @@ pub fn confirm(phrase: &RecoveryPhrase, written_down: bool) -> Result<()> {
     if written_down {
         return Ok(());
     }
-    check_can_confirm(false)?;
+    check_can_confirm(false, false)?;
     let mut attempt = 1;
     loop {
         let positions = random_confirmation_positions(WORD_COUNT, CONFIRM_WORDS)
@@ -169,7 +178,7 @@ struct RecoveryCreated {
 /// home's admin key) that makes their key the agent's recovery key,
 /// replacing any earlier one. Through the daemon when it runs.
 pub fn create(home_dir: &Path, written_down: bool, json: bool) -> Result<()> {
-    check_can_confirm(written_down)?;
+    check_can_confirm(written_down, json)?;
     let lock = home::try_lock(home_dir)?;
     let h = home::load(home_dir)?;
     let now = home::now_unix_secs();
@@ -244,7 +253,7 @@ pub fn recover(
     written_down: bool,
     json: bool,
 ) -> Result<()> {
-    check_can_confirm(written_down)?;
+    check_can_confirm(written_down, json)?;
     let Some(_lock) = home::try_lock(home_dir)? else {
         bail!(
             "the daemon of {} is running; stop it first (Ctrl-C, or `systemctl --user stop \

@@ -734,3 +734,34 @@ fn rotating_a_device_key_keeps_its_state() {
         );
     });
 }
+
+// Goal: the recovery words are never produced where nobody can see or keep
+// them: `init` without a terminal and without --i-have-written-it-down, or
+// with --json but without it, refuses before writing anything; bad word
+// input is bounded and named. Method: the CLI with stdin not a terminal.
+#[test]
+fn words_are_never_made_where_nobody_keeps_them() {
+    let c = Cluster::new();
+    let h = c.home("h");
+    for args in [&["init"][..], &["init", "--json"][..]] {
+        let out = cli(&h, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains("--i-have-written-it-down"), "{args:?}: {err}");
+        assert!(!h.exists(), "{args:?} wrote the home");
+    }
+    let (a, _) = init_with_words(&c, "a");
+    let big = c.home("big.words");
+    std::fs::write(&big, "abandon ".repeat(2000)).unwrap();
+    let out = cli(
+        &a,
+        &[
+            "recover",
+            "--words-file",
+            big.to_str().unwrap(),
+            "--i-have-written-it-down",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("too large"), "{err}");
+}
