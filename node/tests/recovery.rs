@@ -20,6 +20,54 @@ fn counter(home: &Path, name: &str) -> u64 {
     status(home).map_or(0, |s| s["counters"][name].as_u64().unwrap_or(0))
 }
 
+/// Waits until the three devices verified each other, then writes
+/// `notes/before = 1` on `a` and waits until `b` and `c` have it.
+fn three_in_sync(a: &Path, b: &Path, c: &Path) {
+    wait_for("all verified", Duration::from_secs(15), || {
+        [a, b, c]
+            .iter()
+            .all(|h| status(h).map(|s| verified(&s).len() == 2).unwrap_or(false))
+            .then_some(())
+    });
+    cli_ok(a, &["state", "put", "notes", "before", "1"]);
+    wait_for(
+        "the first write everywhere",
+        Duration::from_secs(15),
+        || {
+            [b, c]
+                .iter()
+                .all(|h| get_json(h, "notes").is_some_and(|v| v["before"] == json!(1)))
+                .then_some(())
+        },
+    );
+}
+
+/// Starts a daemon on `home` (a lost or old device) dialing every one of
+/// `peers`, and waits until each has refused its key at least once more.
+fn start_refused(c: &mut Cluster, home: &Path, peers: &[&Path]) {
+    let before: Vec<u64> = peers
+        .iter()
+        .map(|p| counter(p, "rejected_connection_unknown_key"))
+        .collect();
+    let addrs: Vec<String> = peers.iter().map(|p| listen_addr(p)).collect();
+    let mut args = vec!["--no-mdns"];
+    for a in &addrs {
+        args.extend(["--peer", a.as_str()]);
+    }
+    c.start(home, &args);
+    wait_for(
+        "every peer refuses the old key",
+        Duration::from_secs(45),
+        || {
+            peers
+                .iter()
+                .zip(&before)
+                .all(|(p, n)| counter(p, "rejected_connection_unknown_key") > *n)
+                .then_some(())
+        },
+    );
+}
+
 /// `init` with --json; returns the home and the recovery words it printed.
 fn init_with_words(c: &Cluster, name: &str) -> (std::path::PathBuf, String) {
     let home = c.home(name);
@@ -86,23 +134,7 @@ fn losing_the_admin_is_recovered_with_the_words() {
         let ib = c.start(&b, &[]);
         c.start(&cc, &[]);
         let (ca, cb, ccc) = (context_id(&a), context_id(&b), context_id(&cc));
-        wait_for("all verified", Duration::from_secs(15), || {
-            [&a, &b, &cc]
-                .iter()
-                .all(|h| status(h).map(|s| verified(&s).len() == 2).unwrap_or(false))
-                .then_some(())
-        });
-        cli_ok(&a, &["state", "put", "notes", "before", "1"]);
-        wait_for(
-            "the first write everywhere",
-            Duration::from_secs(15),
-            || {
-                [&b, &cc]
-                    .iter()
-                    .all(|h| get_json(h, "notes").is_some_and(|v| v["before"] == json!(1)))
-                    .then_some(())
-            },
-        );
+        three_in_sync(&a, &b, &cc);
 
         // The admin device is lost: a copy of its home survives elsewhere.
         c.stop(ia);
@@ -204,22 +236,7 @@ fn losing_the_admin_is_recovered_with_the_words() {
 
         // The lost device comes back from its copy: refused by both peers,
         // it learns nothing new and holds no key of the new epoch.
-        let (rb, rc) = (
-            counter(&b, "rejected_connection_unknown_key"),
-            counter(&cc, "rejected_connection_unknown_key"),
-        );
-        let b_addr = listen_addr(&b);
-        let c_addr = listen_addr(&cc);
-        c.start(&lost_copy, &["--peer", &b_addr, "--peer", &c_addr]);
-        wait_for(
-            "both peers refuse the lost device",
-            Duration::from_secs(45),
-            || {
-                (counter(&b, "rejected_connection_unknown_key") > rb
-                    && counter(&cc, "rejected_connection_unknown_key") > rc)
-                    .then_some(())
-            },
-        );
+        start_refused(&mut c, &lost_copy, &[&b, &cc]);
         let vl = get_json(&lost_copy, "notes").unwrap();
         assert!(
             vl.get("after_b").is_none() && vl.get("after_c").is_none(),
@@ -515,23 +532,7 @@ fn a_fresh_home_recovers_the_agent() {
         c.start(&b, &[]);
         c.start(&cc, &[]);
         let ca = context_id(&a);
-        wait_for("all verified", Duration::from_secs(15), || {
-            [&a, &b, &cc]
-                .iter()
-                .all(|h| status(h).map(|s| verified(&s).len() == 2).unwrap_or(false))
-                .then_some(())
-        });
-        cli_ok(&a, &["state", "put", "notes", "before", "1"]);
-        wait_for(
-            "the first write everywhere",
-            Duration::from_secs(15),
-            || {
-                [&b, &cc]
-                    .iter()
-                    .all(|h| get_json(h, "notes").is_some_and(|v| v["before"] == json!(1)))
-                    .then_some(())
-            },
-        );
+        three_in_sync(&a, &b, &cc);
         c.stop(ia);
         let lost_copy = c.home("a-restored");
         assert!(
@@ -605,22 +606,7 @@ fn a_fresh_home_recovers_the_agent() {
         });
 
         // The lost device, restored: refused, and nothing new reaches it.
-        let (rb, rc) = (
-            counter(&b, "rejected_connection_unknown_key"),
-            counter(&cc, "rejected_connection_unknown_key"),
-        );
-        let b_addr = listen_addr(&b);
-        let c_addr = listen_addr(&cc);
-        c.start(&lost_copy, &["--peer", &b_addr, "--peer", &c_addr]);
-        wait_for(
-            "both peers refuse the lost device",
-            Duration::from_secs(45),
-            || {
-                (counter(&b, "rejected_connection_unknown_key") > rb
-                    && counter(&cc, "rejected_connection_unknown_key") > rc)
-                    .then_some(())
-            },
-        );
+        start_refused(&mut c, &lost_copy, &[&b, &cc]);
         let vl = get_json(&lost_copy, "notes").unwrap();
         assert!(
             vl.get("after").is_none(),
@@ -713,12 +699,7 @@ fn rotating_a_device_key_keeps_its_state() {
             (va == vb && va["after_a"] == json!(2) && va["after_b"] == json!(3)).then_some(())
         });
         // The old key (a copy of the home from before) is refused.
-        let rb = counter(&b, "rejected_connection_unknown_key");
-        let b_addr = listen_addr(&b);
-        c.start(&old_copy, &["--peer", &b_addr, "--no-mdns"]);
-        wait_for("b refuses the old key", Duration::from_secs(45), || {
-            (counter(&b, "rejected_connection_unknown_key") > rb).then_some(())
-        });
+        start_refused(&mut c, &old_copy, &[&b]);
         let vo = get_json(&old_copy, "notes").unwrap();
         assert!(
             vo.get("after_a").is_none() && vo.get("after_b").is_none(),
