@@ -335,7 +335,6 @@ fn losing_the_admin_is_recovered_with_the_words() {
                 .ends_with("#recovery-3"),
             "{v}"
         );
-        let _ = new_words;
         for h in [&b, &cc, &d] {
             let v = get_json(h, "notes").unwrap();
             assert!(
