@@ -8,7 +8,7 @@
 use anyhow::{Context, Result, bail};
 use nuwa_crypto::SyncKey;
 use nuwa_crypto::epoch::{EpochGrant, KeyRing};
-use nuwa_identity::document::{DidDocument, KeyStatus, Relationship};
+use nuwa_identity::document::{DidDocument, KeyStatus, Relationship, shorten};
 use nuwa_identity::keys::{DeviceKey, context_id_for};
 use nuwa_identity::log::DidLog;
 use nuwa_identity::recovery::{RECOVERY_FRAGMENT_PREFIX, add_recovery_key, check_belongs};
@@ -92,9 +92,7 @@ pub fn load_admin(
 
 /// Whether `key_id` (or fragment) names a recovery key.
 pub fn is_recovery_key(key_id: &str) -> bool {
-    DidDocument::fragment(key_id)
-        .strip_prefix(RECOVERY_FRAGMENT_PREFIX)
-        .is_some_and(|rest| rest.starts_with('-'))
+    nuwa_identity::recovery::is_recovery_fragment(key_id)
 }
 
 /// The recovery keys the document lists.
@@ -319,21 +317,14 @@ pub fn revoke(
     if target == self_context {
         bail!(
             "{target} is this device; a device cannot revoke itself (revoke it from another \
-             device that holds the master key, or stop using this home)"
+             admin device, or stop using this home)"
         );
     }
     let did = log.did().to_owned();
     let doc = log.current();
     let key_id = format!("{did}#{target}");
     if doc.key_status(&key_id, now_secs) == KeyStatus::NotListed {
-        let ever = log
-            .updates()
-            .iter()
-            .any(|u| u.document.key_status(&key_id, i64::MIN / 2) != KeyStatus::NotListed);
-        if ever {
-            bail!("device {target} is already revoked");
-        }
-        bail!("no device {target} in the agent's DID document; see `nuwa-node device list`");
+        return Err(not_listed(log, &key_id, target));
     }
     let master_id = master_key_id(log)?;
     if DidDocument::fragment(&master_id) == target {
@@ -432,18 +423,29 @@ fn active_device(log: &DidLog, target: &str, now_secs: i64) -> Result<String> {
         KeyStatus::Active if doc.has_relationship(&key_id, Relationship::Authentication) => {
             Ok(key_id)
         }
-        KeyStatus::NotListed
-            if log
-                .updates()
-                .iter()
-                .any(|u| u.document.key_status(&key_id, i64::MIN / 2) != KeyStatus::NotListed) =>
-        {
-            bail!("device {target} was revoked")
-        }
-        KeyStatus::NotListed => {
-            bail!("no device {target} in the agent's DID document; see `nuwa-node device list`")
-        }
-        _ => bail!("{target} is not an active device of the agent; see `nuwa-node device list`"),
+        KeyStatus::NotListed => Err(not_listed(log, &key_id, target)),
+        _ => bail!(
+            "{} is not an active device of the agent; see `nuwa-node device list`",
+            shorten(target)
+        ),
+    }
+}
+
+/// Why `target` (whose key id `key_id` the current document does not list)
+/// cannot be acted on: revoked earlier, or never a device of the agent.
+/// Echoes at most a short prefix of what the caller typed.
+fn not_listed(log: &DidLog, key_id: &str, target: &str) -> anyhow::Error {
+    let ever = log
+        .updates()
+        .iter()
+        .any(|u| u.document.key_status(key_id, i64::MIN / 2) != KeyStatus::NotListed);
+    if ever {
+        anyhow::anyhow!("device {target} is already revoked")
+    } else {
+        anyhow::anyhow!(
+            "no device {} in the agent's DID document; see `nuwa-node device list`",
+            shorten(target)
+        )
     }
 }
 
@@ -1051,6 +1053,16 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("already an admin"), "{e}");
+        // A hostile id is echoed only as a short prefix.
+        let e = promote(&log, &a.master, &"x".repeat(5_000), 1_010)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("no device") && e.len() < 300,
+            "{} bytes",
+            e.len()
+        );
         let did = log.did().to_owned();
         let phone = Admin {
             key_id: format!("{did}#{}", ctx[1]),

@@ -65,8 +65,6 @@ pub const MAX_OPS_PER_ENTRY: usize = 1024;
 pub const MAX_PROOF_BYTES: usize = 64 * 1024;
 /// Domain separator of v2 entry signatures (NIP-2 style).
 pub const DID_UPDATE_V2_DOMAIN: &str = "NUWA_DID_UPDATE_V2:";
-/// A `capabilityDelegation` key whose fragment starts with this is a recovery key.
-pub const RECOVERY_FRAGMENT_PREFIX: &str = "recovery";
 /// Rank of a signer that does not hold `capabilityDelegation`.
 pub const RANK_NONE: u8 = 0;
 /// Rank of an ordinary `capabilityDelegation` key (an admin device or the master key).
@@ -843,8 +841,10 @@ impl Authority {
     }
 }
 
+/// One notion of "recovery key" for the chain, the v1 log's fork rule and
+/// the node: a `recovery-<n>` fragment ([`crate::recovery::is_recovery_fragment`]).
 fn is_recovery_id(key_id: &str) -> bool {
-    DidDocument::fragment(key_id).starts_with(RECOVERY_FRAGMENT_PREFIX)
+    crate::recovery::is_recovery_fragment(key_id)
 }
 
 /// How much a signature by `key_id` weighs when branches fork, judged in the

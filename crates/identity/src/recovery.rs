@@ -385,12 +385,24 @@ pub fn is_recovery_fragment(key_id: &str) -> bool {
 /// `capabilityDelegation` only, and returns its key id.
 ///
 /// Fails as [`DidDocument::add_key`] does (for instance when that fragment or
-/// key is already listed), leaving the document unchanged.
+/// key is already listed), leaving the document unchanged, and with
+/// [`DidError::Malformed`] for bytes that are no usable Ed25519 public key
+/// (not a curve point, or of small order): words can never sign for such a
+/// key, nor open what is sealed to it, so it would only lock recovery out.
 pub fn add_recovery_key(
     doc: &mut DidDocument,
     generation: u32,
     public: &[u8; 32],
 ) -> Result<String, DidError> {
+    let usable = ed25519_dalek::VerifyingKey::from_bytes(public).is_ok_and(|k| !k.is_weak());
+    if !usable {
+        return Err(DidError::Malformed {
+            reason: format!(
+                "the recovery key {} is not a usable Ed25519 public key",
+                hex::encode(public)
+            ),
+        });
+    }
     let fragment = recovery_fragment(generation);
     doc.add_key(
         &fragment,

@@ -544,12 +544,7 @@ impl Daemon {
         };
         let grant = session.grant(&grant_pt).map_err(|e| pairing_error(&e))?;
         // The device is ours now: record it durably before it learns so.
-        home::save_log(&self.home_dir, &log)
-            .map_err(|e| ApiError::new(ErrorCode::StorageFailed, format!("{e:#}")))?;
-        let effects = self
-            .session
-            .adopt_own_update(log.clone(), None, home::now_ms())
-            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        let effects = self.commit_own_log(&log)?;
         self.seen.saw(&context_id, &name, 0);
         self.save_seen();
         if let Some(a) = &mut self.pairing.approval {

@@ -28,6 +28,19 @@ impl Daemon {
         .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, format!("{e:#}")))
     }
 
+    /// A DID update this daemon signed (no new epoch): durable first, then
+    /// handed to the session, whose effects push it to every peer.
+    pub(super) fn commit_own_log(
+        &mut self,
+        log: &nuwa_identity::log::DidLog,
+    ) -> Result<Vec<Effect>, ApiError> {
+        home::save_log(&self.home_dir, log)
+            .map_err(|e| ApiError::new(ErrorCode::StorageFailed, format!("{e:#}")))?;
+        self.session
+            .adopt_own_update(log.clone(), None, home::now_ms())
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))
+    }
+
     /// `device revoke`: sign the DID update removing the device, open a new
     /// key epoch for the rest, persist both, then hand them to the session,
     /// whose effects push them to every peer (which also drops the revoked
@@ -111,12 +124,7 @@ impl Daemon {
         // Our own log first: once it is durable the device exists, and a
         // crash before the new home is complete leaves only a listed key
         // nobody holds (revocable), never a home the agent does not know.
-        home::save_log(&self.home_dir, &log)
-            .map_err(|e| ApiError::new(ErrorCode::StorageFailed, format!("{e:#}")))?;
-        let effects = self
-            .session
-            .adopt_own_update(log.clone(), None, home::now_ms())
-            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        let effects = self.commit_own_log(&log)?;
         let info = home::write_new_home(
             &out,
             &device,
@@ -180,12 +188,7 @@ impl Daemon {
             }
         };
         drop(admin);
-        home::save_log(&self.home_dir, &log)
-            .map_err(|e| ApiError::new(ErrorCode::StorageFailed, format!("{e:#}")))?;
-        let effects = self
-            .session
-            .adopt_own_update(log.clone(), None, home::now_ms())
-            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        let effects = self.commit_own_log(&log)?;
         info!(change, subject = %subject, "DID document changed");
         let reply = AdminReply {
             change: change.to_owned(),

@@ -460,3 +460,28 @@ fn edit_distance_cases() {
         assert_eq!(edit_distance(&typed, word), want, "{typed:?} -> {word}");
     }
 }
+
+// Goal: a recovery key nobody could ever use (not a curve point, or of small
+// order) is refused, and the document is left as it was.
+#[test]
+fn unusable_recovery_keys_are_refused() {
+    let master = DeviceKey::generate().unwrap();
+    let did = crate::did_key::did_key_from_ed25519(&master.public());
+    let mut doc = crate::log::genesis_document(&did).unwrap();
+    let before = doc.clone();
+    // About half of all y coordinates have no point: take the first.
+    let not_a_point = (2u8..=255)
+        .map(|b| [b; 32])
+        .find(|k| ed25519_dalek::VerifyingKey::from_bytes(k).is_err())
+        .expect("some bytes are no curve point");
+    for bad in [not_a_point, [0; 32], {
+        let mut one = [0; 32];
+        one[0] = 1; // the identity point: small order
+        one
+    }] {
+        let err = add_recovery_key(&mut doc, 1, &bad).unwrap_err();
+        assert!(err.to_string().contains("not a usable"), "{err}");
+        assert_eq!(doc, before);
+    }
+    add_recovery_key(&mut doc, 1, &DeviceKey::generate().unwrap().public()).unwrap();
+}
