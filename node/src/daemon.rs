@@ -137,6 +137,10 @@ struct Daemon {
     /// While a run of incoming frames and gossip is handled, the effects of
     /// each, executed together at the end (one group commit for the run).
     deferred: Option<Vec<Effect>>,
+    /// The public half of `HOME/master.key`, if this home holds it (read
+    /// once at start: `status` asks whether this device is an admin on
+    /// every call, and the secret is read only to sign).
+    master_public: Option<[u8; 32]>,
     /// Announcements of our agent whose key we do not know yet; retried
     /// when the DID log grows.
     unknown_announcements: BTreeMap<String, (Announcement, Vec<Multiaddr>)>,
@@ -656,6 +660,10 @@ impl Daemon {
                 .map(|l| l.map(|l| l.container))
                 .map_err(|e| format!("{e:#}"))
         }));
+        let master_public = std::fs::read(home.dir.join(home::MASTER_KEY))
+            .ok()
+            .and_then(|b| nuwa_identity::keys::DeviceKey::from_seed_file_bytes(&b).ok())
+            .map(|k| k.public());
         Daemon {
             home_dir: home.dir.clone(),
             name: home.info.name.clone(),
@@ -674,6 +682,7 @@ impl Daemon {
             memory_budget: opts.memory_budget_mb.saturating_mul(1_000_000),
             next_evict_ms: 0,
             deferred: None,
+            master_public,
             unknown_announcements: BTreeMap::new(),
             listen_addrs,
             api_url,
@@ -1440,8 +1449,25 @@ impl Daemon {
                     bytes,
                     limit: nuwa_sync::pointer::MAX_POINTER_BYTES as u64,
                 }),
-            master_key: self.home_dir.join(home::MASTER_KEY).exists(),
-            admin: self.admin_key(home::now_unix_secs()).is_ok(),
+            master_key: self.master_public.is_some(),
+            admin: {
+                let doc = self.session.log().current();
+                let now = home::now_unix_secs();
+                [
+                    Some(self.session.membership().device().public()),
+                    self.master_public,
+                ]
+                .into_iter()
+                .flatten()
+                .any(|p| {
+                    doc.method_for_public(
+                        &p,
+                        nuwa_identity::document::Relationship::CapabilityDelegation,
+                        now,
+                    )
+                    .is_ok()
+                })
+            },
             recovery_key: !crate::lifecycle::recovery_keys(self.session.log().current()).is_empty(),
         }
     }
