@@ -89,7 +89,7 @@ fn frame(c: &Corpus) -> Result<()> {
         agent_did: agent_did(),
         context_id: device_context_id(),
         device_name: "laptop".into(),
-        did_log_json: serde_json::to_vec(&genesis_log())?,
+        did_proof: DidChain::from_v1(&genesis_log())?.proof().encode()?,
         epoch_grant: Vec::new(),
         timestamp_ms: 7,
         nonce: [1; 16],
@@ -320,7 +320,10 @@ fn did_chain(c: &Corpus) -> Result<()> {
     doc.add_key(
         "admin",
         &DeviceKey::from_seed(&[3; 32]).public(),
-        &[Relationship::Authentication, Relationship::CapabilityDelegation],
+        &[
+            Relationship::Authentication,
+            Relationship::CapabilityDelegation,
+        ],
         None,
     )?;
     let master_id = ed25519_public_multibase(&master().public());

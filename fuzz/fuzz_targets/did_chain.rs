@@ -73,7 +73,10 @@ fuzz_target!(|data: &[u8]| {
     );
 
     for ours in &f.chains {
-        if let (Ok(a), Ok(b)) = (compare_branches(ours, &chain), compare_branches(&chain, ours)) {
+        if let (Ok(a), Ok(b)) = (
+            compare_branches(ours, &chain),
+            compare_branches(&chain, ours),
+        ) {
             assert_eq!(a, b.reverse(), "branch order is antisymmetric");
         }
         let mut mine = ours.clone();

@@ -17,7 +17,7 @@
 use std::sync::{Mutex, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use nuwa_fuzz::{NOW_UNIX_SECS_U64, agent_did, device, device_context_id, log_with_device};
+use nuwa_fuzz::{NOW_UNIX_SECS_U64, agent_did, chain_with_device, device, device_context_id};
 use nuwa_keeper::{Keeper, KeeperConfig, sign_request};
 use nuwa_proto::Frame;
 use nuwa_proto::keeper::{KeeperBody, KeeperResponse, envelope_from_bytes};
@@ -31,12 +31,19 @@ fn keeper() -> &'static Mutex<Keeper> {
         let mut k = Keeper::open(&dir, KeeperConfig::default()).expect("keeper store");
         // Teach it the fixed agent, as a first push would.
         let body = KeeperBody::Push {
-            did_log_json: serde_json::to_vec(&log_with_device()).expect("log json"),
+            did_proof: chain_with_device().proof().encode().expect("proof json"),
             envelopes: Vec::new(),
             replaces_through: 0,
         };
-        let req = sign_request(&device(), &device_context_id(), &agent_did(), 1, body, NOW_MS)
-            .expect("randomness");
+        let req = sign_request(
+            &device(),
+            &device_context_id(),
+            &agent_did(),
+            1,
+            body,
+            NOW_MS,
+        )
+        .expect("randomness");
         let r = k.handle(req, NOW_MS);
         assert!(matches!(r, KeeperResponse::Pushed { .. }), "{r:?}");
         Mutex::new(k)
@@ -67,18 +74,25 @@ fuzz_target!(|data: &[u8]| {
     } else {
         // `log ‖ 0xff ‖ envelope ‖ 0xff ‖ envelope ...`
         let mut parts = rest.split(|b| *b == 0xff);
-        let did_log_json = parts.next().unwrap_or_default().to_vec();
+        let did_proof = parts.next().unwrap_or_default().to_vec();
         let envelopes = parts
             .take(16)
             .filter_map(|p| envelope_from_bytes(p).ok())
             .collect();
         KeeperBody::Push {
-            did_log_json,
+            did_proof,
             envelopes,
             replaces_through: rest.len() as u64 % 4,
         }
     };
-    if let Ok(req) = sign_request(&device(), &device_context_id(), &agent_did(), 2, body, NOW_MS) {
+    if let Ok(req) = sign_request(
+        &device(),
+        &device_context_id(),
+        &agent_did(),
+        2,
+        body,
+        NOW_MS,
+    ) {
         let _ = k.handle(req, NOW_MS);
     }
 });

@@ -175,3 +175,8 @@ pub mod pairing_selector {
     pub const JOINER_CONFIRM: u8 = 2;
     pub const GRANT: u8 = 3;
 }
+
+/// [`log_with_device`] as the DID chain a node holds (same entries and hashes).
+pub fn chain_with_device() -> nuwa_identity::chain::DidChain {
+    nuwa_identity::chain::DidChain::from_v1(&log_with_device()).expect("a valid v1 log converts")
+}

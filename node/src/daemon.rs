@@ -719,9 +719,8 @@ impl Daemon {
     fn is_revoked_now(&self) -> bool {
         let m = self.session.membership();
         let ctx = m.context_id();
-        let listed_before = m.log().updates().iter().any(|u| {
-            u.document
-                .verification_method
+        let listed_before = m.log().documents().any(|d| {
+            d.verification_method
                 .iter()
                 .any(|vm| nuwa_identity::document::DidDocument::fragment(&vm.id) == ctx)
         });
@@ -1049,6 +1048,14 @@ impl Daemon {
             }
             Frame::Hello(hello) => self.session.on_hello(&key, &hello, now),
             Frame::Envelope(env) => self.session.on_envelope(&key, env, now),
+            Frame::DidEntriesRequest { from_seq } => self.session.on_did_request(&key, from_seq),
+            Frame::DidEntries {
+                from_seq,
+                entries_json,
+                more,
+            } => self
+                .session
+                .on_did_entries(&key, from_seq, &entries_json, more, now),
             Frame::KeeperResponse(resp) => {
                 self.on_keeper_response(peer, *resp).await;
                 return;
@@ -1335,6 +1342,10 @@ impl Daemon {
                 name: self.name.clone(),
                 authorised: m.self_authorised(now).is_ok(),
                 did_log_len: m.log().len(),
+                hello_bytes: m
+                    .hello(now)
+                    .map(|h| Frame::Hello(h).encode().len())
+                    .unwrap_or(0),
             },
             listen_addrs: self
                 .listen_addrs

@@ -14,8 +14,8 @@
 
 use std::collections::BTreeMap;
 
+use nuwa_identity::chain::DidChain;
 use nuwa_identity::document::{DidDocument, KeyStatus, Relationship};
-use nuwa_identity::log::DidLog;
 use nuwa_store::Storage;
 use serde::{Deserialize, Serialize};
 
@@ -149,12 +149,12 @@ fn relationships_of(doc: &DidDocument, key_id: &str) -> Vec<String> {
 }
 
 /// Every device key (Ed25519 methods named `device-…`) the log ever listed.
-pub fn list(log: &DidLog, seen: &Seen, me: &str, now_ms: u64) -> Vec<DeviceEntry> {
+pub fn list(log: &DidChain, seen: &Seen, me: &str, now_ms: u64) -> Vec<DeviceEntry> {
     let current = log.current();
     let now_secs = (now_ms / 1000) as i64;
     let mut ever: BTreeMap<String, String> = BTreeMap::new();
-    for update in log.updates() {
-        for m in &update.document.verification_method {
+    for doc in log.documents() {
+        for m in &doc.verification_method {
             let frag = DidDocument::fragment(&m.id);
             if m.r#type == nuwa_identity::document::ED25519_KEY_TYPE && frag.starts_with("device-")
             {
@@ -231,7 +231,7 @@ mod tests {
     #[test]
     fn statuses_follow_the_log() {
         let master = DeviceKey::generate().unwrap();
-        let mut log = DidLog::genesis(&master, 1_000).unwrap();
+        let mut log = DidChain::genesis(&master, 1_000).unwrap();
         let master_id = log.current().capability_delegation[0].clone();
         let (a, b) = (
             DeviceKey::generate().unwrap(),
@@ -246,11 +246,13 @@ mod tests {
                 None,
             )
             .unwrap();
-            log.append(doc, &master, &master_id, 1_001).unwrap();
+            log.append_document(&doc, &master, &master_id, 1_001)
+                .unwrap();
         }
         let mut doc = log.current().clone();
         doc.remove_key(&context_id_for(&b.public())).unwrap();
-        log.append(doc, &master, &master_id, 1_002).unwrap();
+        log.append_document(&doc, &master, &master_id, 1_002)
+            .unwrap();
 
         let mut seen = Seen::default();
         seen.saw(&context_id_for(&b.public()), "phone", 5_000);

@@ -830,7 +830,10 @@ fn check_peers(home: &Path, st: &Status) -> Check {
 /// permissions: the home check reports those).
 fn read_identity(
     home: &Path,
-) -> Result<(nuwa_identity::keys::DeviceKey, nuwa_identity::log::DidLog)> {
+) -> Result<(
+    nuwa_identity::keys::DeviceKey,
+    nuwa_identity::chain::DidChain,
+)> {
     let seed = zeroize::Zeroizing::new(
         fs::read(home.join(home::DEVICE_KEY))
             .with_context(|| format!("cannot read {}", home::DEVICE_KEY))?,

@@ -25,9 +25,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use nuwa_crypto::epoch::KeyRing;
 use nuwa_crypto::{AtRestKey, SyncKey};
+use nuwa_identity::chain::DidChain;
 use nuwa_identity::document::Relationship;
 use nuwa_identity::keys::{DeviceKey, context_id_for};
-use nuwa_identity::log::DidLog;
 use nuwa_identity::resolver::{ChainResolver, StaticLog};
 use serde::{Deserialize, Serialize};
 
@@ -71,7 +71,7 @@ pub struct Home {
     /// The encoded grant of the current epoch (None at epoch 0).
     pub grant: Option<Vec<u8>>,
     pub at_rest: AtRestKey,
-    pub log: DidLog,
+    pub log: DidChain,
 }
 
 /// The default home: the platform's data directory.
@@ -138,7 +138,7 @@ pub fn ensure_empty(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn write_log(dir: &Path, log: &DidLog) -> Result<()> {
+fn write_log(dir: &Path, log: &DidChain) -> Result<()> {
     write_private(&dir.join(DID_LOG), &serde_json::to_vec_pretty(log)?)
 }
 
@@ -154,14 +154,32 @@ pub fn save_grant(dir: &Path, grant: &[u8]) -> Result<()> {
 
 /// The DID log as last persisted in the home (unverified: it was checked
 /// when it was written).
-pub fn read_log(dir: &Path) -> Result<DidLog> {
+pub fn read_log(dir: &Path) -> Result<DidChain> {
     let path = dir.join(DID_LOG);
     let bytes = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_slice(&bytes).with_context(|| format!("cannot parse {}", path.display()))
+    parse_log(&bytes)
+        .map(|(log, _)| log)
+        .with_context(|| format!("cannot parse {}", path.display()))
+}
+
+/// Parses `did-log.json`: a DID chain (`{"entries": …}`), or a log written
+/// before chains (`{"updates": …}`), converted entry for entry with the
+/// same hashes ([`DidChain::from_v1`]). The flag says it was the old form.
+pub fn parse_log(bytes: &[u8]) -> Result<(DidChain, bool)> {
+    match serde_json::from_slice::<DidChain>(bytes) {
+        Ok(log) => Ok((log, false)),
+        Err(chain_err) => match serde_json::from_slice::<nuwa_identity::log::DidLog>(bytes) {
+            Ok(v1) => Ok((
+                DidChain::from_v1(&v1).context("cannot convert the old DID log")?,
+                true,
+            )),
+            Err(_) => Err(chain_err.into()),
+        },
+    }
 }
 
 /// Persists a newer DID log learned from a peer.
-pub fn save_log(dir: &Path, log: &DidLog) -> Result<()> {
+pub fn save_log(dir: &Path, log: &DidChain) -> Result<()> {
     write_log(dir, log)
 }
 
@@ -180,7 +198,7 @@ fn write_device(dir: &Path, device: &DeviceKey, name: &str, keys: &KeyRing) -> R
 }
 
 fn add_device(
-    log: &mut DidLog,
+    log: &mut DidChain,
     admin: &crate::lifecycle::Admin,
     device: &DeviceKey,
 ) -> Result<String> {
@@ -200,7 +218,7 @@ pub fn init(dir: &Path, name: &str, recovery_public: &[u8; 32]) -> Result<Home> 
     let master = DeviceKey::generate().context("cannot generate the master key")?;
     let device = DeviceKey::generate().context("cannot generate the device key")?;
     let keys = KeyRing::new(SyncKey::generate(0).context("cannot generate the sync key")?);
-    let mut log = DidLog::genesis(&master, now_unix_secs()).context("cannot create the DID")?;
+    let mut log = DidChain::genesis(&master, now_unix_secs()).context("cannot create the DID")?;
     crate::lifecycle::first_update(&mut log, &master, &device, recovery_public, now_unix_secs())?;
     write_private(&dir.join(MASTER_KEY), &master.to_seed_file_bytes())?;
     write_log(dir, &log)?;
@@ -243,7 +261,7 @@ pub fn write_new_home(
     out: &Path,
     device: &DeviceKey,
     name: &str,
-    log: &DidLog,
+    log: &DidChain,
     keys: &KeyRing,
     grant: Option<&[u8]>,
 ) -> Result<DeviceInfo> {
@@ -257,7 +275,7 @@ pub fn write_new_home(
 
 /// Adds `device` to the log, signed by an admin key.
 pub fn add_device_key(
-    log: &mut DidLog,
+    log: &mut DidChain,
     admin: &crate::lifecycle::Admin,
     device: &DeviceKey,
 ) -> Result<String> {
@@ -309,7 +327,7 @@ pub fn write_paired(
     name: &str,
     keys: &KeyRing,
     grant: Option<&[u8]>,
-    log: &DidLog,
+    log: &DidChain,
 ) -> Result<DeviceInfo> {
     write_log(dir, log)?;
     if let Some(g) = grant {
@@ -343,7 +361,7 @@ pub fn rotate_device(
     dir: &Path,
     new: &DeviceKey,
     name: &str,
-    log: &DidLog,
+    log: &DidChain,
     keys: &KeyRing,
     grant: &[u8],
 ) -> Result<DeviceInfo> {
@@ -431,7 +449,7 @@ pub fn load(dir: &Path) -> Result<Home> {
     };
     let at_rest = AtRestKey::from_file_bytes(&read(&dir.join(AT_REST_KEY))?)
         .with_context(|| format!("cannot read {}", dir.join(AT_REST_KEY).display()))?;
-    let log: DidLog = serde_json::from_slice(&read(&dir.join(DID_LOG))?)
+    let (log, migrated) = parse_log(&read(&dir.join(DID_LOG))?)
         .with_context(|| format!("cannot parse {}", dir.join(DID_LOG).display()))?;
     // Resolution starts at the local cache; peers extend it at run time
     // (Hello, DHT pointer) under the same merge rule, and further
@@ -445,6 +463,16 @@ pub fn load(dir: &Path) -> Result<Home> {
         Ok(r) => bail!("{}: {}", dir.join(DID_LOG).display(), r.skipped[0]),
         Err(e) => bail!("{} does not verify: {e}", dir.join(DID_LOG).display()),
     };
+    if migrated {
+        // Once, on the first start after the upgrade: same entries, same
+        // hashes, new file form; new updates are v2 entries from now on.
+        write_log(dir, &log)?;
+        tracing::info!(
+            entries = log.len(),
+            "converted {} to the DID chain format",
+            dir.join(DID_LOG).display()
+        );
+    }
     let info: DeviceInfo = match fs::read(dir.join(DEVICE_INFO)) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .with_context(|| format!("cannot parse {}", dir.join(DEVICE_INFO).display()))?,

@@ -8,9 +8,9 @@
 use anyhow::{Context, Result, bail};
 use nuwa_crypto::SyncKey;
 use nuwa_crypto::epoch::{EpochGrant, KeyRing};
+use nuwa_identity::chain::DidChain;
 use nuwa_identity::document::{DidDocument, KeyStatus, Relationship, shorten};
 use nuwa_identity::keys::{DeviceKey, context_id_for};
-use nuwa_identity::log::DidLog;
 use nuwa_identity::recovery::{RECOVERY_FRAGMENT_PREFIX, add_recovery_key, check_belongs};
 
 use crate::home::DEVICE_RELATIONSHIPS;
@@ -41,7 +41,7 @@ impl Admin {
 /// what to do when neither does.
 pub fn load_admin(
     home: &std::path::Path,
-    log: &DidLog,
+    log: &DidChain,
     device: &DeviceKey,
     now_secs: i64,
 ) -> Result<Admin> {
@@ -107,10 +107,9 @@ pub fn recovery_keys(doc: &DidDocument) -> Vec<String> {
 /// The generation the next recovery key gets: one above every listed
 /// one's, or above the log's count of updates so a removed generation is
 /// never reused.
-fn next_recovery_generation(log: &DidLog) -> u32 {
-    log.updates()
-        .iter()
-        .flat_map(|u| recovery_keys(&u.document))
+fn next_recovery_generation(log: &DidChain) -> u32 {
+    log.documents()
+        .flat_map(|d| recovery_keys(&d))
         .filter_map(|id| {
             DidDocument::fragment(&id)
                 .strip_prefix(RECOVERY_FRAGMENT_PREFIX)
@@ -123,7 +122,7 @@ fn next_recovery_generation(log: &DidLog) -> u32 {
 }
 
 /// Replaces every recovery key of `doc` with `public`; returns its key id.
-fn rotate_recovery_key(log: &DidLog, doc: &mut DidDocument, public: &[u8; 32]) -> Result<String> {
+fn rotate_recovery_key(log: &DidChain, doc: &mut DidDocument, public: &[u8; 32]) -> Result<String> {
     for id in recovery_keys(doc) {
         doc.remove_key(&id)
             .with_context(|| format!("cannot remove the old recovery key {id}"))?;
@@ -135,22 +134,22 @@ fn rotate_recovery_key(log: &DidLog, doc: &mut DidDocument, public: &[u8; 32]) -
 /// `recovery create`: the signed update that makes `public` the agent's
 /// recovery key (replacing any other). Returns the new log and the key id.
 pub fn set_recovery_key(
-    log: &DidLog,
+    log: &DidChain,
     admin: &Admin,
     public: &[u8; 32],
     now_secs: i64,
-) -> Result<(DidLog, String)> {
+) -> Result<(DidChain, String)> {
     let mut doc = log.current().clone();
     let key_id = rotate_recovery_key(log, &mut doc, public)?;
     let mut log = log.clone();
-    log.append(doc, &admin.key, &admin.key_id, now_secs)
+    log.append_document(&doc, &admin.key, &admin.key_id, now_secs)
         .context("cannot sign the DID document update")?;
     Ok((log, key_id))
 }
 
 /// The id of the key that signed the genesis: the master key of `init`.
-pub fn master_key_id(log: &DidLog) -> Result<String> {
-    let genesis = &log.updates().first().context("DID log is empty")?.document;
+pub fn master_key_id(log: &DidChain) -> Result<String> {
+    let genesis = &log.documents().next().context("DID log is empty")?;
     genesis
         .capability_delegation
         .first()
@@ -161,7 +160,7 @@ pub fn master_key_id(log: &DidLog) -> Result<String> {
 /// The first update of a new agent: this device's keys and the recovery
 /// key, signed by the master key of the genesis.
 pub fn first_update(
-    log: &mut DidLog,
+    log: &mut DidChain,
     master: &DeviceKey,
     device: &DeviceKey,
     recovery_public: &[u8; 32],
@@ -171,7 +170,7 @@ pub fn first_update(
     let context_id = list_device(&mut doc, device, &[])?;
     add_recovery_key(&mut doc, 1, recovery_public)
         .context("cannot add the recovery key to the DID document")?;
-    log.append(doc, master, &master_key_id(log)?, now_secs)
+    log.append_document(&doc, master, &master_key_id(log)?, now_secs)
         .context("cannot sign the DID document update")?;
     Ok(context_id)
 }
@@ -199,7 +198,7 @@ fn list_device(
 /// device relationships and its X25519 key under `keyAgreement`. Returns the
 /// device's context id.
 pub fn add_device(
-    log: &mut DidLog,
+    log: &mut DidChain,
     admin: &Admin,
     ed25519: &[u8; 32],
     x25519: &[u8; 32],
@@ -211,7 +210,7 @@ pub fn add_device(
         .context("cannot add the device key to the DID document")?;
     doc.add_key_agreement_key(&format!("{context_id}{X25519_SUFFIX}"), x25519, None)
         .context("cannot add the device's key-agreement key to the DID document")?;
-    log.append(doc, &admin.key, &admin.key_id, now_secs)
+    log.append_document(&doc, &admin.key, &admin.key_id, now_secs)
         .context("cannot sign the DID document update")?;
     Ok(context_id)
 }
@@ -266,28 +265,30 @@ pub fn rebase_change(base: &DidDocument, mine: &DidDocument, onto: &DidDocument)
 /// current document. None when nothing of ours was dropped or it is all in
 /// the winner already.
 pub fn rebased_document(
-    old: &DidLog,
-    new: &DidLog,
+    old: &DidChain,
+    new: &DidChain,
     own: &[[u8; 32]],
 ) -> Option<(DidDocument, usize)> {
-    let kept: std::collections::HashSet<String> =
-        new.updates().iter().filter_map(|u| u.hash().ok()).collect();
-    if kept.contains(&old.head_hash()) {
+    let kept: std::collections::HashSet<&str> =
+        (0..new.len()).filter_map(|i| new.hash_at(i)).collect();
+    if kept.contains(old.head_hash()) {
         return None;
     }
+    let docs: Vec<DidDocument> = old.documents().collect();
     let mut doc = new.current().clone();
     let mut n = 0;
-    for pair in old.updates().windows(2) {
-        let (prev, update) = (&pair[0], &pair[1]);
-        if update.hash().is_ok_and(|h| kept.contains(&h)) {
+    for (i, entry) in old.entries().iter().enumerate().skip(1) {
+        if old.hash_at(i).is_some_and(|h| kept.contains(h)) {
             continue;
         }
+        let (Some(prev), Some(next)) = (docs.get(i - 1), docs.get(i)) else {
+            break;
+        };
         let signer = prev
-            .document
-            .find_method(&update.key_id)
+            .find_method(&prev.key_id(entry.key_id()))
             .and_then(|m| m.ed25519_public().ok());
         if signer.is_some_and(|p| own.contains(&p)) {
-            doc = rebase_change(&prev.document, &update.document, &doc);
+            doc = rebase_change(prev, next, &doc);
             n += 1;
         }
     }
@@ -297,7 +298,7 @@ pub fn rebased_document(
 /// The result of revoking a device: the extended log, the new epoch's key
 /// (already in `keys`) and the encoded grant that hands it to the rest.
 pub struct Revocation {
-    pub log: DidLog,
+    pub log: DidChain,
     pub keys: KeyRing,
     pub grant: Vec<u8>,
     pub epoch: u64,
@@ -307,7 +308,7 @@ pub struct Revocation {
 /// Signs the DID update removing `target` (its Ed25519 and X25519 keys) and
 /// opens a new key epoch sealed to every remaining device's X25519 key.
 pub fn revoke(
-    log: &DidLog,
+    log: &DidChain,
     keys: &KeyRing,
     admin: &Admin,
     target: &str,
@@ -355,7 +356,7 @@ pub fn revoke(
         );
     }
     let mut log = log.clone();
-    log.append(next, &admin.key, &admin.key_id, now_secs)
+    log.append_document(&next, &admin.key, &admin.key_id, now_secs)
         .context("cannot sign the DID document update")?;
     let (keys, grant, epoch, remaining) = new_epoch(
         &log,
@@ -379,7 +380,7 @@ pub fn revoke(
 /// current document, and signs its grant with `issuer` (a key listed with
 /// `capabilityDelegation` under the fragment `issuer_fragment`).
 fn new_epoch(
-    log: &DidLog,
+    log: &DidChain,
     keys: &KeyRing,
     issuer: &DeviceKey,
     issuer_fragment: &str,
@@ -416,7 +417,7 @@ fn new_epoch(
 }
 
 /// The active device `target` (a context id) of `doc`, or why it is not one.
-fn active_device(log: &DidLog, target: &str, now_secs: i64) -> Result<String> {
+fn active_device(log: &DidChain, target: &str, now_secs: i64) -> Result<String> {
     let doc = log.current();
     let key_id = format!("{}#{target}", doc.id);
     match doc.key_status(&key_id, now_secs) {
@@ -434,11 +435,10 @@ fn active_device(log: &DidLog, target: &str, now_secs: i64) -> Result<String> {
 /// Why `target` (whose key id `key_id` the current document does not list)
 /// cannot be acted on: revoked earlier, or never a device of the agent.
 /// Echoes at most a short prefix of what the caller typed.
-fn not_listed(log: &DidLog, key_id: &str, target: &str) -> anyhow::Error {
+fn not_listed(log: &DidChain, key_id: &str, target: &str) -> anyhow::Error {
     let ever = log
-        .updates()
-        .iter()
-        .any(|u| u.document.key_status(key_id, i64::MIN / 2) != KeyStatus::NotListed);
+        .documents()
+        .any(|d| d.key_status(key_id, i64::MIN / 2) != KeyStatus::NotListed);
     if ever {
         anyhow::anyhow!("device {target} is already revoked")
     } else {
@@ -451,7 +451,7 @@ fn not_listed(log: &DidLog, key_id: &str, target: &str) -> anyhow::Error {
 
 /// `device promote`: gives device `target` `capabilityDelegation`, so it
 /// can approve, provision, promote and revoke devices too.
-pub fn promote(log: &DidLog, admin: &Admin, target: &str, now_secs: i64) -> Result<DidLog> {
+pub fn promote(log: &DidChain, admin: &Admin, target: &str, now_secs: i64) -> Result<DidChain> {
     let target = target.trim();
     let key_id = active_device(log, target, now_secs)?;
     let mut doc = log.current().clone();
@@ -461,7 +461,7 @@ pub fn promote(log: &DidLog, admin: &Admin, target: &str, now_secs: i64) -> Resu
     doc.grant(&key_id, Relationship::CapabilityDelegation)
         .with_context(|| format!("cannot make {target} an admin"))?;
     let mut log = log.clone();
-    log.append(doc, &admin.key, &admin.key_id, now_secs)
+    log.append_document(&doc, &admin.key, &admin.key_id, now_secs)
         .context("cannot sign the DID document update")?;
     Ok(log)
 }
@@ -469,7 +469,7 @@ pub fn promote(log: &DidLog, admin: &Admin, target: &str, now_secs: i64) -> Resu
 /// `device demote`: takes `capabilityDelegation` from device `target`. The
 /// last admin device cannot be demoted (only the recovery words would be
 /// left to change the agent).
-pub fn demote(log: &DidLog, admin: &Admin, target: &str, now_secs: i64) -> Result<DidLog> {
+pub fn demote(log: &DidChain, admin: &Admin, target: &str, now_secs: i64) -> Result<DidChain> {
     let target = target.trim();
     let key_id = active_device(log, target, now_secs)?;
     let mut doc = log.current().clone();
@@ -488,14 +488,14 @@ pub fn demote(log: &DidLog, admin: &Admin, target: &str, now_secs: i64) -> Resul
         );
     }
     let mut log = log.clone();
-    log.append(doc, &admin.key, &admin.key_id, now_secs)
+    log.append_document(&doc, &admin.key, &admin.key_id, now_secs)
         .context("cannot sign the DID document update")?;
     Ok(log)
 }
 
 /// What `device rotate` did: the extended log and the new key epoch.
 pub struct Rotation {
-    pub log: DidLog,
+    pub log: DidChain,
     pub keys: KeyRing,
     pub grant: Vec<u8>,
     pub epoch: u64,
@@ -509,7 +509,7 @@ pub struct Rotation {
 /// new key epoch sealed to the devices of the new document, so the old
 /// key reads nothing written after.
 pub fn rotate(
-    log: &DidLog,
+    log: &DidChain,
     keys: &KeyRing,
     admin: &Admin,
     old: &DeviceKey,
@@ -534,7 +534,7 @@ pub fn rotate(
     }
     let new_context = list_device(&mut next, new, &extra)?;
     let mut log = log.clone();
-    log.append(next, &admin.key, &admin.key_id, now_secs)
+    log.append_document(&next, &admin.key, &admin.key_id, now_secs)
         .context("cannot sign the rotation")?;
     // The grant's issuer must hold capabilityDelegation in the new
     // document: the master key, or the device's new key.
@@ -576,7 +576,7 @@ pub fn describe_removed(fragment: &str) -> String {
 /// What `recover` did: the extended log, the new epoch (already in `keys`)
 /// and its grant, and which keys it removed.
 pub struct Recovery {
-    pub log: DidLog,
+    pub log: DidChain,
     pub keys: KeyRing,
     pub grant: Vec<u8>,
     pub epoch: u64,
@@ -594,7 +594,7 @@ pub struct Recovery {
 /// and opens a new key epoch sealed to the devices that remain, issued by
 /// `device`. Nothing changes on error.
 pub fn recover(
-    log: &DidLog,
+    log: &DidChain,
     keys: &KeyRing,
     recovery: &DeviceKey,
     device: &DeviceKey,
@@ -643,7 +643,7 @@ pub fn recover(
     }
     let recovery_key_id = rotate_recovery_key(log, &mut next, new_recovery_public)?;
     let mut log = log.clone();
-    log.append(next, recovery, &recovery_id, now_secs)
+    log.append_document(&next, recovery, &recovery_id, now_secs)
         .context("cannot sign the recovery update")?;
     // The device recovering may have missed epochs its peers opened (a
     // stolen admin revoked it): number this one after every update of the
@@ -696,7 +696,7 @@ mod tests {
     use nuwa_sync::grant::{GrantOutcome, open_grant};
 
     struct Agent {
-        log: DidLog,
+        log: DidChain,
         master: Admin,
         devices: Vec<DeviceKey>,
         keys: KeyRing,
@@ -704,7 +704,7 @@ mod tests {
 
     fn agent(n: usize) -> Agent {
         let key = DeviceKey::generate().unwrap();
-        let mut log = DidLog::genesis(&key, 1_000).unwrap();
+        let mut log = DidChain::genesis(&key, 1_000).unwrap();
         let master = Admin {
             key_id: master_key_id(&log).unwrap(),
             key,
@@ -896,7 +896,7 @@ mod tests {
     fn agent_with_recovery(n: usize) -> (Agent, DeviceKey) {
         let key = DeviceKey::generate().unwrap();
         let recovery = DeviceKey::generate().unwrap();
-        let mut log = DidLog::genesis(&key, 1_000).unwrap();
+        let mut log = DidChain::genesis(&key, 1_000).unwrap();
         let first = DeviceKey::generate().unwrap();
         first_update(&mut log, &key, &first, &recovery.public(), 1_000).unwrap();
         let master = Admin {
@@ -1153,12 +1153,12 @@ mod tests {
         // Each side merges the other's log; exactly one branch wins.
         let mut m = by_master.clone();
         let mut p = by_phone.clone();
-        let om = m.merge_from(&by_phone, 1_030).unwrap();
-        let op = p.merge_from(&by_master, 1_030).unwrap();
+        let om = m.merge(&by_phone, 1_030).unwrap();
+        let op = p.merge(&by_master, 1_030).unwrap();
         assert_eq!(m, p, "both sides pick the same branch");
         let (loser_old, loser_admin) = match (&om, &op) {
-            (nuwa_identity::log::MergeOutcome::Replaced { .. }, _) => (&by_master, &a.master),
-            (_, nuwa_identity::log::MergeOutcome::Replaced { .. }) => (&by_phone, &phone),
+            (nuwa_identity::chain::MergeOutcome::SwitchedFork { .. }, _) => (&by_master, &a.master),
+            (_, nuwa_identity::chain::MergeOutcome::SwitchedFork { .. }) => (&by_phone, &phone),
             other => panic!("no branch won: {other:?}"),
         };
         let own = [loser_admin.key.public()];
@@ -1166,7 +1166,7 @@ mod tests {
         assert_eq!(n, 1);
         let mut merged = m.clone();
         merged
-            .append(doc, &loser_admin.key, &loser_admin.key_id, 1_040)
+            .append_document(&doc, &loser_admin.key, &loser_admin.key_id, 1_040)
             .unwrap();
         merged.verify(None, 1_040).unwrap();
         let did = merged.did().to_owned();

@@ -84,6 +84,9 @@ events! {
     EpochGrantsAdopted => "epoch_grants_adopted", "Key epochs adopted from forwarded grants";
     EpochGrantRejected => "epoch_grant_rejected", "Forwarded epoch grants refused";
     GossipDeltasApplied => "gossip_deltas_applied", "Gossip deltas opened and applied";
+    DidEntriesRequested => "did_entries_requested", "Pages of DID chain entries asked of a peer whose Hello proved a head this device did not hold";
+    DidEntriesServed => "did_entries_served", "Pages of this device's DID chain entries sent to a peer that asked";
+    DidEntriesMerged => "did_entries_merged", "Peers' DID chains fetched in full and merged with the fork rule";
     OversizedFramesRefused => "oversized_frames_refused", "Inbound frames over the frame cap, refused before they were read";
     KadForgedProviders => "kad_forged_providers", "DHT provider records refused because the provider was not the sender";
     GossipPublishDropped => "gossip_publish_dropped", "Gossip publishes that did not go out";
@@ -134,6 +137,9 @@ impl From<nuwa_sync::Count> for Event {
             C::EpochGrantsAdopted => Event::EpochGrantsAdopted,
             C::EpochGrantRejected => Event::EpochGrantRejected,
             C::GossipDeltasApplied => Event::GossipDeltasApplied,
+            C::DidEntriesRequested => Event::DidEntriesRequested,
+            C::DidEntriesServed => Event::DidEntriesServed,
+            C::DidEntriesMerged => Event::DidEntriesMerged,
         }
     }
 }

@@ -15,9 +15,9 @@
 
 use anyhow::{Context, Result, bail};
 use nuwa_crypto::epoch::KeyRing;
+use nuwa_identity::chain::DidChain;
 use nuwa_identity::document::Relationship;
 use nuwa_identity::keys::context_id_for;
-use nuwa_identity::log::DidLog;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
@@ -41,7 +41,7 @@ pub fn rendezvous_namespace(nameplate: &str) -> String {
 pub struct GrantPlaintext {
     pub agent_did: String,
     /// The DID log including the update that adds the new device.
-    pub did_log: DidLog,
+    pub did_log: DidChain,
     /// The key ring file (`KeyRing::to_file_bytes`), hex.
     pub key_ring_hex: String,
     /// The grant of the current epoch, hex (empty at epoch 0).
@@ -72,7 +72,7 @@ impl Drop for GrantPlaintext {
 }
 
 impl GrantPlaintext {
-    pub fn new(log: &DidLog, keys: &KeyRing, grant: &[u8], name: &str) -> Self {
+    pub fn new(log: &DidChain, keys: &KeyRing, grant: &[u8], name: &str) -> Self {
         GrantPlaintext {
             agent_did: log.did().to_owned(),
             did_log: log.clone(),
@@ -85,7 +85,7 @@ impl GrantPlaintext {
 
     /// A recovery handover: the log as it is and every epoch key sealed to
     /// the agent's recovery key, which the current document must list.
-    pub fn handover(log: &DidLog, keys: &KeyRing, grant: &[u8], name: &str) -> Result<Self> {
+    pub fn handover(log: &DidChain, keys: &KeyRing, grant: &[u8], name: &str) -> Result<Self> {
         let doc = log.current();
         let recovery = doc
             .verification_method
@@ -238,7 +238,7 @@ mod tests {
         let master = DeviceKey::generate().unwrap();
         let joiner = DeviceKey::generate().unwrap();
         let other = DeviceKey::generate().unwrap();
-        let mut log = DidLog::genesis(&master, 1_000).unwrap();
+        let mut log = DidChain::genesis(&master, 1_000).unwrap();
         let x = nuwa_crypto::epoch::x25519_public_key(&joiner.x25519_secret());
         let admin = crate::lifecycle::Admin {
             key_id: crate::lifecycle::master_key_id(&log).unwrap(),

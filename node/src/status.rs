@@ -151,6 +151,10 @@ pub struct DeviceStatus {
     /// Whether this device's key is an active member of the DID document.
     pub authorised: bool,
     pub did_log_len: usize,
+    /// Size of the Hello this device sends on every connection (it carries
+    /// the compact proof of the DID document, not the chain).
+    #[serde(default)]
+    pub hello_bytes: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::*;
 use nuwa_crypto::SyncKey;
 use nuwa_crypto::epoch::KeyRing;
+use nuwa_identity::chain::DidChain;
 use nuwa_identity::keys::DeviceKey;
-use nuwa_identity::log::DidLog;
 use nuwa_net::NetEvent;
 use nuwa_proto::{Frame, SyncPayload};
 use serde_json::{Value, json};
@@ -31,7 +31,7 @@ fn wrong_code(code: &str, variant: u8) -> String {
 }
 
 fn did_log_len(home: &Path) -> usize {
-    let log: DidLog =
+    let log: DidChain =
         serde_json::from_slice(&std::fs::read(home.join("did-log.json")).unwrap()).unwrap();
     log.len()
 }

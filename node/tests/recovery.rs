@@ -346,9 +346,9 @@ fn losing_the_admin_is_recovered_with_the_words() {
 }
 
 fn did_log_head(home: &Path) -> String {
-    let log: nuwa_identity::log::DidLog =
+    let log: nuwa_identity::chain::DidChain =
         serde_json::from_slice(&std::fs::read(home.join("did-log.json")).unwrap()).unwrap();
-    log.head_hash()
+    log.head_hash().to_owned()
 }
 
 fn listed(home: &Path, context_id: &str) -> bool {

@@ -6,51 +6,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
+use nuwa_identity::chain::DidChain;
 use nuwa_identity::keys::DeviceKey;
-use nuwa_identity::log::DidLog;
 use nuwa_net::{Features, NetConfig, NetEvent, PeerId};
 use nuwa_sync::pointer::{AgentPointer, dht_key, gossip_topic, rendezvous_namespace};
 use serde_json::{Value, json};
 use zeroize::Zeroizing;
-
-/// A running `nuwa-node rendezvous` and its first listen address.
-struct Infra {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Infra {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_infra(c: &Cluster) -> Infra {
-    let mut child = Command::new(bin())
-        .arg("--home")
-        .arg(c.home("infra"))
-        .args(["rendezvous", "--listen", "/ip4/127.0.0.1/tcp/0"])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(c.dir.path().join("infra.log")).unwrap())
-        .spawn()
-        .expect("spawn nuwa-node rendezvous");
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let addr = line.trim().to_owned();
-    assert!(
-        addr.starts_with("/ip4/127.0.0.1/tcp/") && addr.contains("/p2p/"),
-        "the rendezvous node prints its address with /p2p/: {addr:?}"
-    );
-    Infra { child, addr }
-}
 
 /// A swarm with a fresh key that belongs to no agent, listening on loopback
 /// with every device feature on (DHT, rendezvous client, gossip).
@@ -80,7 +45,7 @@ fn counter(st: &Value, name: &str) -> u64 {
 }
 
 fn did_of(home: &std::path::Path) -> String {
-    let log: DidLog =
+    let log: DidChain =
         serde_json::from_slice(&std::fs::read(home.join("did-log.json")).unwrap()).unwrap();
     log.did().to_owned()
 }
@@ -287,7 +252,7 @@ fn forgeries_are_rejected_and_counted() {
         });
 
         let did = did_of(&a);
-        let log: DidLog =
+        let log: DidChain =
             serde_json::from_slice(&std::fs::read(a.join("did-log.json")).unwrap()).unwrap();
         let a_status = status(&a).unwrap();
         let a_addr = a_status["listen_addrs"][0].as_str().unwrap().to_owned();

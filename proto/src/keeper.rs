@@ -24,10 +24,11 @@ pub struct KeeperAuth {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeeperBody {
-    /// Store these envelopes, all or nothing. `did_log_json` is the agent's
-    /// DID log when the keeper may not know it yet (else empty).
+    /// Store these envelopes, all or nothing. `did_proof` is the proof of
+    /// the agent's current DID document when the keeper may not hold it
+    /// (else empty).
     Push {
-        did_log_json: Vec<u8>,
+        did_proof: Vec<u8>,
         envelopes: Vec<Envelope>,
         /// A compacted snapshot: 0, or the sequence number up to which the
         /// keeper may drop the agent's entries in the same write.
@@ -151,11 +152,11 @@ impl KeeperResponse {
 pub(crate) fn request_to_pb(r: &KeeperRequest) -> pb::KeeperRequest {
     let kind = match &r.body {
         KeeperBody::Push {
-            did_log_json,
+            did_proof,
             envelopes,
             replaces_through,
         } => pb::keeper_request::Kind::Push(pb::KeeperPush {
-            did_log_json: did_log_json.clone(),
+            did_proof: did_proof.clone(),
             envelopes: envelopes.iter().map(envelope_to_pb).collect(),
             replaces_through: *replaces_through,
         }),
@@ -192,18 +193,18 @@ pub(crate) fn request_from_pb(r: pb::KeeperRequest) -> Result<KeeperRequest, Wir
                     format!("{} envelopes, max {MAX_PUSH_ENVELOPES}", p.envelopes.len()),
                 ));
             }
-            if p.did_log_json.len() > crate::MAX_DID_LOG_BYTES {
+            if p.did_proof.len() > crate::MAX_DID_PROOF_BYTES {
                 return Err(invalid(
-                    "keeper push did log",
+                    "keeper push did proof",
                     format!(
                         "{} bytes, max {}",
-                        p.did_log_json.len(),
-                        crate::MAX_DID_LOG_BYTES
+                        p.did_proof.len(),
+                        crate::MAX_DID_PROOF_BYTES
                     ),
                 ));
             }
             KeeperBody::Push {
-                did_log_json: p.did_log_json,
+                did_proof: p.did_proof,
                 envelopes: p
                     .envelopes
                     .into_iter()

@@ -20,7 +20,7 @@ mod pb {
 }
 
 /// The protocol version this build speaks in [`Hello::protocol_version`].
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Hard cap of one frame's body on the wire; larger frames are refused before
 /// they are read into memory.
 pub const MAX_FRAME_BYTES: usize = 8 * 1024 * 1024;
@@ -36,8 +36,11 @@ pub const MAX_CONTAINERS_PER_SUMMARY: usize = 4096;
 pub const MAX_RANGE_PARTS: usize = 1024;
 /// Most heads listed for one container.
 pub const MAX_HEADS_PER_CONTAINER: usize = 256;
-/// Largest DID log carried in a [`Hello`].
-pub const MAX_DID_LOG_BYTES: usize = 512 * 1024;
+/// Largest DID proof carried in a [`Hello`] or a keeper push
+/// (`nuwa_identity::chain::MAX_PROOF_BYTES`).
+pub const MAX_DID_PROOF_BYTES: usize = 64 * 1024;
+/// Largest page of DID chain entries in one [`Frame::DidEntries`].
+pub const MAX_DID_ENTRIES_BYTES: usize = 2 * 1024 * 1024;
 /// Longest DID or context id string accepted.
 pub const MAX_ID_BYTES: usize = 512;
 /// Longest device name in a [`Hello`].
@@ -80,7 +83,8 @@ pub struct Hello {
     pub context_id: String,
     /// Human-readable device name (may be empty).
     pub device_name: String,
-    pub did_log_json: Vec<u8>,
+    /// Canonical JSON of the sender's `DidProof`.
+    pub did_proof: Vec<u8>,
     /// Encoded epoch grant of the sender's current epoch; empty at epoch 0.
     pub epoch_grant: Vec<u8>,
     pub timestamp_ms: u64,
@@ -95,13 +99,13 @@ impl Hello {
     /// The bytes the sender signs: every field but the signature, each
     /// length-prefixed so that no two field tuples share an encoding.
     pub fn signing_content(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.did_log_json.len());
+        let mut out = Vec::with_capacity(64 + self.did_proof.len());
         out.extend_from_slice(&self.protocol_version.to_be_bytes());
         for field in [
             self.agent_did.as_bytes(),
             self.context_id.as_bytes(),
             self.device_name.as_bytes(),
-            &self.did_log_json,
+            &self.did_proof,
             &self.epoch_grant,
         ] {
             out.extend_from_slice(&(field.len() as u64).to_be_bytes());
@@ -122,6 +126,16 @@ pub enum Frame {
     KeeperRequest(Box<keeper::KeeperRequest>),
     /// A keeper's answer.
     KeeperResponse(Box<keeper::KeeperResponse>),
+    /// Asks for the DID chain's entries from `from_seq` on.
+    DidEntriesRequest {
+        from_seq: u64,
+    },
+    /// A page of DID chain entries (a JSON array), from `from_seq` on.
+    DidEntries {
+        from_seq: u64,
+        entries_json: Vec<u8>,
+        more: bool,
+    },
     /// A step of pairing a new device; see `sync.proto`.
     Pairing {
         step: PairingStep,
@@ -342,7 +356,7 @@ impl Frame {
                 agent_did: h.agent_did.clone(),
                 context_id: h.context_id.clone(),
                 device_name: h.device_name.clone(),
-                did_log_json: h.did_log_json.clone(),
+                did_proof: h.did_proof.clone(),
                 epoch_grant: h.epoch_grant.clone(),
                 timestamp_ms: h.timestamp_ms,
                 nonce: h.nonce.to_vec(),
@@ -351,6 +365,20 @@ impl Frame {
             Frame::Envelope(e) => pb::frame::Kind::Envelope(envelope_to_pb(e)),
             Frame::KeeperRequest(r) => pb::frame::Kind::KeeperRequest(keeper::request_to_pb(r)),
             Frame::KeeperResponse(r) => pb::frame::Kind::KeeperResponse(keeper::response_to_pb(r)),
+            Frame::DidEntriesRequest { from_seq } => {
+                pb::frame::Kind::DidEntriesRequest(pb::DidEntriesRequest {
+                    from_seq: *from_seq,
+                })
+            }
+            Frame::DidEntries {
+                from_seq,
+                entries_json,
+                more,
+            } => pb::frame::Kind::DidEntries(pb::DidEntries {
+                from_seq: *from_seq,
+                entries_json: entries_json.clone(),
+                more: *more,
+            }),
             Frame::Pairing { step, body } => pb::frame::Kind::Pairing(pb::Pairing {
                 step: step.to_pb() as i32,
                 body: body.clone(),
@@ -376,6 +404,25 @@ impl Frame {
             Some(pb::frame::Kind::KeeperResponse(r)) => Ok(Frame::KeeperResponse(Box::new(
                 keeper::response_from_pb(r)?,
             ))),
+            Some(pb::frame::Kind::DidEntriesRequest(r)) => Ok(Frame::DidEntriesRequest {
+                from_seq: r.from_seq,
+            }),
+            Some(pb::frame::Kind::DidEntries(d)) => {
+                if d.entries_json.len() > MAX_DID_ENTRIES_BYTES {
+                    return Err(invalid(
+                        "did entries",
+                        format!(
+                            "{} bytes, max {MAX_DID_ENTRIES_BYTES}",
+                            d.entries_json.len()
+                        ),
+                    ));
+                }
+                Ok(Frame::DidEntries {
+                    from_seq: d.from_seq,
+                    entries_json: d.entries_json,
+                    more: d.more,
+                })
+            }
             Some(pb::frame::Kind::Pairing(p)) => {
                 if p.body.len() > MAX_PAIRING_BODY_BYTES {
                     return Err(invalid(
@@ -404,10 +451,10 @@ impl TryFrom<pb::Hello> for Hello {
                 format!("{} bytes, max {MAX_DEVICE_NAME_BYTES}", h.device_name.len()),
             ));
         }
-        if h.did_log_json.len() > MAX_DID_LOG_BYTES {
+        if h.did_proof.len() > MAX_DID_PROOF_BYTES {
             return Err(invalid(
-                "hello did log",
-                format!("{} bytes, max {MAX_DID_LOG_BYTES}", h.did_log_json.len()),
+                "hello did proof",
+                format!("{} bytes, max {MAX_DID_PROOF_BYTES}", h.did_proof.len()),
             ));
         }
         if h.epoch_grant.len() > MAX_EPOCH_GRANT_BYTES {
@@ -421,7 +468,7 @@ impl TryFrom<pb::Hello> for Hello {
             agent_did: h.agent_did,
             context_id: h.context_id,
             device_name: h.device_name,
-            did_log_json: h.did_log_json,
+            did_proof: h.did_proof,
             epoch_grant: h.epoch_grant,
             timestamp_ms: h.timestamp_ms,
             nonce: fixed("hello nonce", &h.nonce)?,

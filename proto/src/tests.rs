@@ -8,7 +8,7 @@ fn sample_hello() -> Hello {
         agent_did: "did:key:z6Mk".into(),
         context_id: "device-abc".into(),
         device_name: "laptop".into(),
-        did_log_json: b"{}".to_vec(),
+        did_proof: b"{}".to_vec(),
         epoch_grant: Vec::new(),
         timestamp_ms: 7,
         nonce: [1; 16],

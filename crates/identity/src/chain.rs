@@ -1135,6 +1135,19 @@ fn in_entry(seq: u64) -> impl Fn(ChainError) -> ChainError {
     }
 }
 
+impl MergeOutcome {
+    /// Whether the merge changed our chain (extended it or switched branch).
+    pub fn changed(&self) -> bool {
+        matches!(
+            self,
+            MergeOutcome::Extended { .. } | MergeOutcome::SwitchedFork { .. }
+        )
+    }
+}
+
+/// Most entries [`DidChain::splice`] takes in one call (one page of a peer's answer).
+pub const MAX_SPLICE_ENTRIES: usize = 4096;
+
 impl DidChain {
     fn from_entries(entries: Vec<DidEntry>) -> Result<DidChain, ChainError> {
         if entries.len() > MAX_CHAIN_ENTRIES {
@@ -1230,6 +1243,19 @@ impl DidChain {
     /// `expected_did` when given), v1 entries follow [`crate::log`]'s rules and
     /// v2 entries the v2 rules (see the module docs).
     pub fn verify(&self, expected_did: Option<&str>, now_unix_secs: i64) -> Result<(), ChainError> {
+        self.verify_from(1, expected_did, now_unix_secs)
+    }
+
+    /// [`DidChain::verify`] that trusts entries before `from` (a prefix this
+    /// device verified already: its own chain's) and checks the rest, so
+    /// adopting one new entry costs one entry's checks, not the chain's.
+    /// The genesis is always checked.
+    fn verify_from(
+        &self,
+        from: usize,
+        expected_did: Option<&str>,
+        now_unix_secs: i64,
+    ) -> Result<(), ChainError> {
         if self.entries.len() > MAX_CHAIN_ENTRIES {
             return Err(ChainError::TooLong {
                 len: self.entries.len(),
@@ -1258,6 +1284,22 @@ impl DidChain {
         for index in 1..self.entries.len() {
             let prev = &self.entries[index - 1];
             let prev_hash = self.meta[index - 1].hash.as_str();
+            if index < from {
+                // Trusted prefix: replay it for the state the checks need.
+                let next = match &self.entries[index] {
+                    DidEntry::V1(u) => {
+                        v1_len += 1;
+                        u.document.clone()
+                    }
+                    DidEntry::V2(e) => apply(&doc, &e.ops).map_err(in_entry(seq_at(index)))?,
+                };
+                if self.meta[index].authority {
+                    authority = Authority::of(&next);
+                    auth_hash = self.meta[index].hash.as_str();
+                }
+                doc = next;
+                continue;
+            }
             let next = match (prev, &self.entries[index]) {
                 (DidEntry::V1(p), DidEntry::V1(u)) => {
                     log::verify_step(p, prev_hash, u, now_unix_secs)?;
@@ -1395,7 +1437,8 @@ impl DidChain {
     /// Adopts `other` if it verifies and either extends this chain or wins
     /// the fork against it ([`compare_branches`]).
     ///
-    /// `other` is verified only when it would be adopted. This chain is
+    /// `self` must be verified already (the shared prefix is not checked
+    /// again). `other` is verified only when it would be adopted. This chain is
     /// unchanged on every error and when `other` loses.
     pub fn merge(
         &mut self,
@@ -1412,7 +1455,10 @@ impl DidChain {
                 },
             });
         }
-        other.verify(Some(self.did()), now_unix_secs)?;
+        // Our chain is verified (every way into it checks), so only what
+        // `other` adds after the shared prefix needs checking.
+        let shared = fork.unwrap_or(self.len());
+        other.verify_from(shared.max(1), Some(self.did()), now_unix_secs)?;
         let outcome = match fork {
             None => MergeOutcome::Extended {
                 from: self.len(),
@@ -1493,6 +1539,78 @@ impl DidChain {
     /// All entries, genesis first.
     pub fn entries(&self) -> &[DidEntry] {
         &self.entries
+    }
+
+    /// The document after each entry, genesis first: a replay of the chain.
+    /// Costs one document clone per entry; for the rare questions about the
+    /// past (was this key ever listed, which recovery generations were used).
+    pub fn documents(&self) -> impl Iterator<Item = DidDocument> + '_ {
+        let mut doc: Option<DidDocument> = None;
+        self.entries.iter().map_while(move |entry| {
+            let next = match (entry, doc.as_ref()) {
+                (DidEntry::V1(u), _) => u.document.clone(),
+                // Construction applied every op, so this cannot fail; stop if it does.
+                (DidEntry::V2(e), Some(before)) => apply(before, &e.ops).ok()?,
+                (DidEntry::V2(_), None) => return None,
+            };
+            doc = Some(next.clone());
+            Some(next)
+        })
+    }
+
+    /// Position of the entry whose hash is `hash`, if this chain holds it.
+    pub fn position_of(&self, hash: &str) -> Option<usize> {
+        self.meta.iter().rposition(|m| m.hash == hash)
+    }
+
+    /// Hash of the entry at `index`, if any.
+    pub fn hash_at(&self, index: usize) -> Option<&str> {
+        self.meta.get(index).map(|m| m.hash.as_str())
+    }
+
+    /// The chain made of our entries before `entries[0]`'s seq followed by
+    /// `entries` (a page of a peer's chain), or `None` when they do not
+    /// connect: the first one's `prev` is not our entry before it. Checks only
+    /// shape and that every op applies; verify it (or [`DidChain::merge`] it)
+    /// before trusting it. More than [`MAX_SPLICE_ENTRIES`] entries are refused.
+    pub fn splice(&self, entries: &[DidEntry]) -> Result<Option<DidChain>, ChainError> {
+        if entries.len() > MAX_SPLICE_ENTRIES {
+            return Err(ChainError::TooLong {
+                len: entries.len(),
+                max: MAX_SPLICE_ENTRIES,
+            });
+        }
+        let Some(first) = entries.first() else {
+            return Ok(None);
+        };
+        let Ok(at) = usize::try_from(first.seq()) else {
+            return Ok(None);
+        };
+        if at == 0 || at > self.entries.len() {
+            return Ok(None);
+        }
+        let prev = match first {
+            DidEntry::V1(u) => u.prev.as_str(),
+            DidEntry::V2(e) => e.prev.as_str(),
+        };
+        if self.meta[at - 1].hash != prev {
+            return Ok(None);
+        }
+        let mut all = Vec::with_capacity(at + entries.len());
+        all.extend_from_slice(&self.entries[..at]);
+        all.extend_from_slice(entries);
+        DidChain::from_entries(all).map(Some)
+    }
+
+    /// Parses a chain from JSON and verifies it (see [`DidChain::verify`]).
+    pub fn decode_verified(
+        json: &[u8],
+        expected_did: Option<&str>,
+        now_unix_secs: i64,
+    ) -> Result<DidChain, ChainError> {
+        let chain: DidChain = serde_json::from_slice(json).map_err(ChainError::Decode)?;
+        chain.verify(expected_did, now_unix_secs)?;
+        Ok(chain)
     }
 
     /// First position at which the chains hold different entries, if any.

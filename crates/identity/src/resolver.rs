@@ -1,7 +1,7 @@
 //! Resolving an agent DID to its current document: local cache, then peers,
 //! then pluggable resolvers (decision 2 of the brief).
 //!
-//! Every source hands back a [`DidLog`], which is self-certifying: whatever
+//! Every source hands back a [`DidChain`], which is self-certifying: whatever
 //! a source says is verified here, and a source can only *extend* what the
 //! sources before it established, or replace it with a branch that wins
 //! the fork rule ([`crate::log::fork_order`]). A source whose log does not
@@ -13,7 +13,7 @@
 //! network-backed resolver (a chain-anchored DID method, say) implements
 //! [`DidResolver`] over its own client.
 
-use crate::log::{DidLog, LogError};
+use crate::chain::{ChainError, DidChain};
 
 /// One place a DID log can come from.
 pub trait DidResolver: Send + Sync {
@@ -21,7 +21,7 @@ pub trait DidResolver: Send + Sync {
     fn name(&self) -> &str;
     /// The newest log this source holds for `did`, unverified; `Ok(None)`
     /// when it knows nothing about it.
-    fn fetch(&self, did: &str) -> Result<Option<DidLog>, ResolveError>;
+    fn fetch(&self, did: &str) -> Result<Option<DidChain>, ResolveError>;
 }
 
 /// Why resolution failed, or why a source was skipped.
@@ -36,7 +36,7 @@ pub enum ResolveError {
     BadLog {
         source_name: String,
         #[source]
-        error: Box<LogError>,
+        error: Box<ChainError>,
     },
     /// No source knew the DID (or, when some answered unusably, the first
     /// such refusal is returned instead).
@@ -48,7 +48,7 @@ pub enum ResolveError {
 #[derive(Debug)]
 pub struct Resolution {
     /// The longest verified log over all sources.
-    pub log: DidLog,
+    pub log: DidChain,
     /// Names of the sources that contributed (fixed the genesis or extended).
     pub contributed: Vec<String>,
     /// Sources that were skipped, and why.
@@ -74,7 +74,7 @@ impl ChainResolver {
     }
 
     pub fn resolve(&self, did: &str, now_unix_secs: i64) -> Result<Resolution, ResolveError> {
-        let mut best: Option<DidLog> = None;
+        let mut best: Option<DidChain> = None;
         let mut contributed = Vec::new();
         let mut skipped = Vec::new();
         for source in &self.sources {
@@ -99,7 +99,7 @@ impl ChainResolver {
                     }
                     Err(e) => skipped.push(bad(e)),
                 },
-                Some(ours) => match ours.merge_from(&log, now_unix_secs) {
+                Some(ours) => match ours.merge(&log, now_unix_secs) {
                     Ok(o) if o.changed() => contributed.push(name),
                     Ok(_) => {}
                     Err(e) => skipped.push(bad(e)),
@@ -127,11 +127,11 @@ impl ChainResolver {
 /// sent, or a test.
 pub struct StaticLog {
     name: String,
-    log: Option<DidLog>,
+    log: Option<DidChain>,
 }
 
 impl StaticLog {
-    pub fn new(name: &str, log: Option<DidLog>) -> Self {
+    pub fn new(name: &str, log: Option<DidChain>) -> Self {
         StaticLog {
             name: name.to_owned(),
             log,
@@ -144,7 +144,7 @@ impl DidResolver for StaticLog {
         &self.name
     }
 
-    fn fetch(&self, did: &str) -> Result<Option<DidLog>, ResolveError> {
+    fn fetch(&self, did: &str) -> Result<Option<DidChain>, ResolveError> {
         Ok(self.log.as_ref().filter(|l| l.did() == did).cloned())
     }
 }
@@ -154,9 +154,9 @@ mod tests {
     use super::*;
     use crate::keys::DeviceKey;
 
-    fn extend(log: &DidLog, master: &DeviceKey, n: usize) -> DidLog {
+    fn extend(log: &DidChain, master: &DeviceKey, n: usize) -> DidChain {
         let mut out = log.clone();
-        let key_id = out.updates()[0].document.capability_delegation[0].clone();
+        let key_id = out.documents().next().unwrap().capability_delegation[0].clone();
         for _ in 0..n {
             let d = DeviceKey::generate().unwrap();
             let mut doc = out.current().clone();
@@ -168,7 +168,7 @@ mod tests {
                 None,
             )
             .unwrap();
-            out.append(doc, master, &key_id, 1_000).unwrap();
+            out.append_document(&doc, master, &key_id, 1_000).unwrap();
         }
         out
     }
@@ -178,7 +178,7 @@ mod tests {
         fn name(&self) -> &str {
             "failing"
         }
-        fn fetch(&self, _: &str) -> Result<Option<DidLog>, ResolveError> {
+        fn fetch(&self, _: &str) -> Result<Option<DidChain>, ResolveError> {
             Err(ResolveError::Source {
                 source_name: "failing".into(),
                 reason: "offline".into(),
@@ -192,12 +192,12 @@ mod tests {
     #[test]
     fn chain_keeps_the_longest_verified_log() {
         let master = DeviceKey::generate().unwrap();
-        let genesis = DidLog::genesis(&master, 1_000).unwrap();
+        let genesis = DidChain::genesis(&master, 1_000).unwrap();
         let did = genesis.did().to_owned();
         let local = extend(&genesis, &master, 1);
         let newer = extend(&local, &master, 2);
         let fork = extend(&genesis, &master, 3);
-        let stranger = DidLog::genesis(&DeviceKey::generate().unwrap(), 1_000).unwrap();
+        let stranger = DidChain::genesis(&DeviceKey::generate().unwrap(), 1_000).unwrap();
 
         let peers = || Box::new(StaticLog::new("peers", Some(newer.clone())));
 
@@ -210,7 +210,7 @@ mod tests {
             .resolve(&did, 1_000)
             .unwrap();
         // The forked source is judged by the fork rule, from either side.
-        if crate::log::fork_order(&fork, &newer, 1) == std::cmp::Ordering::Greater {
+        if crate::chain::compare_branches(&fork, &newer).unwrap() == std::cmp::Ordering::Greater {
             assert_eq!(r.log, fork);
             assert_eq!(r.contributed, vec!["local cache", "peers", "forked"]);
         } else {
@@ -230,8 +230,8 @@ mod tests {
 
         // A tampered log never counts.
         let mut json: serde_json::Value = serde_json::to_value(&newer).unwrap();
-        json["updates"][1]["document"]["id"] = serde_json::json!("did:key:zTampered");
-        let tampered: DidLog = serde_json::from_value(json).unwrap();
+        json["entries"][1]["timestamp"] = serde_json::json!(1_001);
+        let tampered: DidChain = serde_json::from_value(json).unwrap();
         let err = ChainResolver::new()
             .with(Box::new(StaticLog::new("tampered", Some(tampered))))
             .resolve(&did, 1_000)

@@ -14,9 +14,9 @@
 use std::time::{Duration, Instant};
 
 use nuwa_crypto::SyncKey;
+use nuwa_identity::chain::DidChain;
 use nuwa_identity::document::Relationship;
 use nuwa_identity::keys::{DeviceKey, context_id_for};
-use nuwa_identity::log::DidLog;
 use nuwa_keeper::{Keeper, KeeperConfig, sign_request};
 use nuwa_proto::keeper::{KeeperBody, KeeperResponse};
 
@@ -59,8 +59,8 @@ fn main() {
             .map(|e| e.ciphertext.len() + 120)
             .sum::<usize>();
         let body = KeeperBody::Push {
-            did_log_json: if i == 0 {
-                serde_json::to_vec(&log).unwrap()
+            did_proof: if i == 0 {
+                log.proof().encode().unwrap()
             } else {
                 Vec::new()
             },
@@ -125,7 +125,7 @@ fn main() {
 struct Agent {
     dev: DeviceKey,
     ctx: String,
-    log: DidLog,
+    log: DidChain,
     key: SyncKey,
 }
 
@@ -133,12 +133,12 @@ fn agent(now_s: i64) -> Agent {
     let master = DeviceKey::generate().unwrap();
     let dev = DeviceKey::generate().unwrap();
     let ctx = context_id_for(&dev.public());
-    let mut log = DidLog::genesis(&master, now_s - 10).unwrap();
+    let mut log = DidChain::genesis(&master, now_s - 10).unwrap();
     let mut doc = log.current().clone();
     doc.add_key(&ctx, &dev.public(), &[Relationship::Authentication], None)
         .unwrap();
     let id = log.current().capability_delegation[0].clone();
-    log.append(doc, &master, &id, now_s - 9).unwrap();
+    log.append_document(&doc, &master, &id, now_s - 9).unwrap();
     Agent {
         dev,
         ctx,
@@ -162,8 +162,8 @@ fn push_req(a: &Agent, now: u64, with_log: bool, n: usize) -> nuwa_proto::keeper
         })
         .collect();
     let body = KeeperBody::Push {
-        did_log_json: if with_log {
-            serde_json::to_vec(&a.log).unwrap()
+        did_proof: if with_log {
+            a.log.proof().encode().unwrap()
         } else {
             Vec::new()
         },

@@ -6,9 +6,10 @@
 //! after its cursor and opens what its key ring opens. The keeper never
 //! holds a sync key and never sees plaintext. What it checks, as a stranger
 //! to the agent:
-//! - the agent's DID log, verified from its genesis alone (like a DHT
-//!   node), learned from the first push that carries it and extended when a
-//!   request carries a longer one;
+//! - the agent's DID document, from a compact proof verified against the
+//!   genesis key's authority chain alone (like a DHT node), learned from the
+//!   first push that carries one and replaced when a push carries a proof
+//!   with a higher head seq;
 //! - every request's NIP-2 style signature (device key, timestamp within a
 //!   window, nonce never seen before), by a device active in the current
 //!   document: a revoked device can neither push nor pull;
@@ -18,7 +19,7 @@
 //! they are acknowledged. Quotas per agent (bytes and envelopes), a cap on
 //! agents, and a retention time bound what one agent can take.
 //!
-//! What it learns: the agent's DID (as a SHA-256 key, with its DID log,
+//! What it learns: the agent's DID (as a SHA-256 key, with its DID proof,
 //! which is public material published in the DHT anyway), which device
 //! context ids push and pull, key epochs, sizes and times. Not container
 //! names, not keys, not values.
@@ -26,14 +27,14 @@
 //! This crate does no IO beyond its sled files: the network and the
 //! threads are the caller's.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::time::Duration;
 
 use nuwa_crypto::Envelope;
+use nuwa_identity::chain::DidProof;
 use nuwa_identity::document::{DidDocument, DidError, Relationship};
 use nuwa_identity::keys::{DeviceKey, verify_ed25519};
-use nuwa_identity::log::DidLog;
 use nuwa_identity::nip2::{NonceStore, ReplayError};
 use nuwa_proto::keeper::{
     KeeperAuth, KeeperBody, KeeperRequest, KeeperResponse, MAX_BATCH_ENTRIES, MAX_DETAIL_BYTES,
@@ -118,7 +119,10 @@ pub struct KeeperStats {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct AgentRecord {
     did: String,
-    log: DidLog,
+    /// The newest DID document proven to the keeper; `None` for a record
+    /// written before proofs (the next push must carry one).
+    #[serde(default)]
+    doc: Option<AgentDoc>,
     next_seq: u64,
     /// Newest signed timestamp of a push accepted from each device, kept
     /// while it is inside the clock window. Nonces live in memory only;
@@ -184,13 +188,13 @@ pub fn request_digest(req: &KeeperRequest) -> [u8; 32] {
     m.extend_from_slice(&req.auth.nonce);
     match &req.body {
         KeeperBody::Push {
-            did_log_json,
+            did_proof,
             envelopes,
             replaces_through,
         } => {
             m.push(1);
             m.extend_from_slice(&replaces_through.to_be_bytes());
-            put_field(&mut m, did_log_json);
+            put_field(&mut m, did_proof);
             m.extend_from_slice(&(envelopes.len() as u64).to_be_bytes());
             let mut h = Sha256::new();
             for e in envelopes {
@@ -250,18 +254,54 @@ fn refuse(code: RefusalCode, detail: impl Into<String>) -> Refusal {
     Refusal(code, d)
 }
 
+/// Most context ids [`AgentDoc::ever_listed`] remembers.
+const MAX_EVER_LISTED: usize = 4096;
+
+/// What the keeper knows of an agent's DID document: the newest [`DidProof`]
+/// it verified (from the genesis key's authority chain alone, like a DHT
+/// node). The keeper follows the proof with the highest head seq; a proof of
+/// the same or a lower seq does not replace it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct AgentDoc {
+    head_seq: u64,
+    head_hash: String,
+    document: DidDocument,
+    /// Context ids of every key a proven document listed for the device
+    /// relationship, so a revoked device is told it was revoked.
+    ever_listed: BTreeSet<String>,
+}
+
+impl AgentDoc {
+    /// The doc a verified proof establishes, remembering what `before` listed.
+    fn from_proof(
+        proof: nuwa_identity::chain::VerifiedProof,
+        before: Option<&AgentDoc>,
+    ) -> AgentDoc {
+        let mut ever_listed = before.map(|b| b.ever_listed.clone()).unwrap_or_default();
+        let document = proof.document().clone();
+        for id in document.relationship(RELATIONSHIP) {
+            if ever_listed.len() >= MAX_EVER_LISTED {
+                break;
+            }
+            ever_listed.insert(DidDocument::fragment(id).to_owned());
+        }
+        AgentDoc {
+            head_seq: proof.head_seq(),
+            head_hash: proof.head_hash().to_owned(),
+            document,
+            ever_listed,
+        }
+    }
+}
+
 /// The active key of `context_id` in the agent's current document, or why
 /// there is none: a key an earlier version listed was revoked.
-fn active_key(log: &DidLog, context_id: &str, now_secs: i64) -> Result<[u8; 32], Refusal> {
-    let doc: &DidDocument = log.current();
+fn active_key(log: &AgentDoc, context_id: &str, now_secs: i64) -> Result<[u8; 32], Refusal> {
+    let doc: &DidDocument = &log.document;
     match doc.key_for(&doc.key_id(context_id), RELATIONSHIP, now_secs) {
         Ok(k) => Ok(k),
         Err(DidError::KeyNotFound { .. }) => {
-            let listed_before = log.updates().iter().any(|u| {
-                u.document
-                    .key_for(&u.document.key_id(context_id), RELATIONSHIP, u.timestamp)
-                    .is_ok()
-            });
+            let listed_before = log.ever_listed.contains(context_id);
             if listed_before {
                 Err(refuse(
                     RefusalCode::RevokedKey,
@@ -369,31 +409,35 @@ impl Keeper {
         // an agent we do not know yet. Nothing is stored before the request
         // passed every check.
         let carried = match &req.body {
-            KeeperBody::Push { did_log_json, .. } if !did_log_json.is_empty() => {
-                let log: DidLog = serde_json::from_slice(did_log_json)
+            KeeperBody::Push { did_proof, .. } if !did_proof.is_empty() => {
+                let proof = DidProof::decode(did_proof)
                     .map_err(|e| refuse(RefusalCode::BadLog, e.to_string()))?;
-                if log.did() != req.agent_did {
+                if proof.document().id != req.agent_did {
                     return Err(refuse(
                         RefusalCode::ForeignAgent,
-                        "the DID log is another agent's",
+                        "the DID proof is another agent's",
                     ));
                 }
-                log.verify(Some(&req.agent_did), now_secs)
+                let verified = proof
+                    .verify(&req.agent_did, now_secs)
                     .map_err(|e| refuse(RefusalCode::BadLog, e.to_string()))?;
-                Some(log)
+                Some(verified)
             }
             _ => None,
         };
-        let known = self.agents.get(&hash).map(|a| a.record.log.clone());
+        let known = self.agents.get(&hash).and_then(|a| a.record.doc.clone());
         let (log, log_changed) = match (known, carried) {
-            (Some(mut ours), Some(theirs)) => {
-                let outcome = ours
-                    .merge_from(&theirs, now_secs)
-                    .map_err(|e| refuse(RefusalCode::BadLog, e.to_string()))?;
-                let changed = outcome.changed();
-                (ours, changed)
+            (Some(ours), Some(theirs)) => {
+                if theirs.head_seq() > ours.head_seq {
+                    (AgentDoc::from_proof(theirs, Some(&ours)), true)
+                } else {
+                    (ours, false)
+                }
             }
             (Some(ours), None) => (ours, false),
+            (None, Some(theirs)) if self.agents.contains_key(&hash) => {
+                (AgentDoc::from_proof(theirs, None), true)
+            }
             (None, Some(theirs)) => {
                 if self.agents.len() >= self.config.max_agents {
                     return Err(refuse(
@@ -404,12 +448,12 @@ impl Keeper {
                         ),
                     ));
                 }
-                (theirs, true)
+                (AgentDoc::from_proof(theirs, None), true)
             }
             (None, None) => {
                 return Err(refuse(
                     RefusalCode::UnknownAgent,
-                    "this keeper does not know the agent; push its DID log first",
+                    "this keeper does not know the agent; push its DID proof first",
                 ));
             }
         };
@@ -504,13 +548,13 @@ impl Keeper {
             })
     }
 
-    fn save_log(&mut self, hash: [u8; 32], did: &str, log: DidLog) -> Result<(), Refusal> {
+    fn save_log(&mut self, hash: [u8; 32], did: &str, log: AgentDoc) -> Result<(), Refusal> {
         let (next_seq, last_push_ms) = self.agents.get(&hash).map_or((1, BTreeMap::new()), |a| {
             (a.record.next_seq, a.record.last_push_ms.clone())
         });
         let record = AgentRecord {
             did: did.to_owned(),
-            log,
+            doc: Some(log),
             next_seq,
             last_push_ms,
         };
@@ -560,7 +604,7 @@ impl Keeper {
         &mut self,
         hash: [u8; 32],
         did: &str,
-        log: DidLog,
+        log: AgentDoc,
         envelopes: Vec<Envelope>,
         replaces_through: u64,
         now_ms: u64,
@@ -643,7 +687,7 @@ impl Keeper {
         *newest = (*newest).max(signed_ms);
         let record = AgentRecord {
             did: did.to_owned(),
-            log,
+            doc: Some(log),
             next_seq: first_seq + encoded.len() as u64,
             last_push_ms,
         };

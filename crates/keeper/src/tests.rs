@@ -1,5 +1,6 @@
 use super::*;
 use nuwa_crypto::SyncKey;
+use nuwa_identity::chain::DidChain;
 use nuwa_identity::keys::context_id_for;
 
 const NOW_S: i64 = 1_750_000_100;
@@ -15,9 +16,9 @@ fn ctx(dev: &DeviceKey) -> String {
 
 /// An agent (master `m`) with the devices `devs` listed, then the devices
 /// `revoked` removed again.
-fn agent(m: u8, devs: &[u8], revoked: &[u8]) -> DidLog {
+fn agent(m: u8, devs: &[u8], revoked: &[u8]) -> DidChain {
     let master = key(m);
-    let mut log = DidLog::genesis(&master, NOW_S - 100).unwrap();
+    let mut log = DidChain::genesis(&master, NOW_S - 100).unwrap();
     let mut t = NOW_S - 99;
     for d in devs {
         let mut doc = log.current().clone();
@@ -29,20 +30,20 @@ fn agent(m: u8, devs: &[u8], revoked: &[u8]) -> DidLog {
         )
         .unwrap();
         let id = log.current().capability_delegation[0].clone();
-        log.append(doc, &master, &id, t).unwrap();
+        log.append_document(&doc, &master, &id, t).unwrap();
         t += 1;
     }
     for d in revoked {
         let mut doc = log.current().clone();
         doc.remove_key(&ctx(&key(*d))).unwrap();
         let id = log.current().capability_delegation[0].clone();
-        log.append(doc, &master, &id, t).unwrap();
+        log.append_document(&doc, &master, &id, t).unwrap();
         t += 1;
     }
     log
 }
 
-fn sealed(log: &DidLog, dev: u8, marker: &[u8]) -> Envelope {
+fn sealed(log: &DidChain, dev: u8, marker: &[u8]) -> Envelope {
     let k = SyncKey::generate(0).unwrap();
     nuwa_crypto::seal(
         &k,
@@ -55,10 +56,10 @@ fn sealed(log: &DidLog, dev: u8, marker: &[u8]) -> Envelope {
     .unwrap()
 }
 
-fn push(log: &DidLog, dev: u8, with_log: bool, envs: Vec<Envelope>) -> KeeperRequest {
+fn push(log: &DidChain, dev: u8, with_log: bool, envs: Vec<Envelope>) -> KeeperRequest {
     let body = KeeperBody::Push {
-        did_log_json: if with_log {
-            serde_json::to_vec(log).unwrap()
+        did_proof: if with_log {
+            log.proof().encode().unwrap()
         } else {
             Vec::new()
         },
@@ -68,7 +69,7 @@ fn push(log: &DidLog, dev: u8, with_log: bool, envs: Vec<Envelope>) -> KeeperReq
     sign_request(&key(dev), &ctx(&key(dev)), log.did(), 7, body, NOW).unwrap()
 }
 
-fn pull(log: &DidLog, dev: u8, since: u64, max_bytes: u32) -> KeeperRequest {
+fn pull(log: &DidChain, dev: u8, since: u64, max_bytes: u32) -> KeeperRequest {
     sign_request(
         &key(dev),
         &ctx(&key(dev)),
@@ -80,8 +81,24 @@ fn pull(log: &DidLog, dev: u8, since: u64, max_bytes: u32) -> KeeperRequest {
     .unwrap()
 }
 
+/// Opens (or reopens) the keeper in `dir`. sled releases its file lock from
+/// a background thread shortly after the previous `Keeper` is dropped, so a
+/// reopen in the same process can find the lock still held for a moment:
+/// retry that, briefly (seen at HEAD too, about 1 run in 60).
 fn open(dir: &tempfile::TempDir) -> Keeper {
-    Keeper::open(dir.path(), KeeperConfig::default()).unwrap()
+    let mut tries = 0;
+    loop {
+        match Keeper::open(dir.path(), KeeperConfig::default()) {
+            Ok(k) => return k,
+            Err(KeeperError::Store(sled::Error::Io(e)))
+                if tries < 100 && e.to_string().contains("could not acquire lock") =>
+            {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("keeper store does not open: {e}"),
+        }
+    }
 }
 
 fn code(r: &KeeperResponse) -> Option<RefusalCode> {
@@ -151,9 +168,21 @@ fn forged_replayed_stale_unknown_and_foreign_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut k = open(&dir);
     let log = agent(1, &[2, 3], &[]);
-    // Unknown agent without its log.
+    // Unknown agent without its DID proof.
     let r = k.handle(push(&log, 2, false, vec![sealed(&log, 2, b"a")]), NOW);
     assert_eq!(code(&r), Some(RefusalCode::UnknownAgent));
+    // A DID proof that does not verify: its head entry left out.
+    let mut proof: serde_json::Value =
+        serde_json::from_slice(&log.proof().encode().unwrap()).unwrap();
+    proof["entries"].as_array_mut().unwrap().pop();
+    let body = KeeperBody::Push {
+        did_proof: serde_json::to_vec(&proof).unwrap(),
+        envelopes: vec![sealed(&log, 2, b"a")],
+        replaces_through: 0,
+    };
+    let req = sign_request(&key(2), &ctx(&key(2)), log.did(), 10, body, NOW).unwrap();
+    assert_eq!(code(&k.handle(req, NOW)), Some(RefusalCode::BadLog));
+    assert_eq!(k.usage(log.did()), None, "nothing stored");
     // A forged envelope: the signature is over other bytes.
     let mut forged = sealed(&log, 2, b"b");
     forged.ciphertext[0] ^= 1;
@@ -197,7 +226,7 @@ fn forged_replayed_stale_unknown_and_foreign_are_refused() {
     let other = agent(4, &[6], &[]);
     let r = k.handle(push(&log, 2, false, vec![sealed(&other, 6, b"e")]), NOW);
     assert_eq!(code(&r), Some(RefusalCode::UnknownKey));
-    // Another agent's log under our DID.
+    // Another agent's proof under our DID.
     let mut req = push(&other, 6, true, vec![]);
     req.agent_did = log.did().to_owned();
     req.auth.signature = key(6).sign(&request_digest(&req));
@@ -206,6 +235,7 @@ fn forged_replayed_stale_unknown_and_foreign_are_refused() {
     let s = k.stats();
     for c in [
         "unknown_agent",
+        "bad_log",
         "bad_envelope_signature",
         "bad_auth",
         "replayed",
@@ -220,14 +250,20 @@ fn forged_replayed_stale_unknown_and_foreign_are_refused() {
     }
 }
 
-// Goal: once the log revokes a device, the keeper serves it nothing and
-// stores nothing from it. Method: device 3 pulls fine; a push carrying the
-// log that revokes it arrives; its next pull and push are refused.
+// Goal: once the agent's DID document revokes a device, the keeper serves
+// it nothing and stores nothing from it. Method: device 3 pulls fine; a push
+// carrying the proof that revokes it arrives; its next pull and push are
+// refused. A proof carries the current document only, not the history, so
+// the keeper tells "revoked" from "unknown" by the proofs it has seen: it
+// answers RevokedKey here because the first push carried a proof listing
+// device 3, and UnknownKey on a keeper that first met the agent after the
+// revocation (checked at the end).
 #[test]
 fn a_revoked_device_can_neither_pull_nor_push() {
     let dir = tempfile::tempdir().unwrap();
     let mut k = open(&dir);
     let before = agent(1, &[2, 3], &[]);
+    // The keeper sees a proof that lists device 3 (before the revocation).
     assert!(matches!(
         k.handle(push(&before, 2, true, vec![sealed(&before, 2, b"a")]), NOW),
         KeeperResponse::Pushed { .. }
@@ -242,7 +278,9 @@ fn a_revoked_device_can_neither_pull_nor_push() {
         let mut doc = after.current().clone();
         doc.remove_key(&ctx(&key(3))).unwrap();
         let id = after.current().capability_delegation[0].clone();
-        after.append(doc, &master, &id, NOW_S - 10).unwrap();
+        after
+            .append_document(&doc, &master, &id, NOW_S - 10)
+            .unwrap();
     }
     let r = k.handle(
         push(&after, 2, true, vec![sealed(&after, 2, b"sealed after")]),
@@ -255,9 +293,71 @@ fn a_revoked_device_can_neither_pull_nor_push() {
     );
     let r = k.handle(push(&before, 3, false, vec![sealed(&before, 3, b"b")]), NOW);
     assert_eq!(code(&r), Some(RefusalCode::RevokedKey));
-    // Its old log cannot roll the keeper's back either.
+    // Its old proof (a lower head seq) cannot roll the keeper's back either.
     let r = k.handle(push(&before, 3, true, vec![]), NOW);
     assert_eq!(code(&r), Some(RefusalCode::RevokedKey));
+    assert!(matches!(
+        k.handle(pull(&after, 2, 0, 1000), NOW),
+        KeeperResponse::Batch { .. }
+    ));
+
+    // A keeper whose first proof of the agent is `after` never saw device 3
+    // listed: the same requests are refused, as from an unknown key.
+    let dir = tempfile::tempdir().unwrap();
+    let mut fresh = open(&dir);
+    let r = fresh.handle(push(&after, 2, true, vec![]), NOW);
+    assert!(matches!(r, KeeperResponse::Pushed { .. }), "{r:?}");
+    assert_eq!(
+        code(&fresh.handle(pull(&before, 3, 0, 1000), NOW)),
+        Some(RefusalCode::UnknownKey)
+    );
+    // Its old proof, which lists it, is older than the keeper's: not followed.
+    let r = fresh.handle(push(&before, 3, true, vec![]), NOW);
+    assert_eq!(code(&r), Some(RefusalCode::UnknownKey));
+}
+
+// Goal: the keeper follows the proof with the highest head seq, and what it
+// learns survives a reopen: a newer proof listing a new device lets that
+// device in; an older proof carried later changes nothing.
+#[test]
+fn the_keeper_follows_the_newest_proof() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = agent(1, &[2], &[]);
+    let new = agent_extended(&old, 3);
+    {
+        let mut k = open(&dir);
+        let r = k.handle(push(&old, 2, true, vec![sealed(&old, 2, b"a")]), NOW);
+        assert!(matches!(r, KeeperResponse::Pushed { .. }), "{r:?}");
+        // Device 3 is not in the proof the keeper holds.
+        assert_eq!(
+            code(&k.handle(pull(&new, 3, 0, 1000), NOW)),
+            Some(RefusalCode::UnknownKey)
+        );
+        let r = k.handle(push(&new, 2, true, vec![]), NOW);
+        assert!(matches!(r, KeeperResponse::Pushed { .. }), "{r:?}");
+    }
+    let mut k = open(&dir);
+    // An older proof carried afterwards does not replace the newer one.
+    let r = k.handle(push_at(&old, 2, true, vec![], NOW + 1), NOW);
+    assert!(matches!(r, KeeperResponse::Pushed { .. }), "{r:?}");
+    let (got, _, _) = batch(k.handle(pull(&new, 3, 0, 1000), NOW));
+    assert_eq!(got.len(), 1);
+}
+
+/// `log` with device `dev` listed by its master (seed 1), one update later.
+fn agent_extended(log: &DidChain, dev: u8) -> DidChain {
+    let mut out = log.clone();
+    let mut doc = out.current().clone();
+    doc.add_key(
+        &ctx(&key(dev)),
+        &key(dev).public(),
+        &[Relationship::Authentication],
+        None,
+    )
+    .unwrap();
+    let id = out.current().capability_delegation[0].clone();
+    out.append_document(&doc, &key(1), &id, NOW_S - 5).unwrap();
+    out
 }
 
 // Goal: one agent's flood cannot take another's room. Method: a small
@@ -390,7 +490,7 @@ fn a_snapshot_replaces_what_it_covers() {
     ));
     let snapshot = |through: u64| {
         let body = KeeperBody::Push {
-            did_log_json: Vec::new(),
+            did_proof: Vec::new(),
             envelopes: vec![sealed(&log, 3, b"all of it"), sealed(&log, 3, b"and more")],
             replaces_through: through,
         };
@@ -473,7 +573,7 @@ fn captured_bytes_sealed_after_a_revocation_do_not_open_for_the_revoked() {
     assert_eq!(opened, vec![b"written before the revocation".to_vec()]);
 }
 
-fn push_at(log: &DidLog, dev: u8, with_log: bool, envs: Vec<Envelope>, at: u64) -> KeeperRequest {
+fn push_at(log: &DidChain, dev: u8, with_log: bool, envs: Vec<Envelope>, at: u64) -> KeeperRequest {
     let mut req = push(log, dev, with_log, envs);
     req.auth.timestamp_ms = at;
     req.auth.signature = key(dev).sign(&request_digest(&req));

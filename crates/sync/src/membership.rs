@@ -2,16 +2,18 @@
 //! that turn a connected peer into a verified device of this agent.
 //!
 //! A peer is verified when (1) its [`Hello`] names our agent DID, (2) the DID
-//! log it carries verifies and is equal to, a prefix of, or an extension of
-//! ours (a fork is refused), (3) the public key behind its libp2p PeerId is an
-//! active `verificationMethod` of the current document with the
-//! `authentication` relationship, listed under the context id it claims, and
-//! (4) the Hello's NIP-2 style signature verifies with that key and its nonce
-//! is fresh. IO-free: time comes in as `now_ms`.
+//! proof it carries verifies against the DID, and this device holds the
+//! proof's head entry (otherwise the caller first fetches the peer's entries
+//! and merges them with the fork rule, see [`HelloCheck::NeedEntries`]),
+//! (3) the public key behind its libp2p PeerId is an active
+//! `verificationMethod` of the current document with the `authentication`
+//! relationship, listed under the context id it claims, and (4) the Hello's
+//! NIP-2 style signature verifies with that key and its nonce is fresh.
+//! IO-free: time comes in as `now_ms`.
 
+use nuwa_identity::chain::{DidChain, DidEntry, DidProof, MAX_SPLICE_ENTRIES, MergeOutcome};
 use nuwa_identity::document::{DidDocument, Relationship};
 use nuwa_identity::keys::{DeviceKey, verify_ed25519};
-use nuwa_identity::log::DidLog;
 use nuwa_identity::nip2::{NonceStore, signing_hash};
 use nuwa_proto::{Hello, PROTOCOL_VERSION};
 
@@ -40,8 +42,8 @@ pub enum Rejection {
     BadSignature,
     #[error("DID log does not verify: {0}")]
     BadDidLog(String),
-    #[error("DID log forks from ours")]
-    DidLogFork,
+    #[error("DID log entries do not connect to ours: {0}")]
+    DidEntries(String),
     #[error("unsupported protocol version {0}")]
     ProtocolVersion(u32),
     #[error("replayed or stale: {0}")]
@@ -71,7 +73,7 @@ impl Rejection {
             Rejection::ContextMismatch { .. } => "context_mismatch",
             Rejection::BadSignature => "bad_signature",
             Rejection::BadDidLog(_) => "bad_did_log",
-            Rejection::DidLogFork => "did_log_fork",
+            Rejection::DidEntries(_) => "did_entries",
             Rejection::ProtocolVersion(_) => "protocol_version",
             Rejection::Replay(_) => "replay",
             Rejection::Malformed(_) => "malformed",
@@ -93,17 +95,39 @@ pub struct VerifiedPeer {
     pub context_id: String,
     pub name: String,
     pub public: [u8; 32],
-    /// Whether the peer's DID log extended ours (the caller persists it).
-    pub log_extended: bool,
     /// The epoch grant the peer forwarded (empty if none); unverified.
     pub epoch_grant: Vec<u8>,
     /// The peer's clock minus ours, as its Hello's timestamp showed.
     pub clock_offset_ms: i64,
 }
 
+/// What checking a [`Hello`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HelloCheck {
+    /// The peer passed every check.
+    Verified(VerifiedPeer),
+    /// The Hello is genuine and its proof verifies, but we do not hold the
+    /// proof's head: fetch the peer's entries from `from_seq` on, merge
+    /// them, then check the same Hello again.
+    NeedEntries { from_seq: u64 },
+}
+
+/// The entries of a [`nuwa_proto::Frame::DidEntries`] page, bounded.
+pub fn parse_entries(json: &[u8]) -> Result<Vec<DidEntry>, Rejection> {
+    let entries: Vec<DidEntry> =
+        serde_json::from_slice(json).map_err(|e| Rejection::DidEntries(e.to_string()))?;
+    if entries.len() > MAX_SPLICE_ENTRIES {
+        return Err(Rejection::DidEntries(format!(
+            "{} entries in one page, max {MAX_SPLICE_ENTRIES}",
+            entries.len()
+        )));
+    }
+    Ok(entries)
+}
+
 /// This device's view of the agent.
 pub struct Membership {
-    log: DidLog,
+    log: DidChain,
     context_id: String,
     name: String,
     device: DeviceKey,
@@ -122,7 +146,7 @@ fn map_doc_error(e: nuwa_identity::document::DidError) -> Rejection {
 }
 
 impl Membership {
-    pub fn new(log: DidLog, context_id: String, name: String, device: DeviceKey) -> Self {
+    pub fn new(log: DidChain, context_id: String, name: String, device: DeviceKey) -> Self {
         let mut name = name;
         while name.len() > nuwa_proto::MAX_DEVICE_NAME_BYTES {
             name.pop();
@@ -148,20 +172,50 @@ impl Membership {
     }
 
     /// Adopts a log this device extended itself (a signed update it made).
-    /// Refuses a log that does not verifiably extend ours.
-    pub fn adopt_log(&mut self, log: DidLog, now_ms: u64) -> Result<bool, Rejection> {
+    /// Refuses a log that does not verifiably extend ours or win the fork rule.
+    pub fn adopt_log(&mut self, log: DidChain, now_ms: u64) -> Result<bool, Rejection> {
+        Ok(self.merge_log(&log, now_ms)?.changed())
+    }
+
+    /// Merges a peer's chain with the fork rule: adopts it when it verifies
+    /// and extends ours or wins the fork. Ours is unchanged on error.
+    pub fn merge_log(&mut self, log: &DidChain, now_ms: u64) -> Result<MergeOutcome, Rejection> {
         let mut merged = self.log.clone();
         let outcome = merged
-            .merge_from(&log, (now_ms / 1000) as i64)
-            .map_err(|e| match e {
-                nuwa_identity::log::LogError::Fork { .. } => Rejection::DidLogFork,
-                other => Rejection::BadDidLog(other.to_string()),
-            })?;
-        let extended = outcome.changed();
-        if extended {
+            .merge(log, (now_ms / 1000) as i64)
+            .map_err(|e| Rejection::BadDidLog(e.to_string()))?;
+        if outcome.changed() {
             self.log = merged;
         }
-        Ok(extended)
+        Ok(outcome)
+    }
+
+    /// Our chain's entries from `from_seq` on, as one page for
+    /// [`nuwa_proto::Frame::DidEntries`]: as many as fit in `max_bytes` (at
+    /// least one, at most [`MAX_SPLICE_ENTRIES`]). Returns the JSON array
+    /// and whether more entries follow. An empty page past our head.
+    pub fn entries_page(&self, from_seq: u64, max_bytes: usize) -> (Vec<u8>, bool) {
+        let entries = self.log.entries();
+        let from = usize::try_from(from_seq)
+            .unwrap_or(usize::MAX)
+            .min(entries.len());
+        let mut page: Vec<&DidEntry> = Vec::new();
+        let mut bytes = 2;
+        for entry in &entries[from..] {
+            let len = serde_json::to_vec(entry)
+                .map(|v| v.len() + 1)
+                .unwrap_or(usize::MAX);
+            if !page.is_empty() && (bytes + len > max_bytes || page.len() >= MAX_SPLICE_ENTRIES) {
+                break;
+            }
+            bytes += len;
+            page.push(entry);
+        }
+        let more = from + page.len() < entries.len();
+        (
+            serde_json::to_vec(&page).unwrap_or_else(|_| b"[]".to_vec()),
+            more,
+        )
     }
 
     pub fn did(&self) -> &str {
@@ -176,7 +230,7 @@ impl Membership {
         &self.device
     }
 
-    pub fn log(&self) -> &DidLog {
+    pub fn log(&self) -> &DidChain {
         &self.log
     }
 
@@ -211,8 +265,11 @@ impl Membership {
 
     /// Our Hello for a new connection.
     pub fn hello(&self, now_ms: u64) -> Result<Hello, Rejection> {
-        let did_log_json =
-            serde_json::to_vec(&self.log).map_err(|e| Rejection::Malformed(e.to_string()))?;
+        let did_proof = self
+            .log
+            .proof()
+            .encode()
+            .map_err(|e| Rejection::Malformed(e.to_string()))?;
         let mut nonce = [0u8; 16];
         getrandom::fill(&mut nonce).map_err(|e| Rejection::Malformed(e.to_string()))?;
         let mut hello = Hello {
@@ -220,7 +277,7 @@ impl Membership {
             agent_did: self.did().to_owned(),
             context_id: self.context_id.clone(),
             device_name: self.name.clone(),
-            did_log_json,
+            did_proof,
             epoch_grant: self.epoch_grant.clone(),
             timestamp_ms: now_ms,
             nonce,
@@ -232,13 +289,20 @@ impl Membership {
     }
 
     /// Checks the Hello of a peer whose libp2p identity key is `peer_public`.
-    /// Adopts the peer's DID log when it verifiably extends ours.
+    ///
+    /// When the proof's head entry is not in our chain the peer is ahead of
+    /// us or on another branch: the answer is [`HelloCheck::NeedEntries`]
+    /// (nothing is recorded, so the same Hello can be checked again once the
+    /// entries are merged). With `entries_merged` (the peer's entries were
+    /// fetched and merged, or lost the fork rule) the peer is judged by our
+    /// chain whatever its proof says.
     pub fn verify_hello(
         &mut self,
         peer_public: &[u8; 32],
         hello: &Hello,
         now_ms: u64,
-    ) -> Result<VerifiedPeer, Rejection> {
+        entries_merged: bool,
+    ) -> Result<HelloCheck, Rejection> {
         if hello.protocol_version != PROTOCOL_VERSION {
             return Err(Rejection::ProtocolVersion(hello.protocol_version));
         }
@@ -265,17 +329,20 @@ impl Membership {
             .check(&scope, Hello::DOMAIN, &hello.nonce, ts_secs, now_secs)
             .map_err(|e| Rejection::Replay(e.to_string()))?;
 
-        let theirs: DidLog = serde_json::from_slice(&hello.did_log_json)
+        let proof =
+            DidProof::decode(&hello.did_proof).map_err(|e| Rejection::BadDidLog(e.to_string()))?;
+        let theirs = proof
+            .verify(self.did(), now_secs)
             .map_err(|e| Rejection::BadDidLog(e.to_string()))?;
-        let mut merged = self.log.clone();
-        let outcome = merged.merge_from(&theirs, now_secs).map_err(|e| match e {
-            nuwa_identity::log::LogError::Fork { .. } => Rejection::DidLogFork,
-            other => Rejection::BadDidLog(other.to_string()),
-        })?;
-        // A branch that won a fork replaces ours: handled like an extension
-        // (persisted, every peer re-checked, Hellos re-sent).
-        let log_extended = outcome.changed();
-
+        if !entries_merged && self.log.position_of(theirs.head_hash()).is_none() {
+            // Ahead of us (the usual case: ask from our head on) or on a
+            // branch that forked before its head (ask from there).
+            let ours = self.log.len() as u64;
+            return Ok(HelloCheck::NeedEntries {
+                from_seq: ours.min(theirs.head_seq()).max(1),
+            });
+        }
+        let merged = &self.log;
         let method = merged
             .current()
             .method_for_public(peer_public, SYNC_RELATIONSHIP, now_secs)
@@ -290,16 +357,12 @@ impl Membership {
         self.nonces
             .record(&scope, Hello::DOMAIN, &hello.nonce, ts_secs, now_secs)
             .map_err(|e| Rejection::Replay(e.to_string()))?;
-        if log_extended {
-            self.log = merged;
-        }
-        Ok(VerifiedPeer {
+        Ok(HelloCheck::Verified(VerifiedPeer {
             context_id: actual,
             name: hello.device_name.clone(),
             public: *peer_public,
-            log_extended,
             epoch_grant: hello.epoch_grant.clone(),
             clock_offset_ms: offset_ms,
-        })
+        }))
     }
 }

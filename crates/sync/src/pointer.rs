@@ -3,22 +3,24 @@
 //!
 //! A record is self-contained so that *any* DHT node, including untrusted
 //! infrastructure that has never heard of the agent, can check it before
-//! storing it: it carries the agent's whole DID log (self-certifying, since
-//! the genesis is the did:key document of the DID) and is signed by a device
-//! key that holds `authentication` in that log's current document.
+//! storing it: it carries the compact proof of the agent's current DID
+//! document ([`DidProof`]: the genesis, which certifies itself since it is
+//! the did:key document of the DID, the entries that changed who may sign,
+//! and the head; a few KiB however long the chain grows) and is signed by a
+//! device key that holds `authentication` in that proven document.
 //!
 //! Wire form: canonical JSON ([`nuwa_identity::canonical::to_canonical_json`])
 //! of one object, keys sorted:
 //!
 //! ```text
-//! {"context_id":"device-…","did":"did:key:…","did_log":{"updates":[…]},
+//! {"context_id":"device-…","did":"did:key:…","did_proof":{"document":…,"entries":[…]},
 //!  "nonce":"<32 hex>","peer_id":"12D3KooW…","signature":"<128 hex>",
 //!  "timestamp":<unix secs>,"topic":"<64 hex>"}
 //! ```
 //!
 //! The signature is Ed25519 over
 //! SHA-256([`POINTER_DOMAIN`] ‖ canonical JSON of the same object without
-//! `signature`), so it covers the embedded log too. Decoding accepts only the
+//! `signature`), so it covers the embedded proof too. Decoding accepts only the
 //! canonical bytes of a well-formed record, so one pointer has exactly one
 //! encoding and nothing unsigned can ride along.
 //!
@@ -32,16 +34,16 @@
 //! comes in as `now_unix_secs`.
 
 use nuwa_identity::canonical::to_canonical_json;
+use nuwa_identity::chain::{ChainError, DidChain, DidProof};
 use nuwa_identity::document::{DidDocument, DidError, MAX_DID_LEN, MAX_FRAGMENT_LEN, shorten};
 use nuwa_identity::keys::{DeviceKey, KeyError, verify_ed25519};
-use nuwa_identity::log::{DidLog, LogError};
 use nuwa_identity::nip2::signing_hash;
 use serde_json::{Map, Value};
 
 use crate::membership::SYNC_RELATIONSHIP;
 
 /// Domain separator of pointer signatures (NIP-2 style).
-pub const POINTER_DOMAIN: &str = "NUWA_DHT_POINTER_V1:";
+pub const POINTER_DOMAIN: &str = "NUWA_DHT_POINTER_V2:";
 /// Largest encoded record; stays under libp2p-kad's 65 KiB record limit.
 pub const MAX_POINTER_BYTES: usize = 60 * 1024;
 /// How old a record may be: libp2p-kad's default record TTL, so a pointer
@@ -62,7 +64,7 @@ const MAX_TOPIC_LEN: usize = 64;
 const FIELDS: [&str; 8] = [
     "context_id",
     "did",
-    "did_log",
+    "did_proof",
     "nonce",
     "peer_id",
     "signature",
@@ -109,15 +111,9 @@ pub enum PointerError {
     /// The topic is not the agent's gossip topic.
     #[error("pointer record topic is not the gossip topic of its did")]
     WrongTopic,
-    /// The embedded DID log does not verify for the record's DID.
-    #[error("pointer record carries a did log that does not verify")]
-    BadDidLog(#[source] LogError),
-    /// The embedded DID log and the verifier's own log diverge.
-    #[error("pointer record carries a did log that forks from ours at update {seq}")]
-    Fork {
-        /// First seq at which the logs differ.
-        seq: u64,
-    },
+    /// The embedded DID proof does not verify for the record's DID.
+    #[error("pointer record carries a did proof that does not verify")]
+    BadDidLog(#[source] ChainError),
     /// The signer is not an active device with `authentication` in the current document.
     #[error("pointer record signer {context_id} is not an active device of the agent")]
     UnknownSigner {
@@ -163,7 +159,6 @@ impl PointerError {
             PointerError::WrongKey => "wrong_key",
             PointerError::WrongTopic => "wrong_topic",
             PointerError::BadDidLog(_) => "bad_did_log",
-            PointerError::Fork { .. } => "fork",
             PointerError::UnknownSigner { .. } => "unknown_signer",
             PointerError::BadSignature => "bad_signature",
             PointerError::Stale { .. } => "stale",
@@ -192,8 +187,9 @@ pub struct AgentPointer {
     pub timestamp_unix_secs: i64,
     /// Random bytes, so two records signed in the same second differ.
     pub nonce: [u8; POINTER_NONCE_LEN],
-    /// The agent's DID log, so the record can be checked by anyone.
-    pub did_log: DidLog,
+    /// The proof of the agent's current DID document, so the record can be
+    /// checked by anyone.
+    pub did_proof: DidProof,
     /// Ed25519 signature over [`AgentPointer::signing_digest`].
     pub signature: [u8; 64],
 }
@@ -205,7 +201,7 @@ impl AgentPointer {
     /// `authentication`, a key other than the one listed under `context_id`)
     /// gets the verifier's error here.
     pub fn new_signed(
-        log: &DidLog,
+        log: &DidChain,
         context_id: &str,
         peer_id: &str,
         device: &DeviceKey,
@@ -219,7 +215,7 @@ impl AgentPointer {
     /// [`AgentPointer::new_signed`] with a caller-chosen nonce, for
     /// deterministic tests; production code should let `new_signed` draw it.
     pub fn new_signed_with_nonce(
-        log: &DidLog,
+        log: &DidChain,
         context_id: &str,
         peer_id: &str,
         device: &DeviceKey,
@@ -234,7 +230,7 @@ impl AgentPointer {
             peer_id: peer_id.to_owned(),
             timestamp_unix_secs: now_unix_secs,
             nonce,
-            did_log: log.clone(),
+            did_proof: log.proof(),
             signature: [0; 64],
         };
         pointer.check_shape()?;
@@ -307,8 +303,8 @@ impl AgentPointer {
             .ok_or_else(|| malformed("nonce must be 32 lowercase hex characters"))?;
         let signature = decode_hex::<64>(&take_string(take("signature")?, "signature")?)
             .ok_or_else(|| malformed("signature must be 128 lowercase hex characters"))?;
-        let did_log: DidLog = serde_json::from_value(take("did_log")?)
-            .map_err(|e| PointerError::Malformed(format!("did_log: {e}")))?;
+        let did_proof: DidProof = serde_json::from_value(take("did_proof")?)
+            .map_err(|e| PointerError::Malformed(format!("did_proof: {e}")))?;
         let pointer = AgentPointer {
             did,
             topic,
@@ -316,7 +312,7 @@ impl AgentPointer {
             peer_id,
             timestamp_unix_secs,
             nonce,
-            did_log,
+            did_proof,
             signature,
         };
         pointer.check_shape()?;
@@ -332,11 +328,11 @@ impl AgentPointer {
     /// `dht_key` = SHA-256(did); `topic` is [`gossip_topic`] of the DID; its
     /// timestamp lies within [now − [`POINTER_MAX_AGE_SECS`], now +
     /// [`POINTER_MAX_SKEW_SECS`]]; `context_id` names an active key with
-    /// `authentication` in the embedded log's current document; the signature
-    /// verifies under that key; and the embedded log verifies for the DID.
+    /// `authentication` in the proven document; the signature verifies under
+    /// that key; and the embedded proof verifies for the DID.
     ///
-    /// The signature is checked before the log, so a forged record costs one
-    /// signature check rather than one per log update.
+    /// The signature is checked before the proof, so a forged record costs
+    /// one signature check rather than one per proof entry.
     pub fn verify(&self, dht_key: &[u8], now_unix_secs: i64) -> Result<(), PointerError> {
         if dht_key != self::dht_key(&self.did) {
             return Err(PointerError::WrongKey);
@@ -345,48 +341,53 @@ impl AgentPointer {
             return Err(PointerError::WrongTopic);
         }
         self.check_time(now_unix_secs)?;
-        let public = self.signer_in(self.did_log.current(), now_unix_secs)?;
+        let public = self.signer_in(self.did_proof.document(), now_unix_secs)?;
         self.check_signature(&public)?;
-        self.did_log
-            .verify(Some(&self.did), now_unix_secs)
+        self.did_proof
+            .verify(&self.did, now_unix_secs)
+            .map(|_| ())
             .map_err(PointerError::BadDidLog)
     }
 
     /// [`AgentPointer::verify`] for a device of the agent that holds its own
-    /// log `ours` (possibly newer or older than the embedded one): the record
-    /// must also be under our agent's DHT key, its log must verify as a log
-    /// of our agent (a fork with ours is settled by the fork rule,
-    /// `nuwa_identity::log::fork_order`), and the signer must be active in
-    /// the log that wins (the newer one, or the fork's winner), so a device
-    /// we know to be revoked cannot steer us with an old log.
+    /// chain `ours` (possibly newer or older than the proof's head): the
+    /// record must also be under our agent's DHT key, and the signer must be
+    /// active in the newer document: ours when we hold the proof's head (so a
+    /// device we know to be revoked cannot steer us with an old proof), the
+    /// proof's otherwise (it is ahead of us, or on a branch we have not seen;
+    /// the connection's Hello fetches and merges those entries with the fork
+    /// rule before the device is accepted).
     pub fn verify_for_agent(
         &self,
         dht_key: &[u8],
-        ours: &DidLog,
+        ours: &DidChain,
         now_unix_secs: i64,
     ) -> Result<(), PointerError> {
         self.verify(dht_key, now_unix_secs)?;
         if dht_key != self::dht_key(ours.did()) {
             return Err(PointerError::WrongKey);
         }
-        let mut merged = ours.clone();
-        merged
-            .merge_from(&self.did_log, now_unix_secs)
-            .map_err(|e| match e {
-                LogError::Fork { seq } => PointerError::Fork { seq },
-                other => PointerError::BadDidLog(other),
-            })?;
-        // The newer log may list a different key under the same context id,
-        // so check the signature again with the key it lists.
-        let public = self.signer_in(merged.current(), now_unix_secs)?;
-        self.check_signature(&public)
+        let head = self
+            .did_proof
+            .entries()
+            .last()
+            .map(|e| e.hash())
+            .transpose()
+            .map_err(PointerError::BadDidLog)?;
+        if head.is_some_and(|h| ours.position_of(&h).is_some()) {
+            // Our document may list a different key under the same context
+            // id, so check the signature again with the key it lists.
+            let public = self.signer_in(ours.current(), now_unix_secs)?;
+            self.check_signature(&public)?;
+        }
+        Ok(())
     }
 
     /// The public key listed under `context_id` in the embedded log's current
     /// document, if it may sign pointers at `now_unix_secs`. Only meaningful
     /// after [`AgentPointer::verify`]; callers compare it with `peer_id`.
     pub fn signer_public(&self, now_unix_secs: i64) -> Result<[u8; 32], PointerError> {
-        self.signer_in(self.did_log.current(), now_unix_secs)
+        self.signer_in(self.did_proof.document(), now_unix_secs)
     }
 
     fn signer_in(&self, doc: &DidDocument, now_unix_secs: i64) -> Result<[u8; 32], PointerError> {
@@ -467,8 +468,8 @@ impl AgentPointer {
         object.insert("context_id".into(), Value::from(self.context_id.as_str()));
         object.insert("did".into(), Value::from(self.did.as_str()));
         object.insert(
-            "did_log".into(),
-            serde_json::to_value(&self.did_log).map_err(PointerError::Encode)?,
+            "did_proof".into(),
+            serde_json::to_value(&self.did_proof).map_err(PointerError::Encode)?,
         );
         object.insert("nonce".into(), Value::from(hex::encode(self.nonce)));
         object.insert("peer_id".into(), Value::from(self.peer_id.as_str()));

@@ -28,7 +28,7 @@ use nuwa_proto::{Hello, SyncPayload};
 
 use crate::engine::{Action, Engine, EngineError, PeerKey};
 use crate::grant::{GrantOutcome, open_grant};
-use crate::membership::{Membership, Rejection};
+use crate::membership::{HelloCheck, Membership, Rejection, parse_entries};
 use crate::secure::{OpenError, SecureChannel};
 
 /// Tunables of the session.
@@ -116,6 +116,9 @@ pub enum Count {
     EpochGrantsAdopted,
     EpochGrantRejected,
     GossipDeltasApplied,
+    DidEntriesRequested,
+    DidEntriesServed,
+    DidEntriesMerged,
 }
 
 impl Count {
@@ -133,6 +136,9 @@ impl Count {
             Count::EpochGrantsAdopted => "epoch_grants_adopted",
             Count::EpochGrantRejected => "epoch_grant_rejected",
             Count::GossipDeltasApplied => "gossip_deltas_applied",
+            Count::DidEntriesRequested => "did_entries_requested",
+            Count::DidEntriesServed => "did_entries_served",
+            Count::DidEntriesMerged => "did_entries_merged",
         }
     }
 }
@@ -163,6 +169,12 @@ pub enum Effect {
     SendHello {
         peer: PeerKey,
         hello: Box<Hello>,
+    },
+    /// Send this unsealed frame (DID chain entries and requests for them:
+    /// public material).
+    SendFrame {
+        peer: PeerKey,
+        frame: Box<nuwa_proto::Frame>,
     },
     /// Seal this payload under the current epoch and send it.
     Send {
@@ -249,6 +261,20 @@ pub enum PeerState {
     },
 }
 
+/// A peer's Hello waiting for the DID entries its proof's head needs.
+struct Fetch {
+    hello: Hello,
+    /// Our chain spliced with the pages received so far.
+    candidate: Option<nuwa_identity::chain::DidChain>,
+    /// The seq the outstanding request asked from.
+    asked_from: u64,
+    /// Whether the request already went back to seq 1 (a deep fork).
+    from_start: bool,
+}
+
+/// Largest page of DID entries this session serves in one frame.
+pub const DID_ENTRIES_PAGE_BYTES: usize = 1024 * 1024;
+
 struct Held {
     at_ms: u64,
     peer: PeerKey,
@@ -269,6 +295,8 @@ pub struct Session {
     defer_gossip: bool,
     /// Earliest seal time among the queued deltas.
     queued_sealed_at: Option<u64>,
+    /// Peers whose Hello waits for their DID entries.
+    fetching: BTreeMap<PeerKey, Fetch>,
 }
 
 impl Session {
@@ -288,6 +316,7 @@ impl Session {
             skewed: BTreeMap::new(),
             defer_gossip: false,
             queued_sealed_at: None,
+            fetching: BTreeMap::new(),
         }
     }
 
@@ -303,7 +332,7 @@ impl Session {
         &self.engine
     }
 
-    pub fn log(&self) -> &nuwa_identity::log::DidLog {
+    pub fn log(&self) -> &nuwa_identity::chain::DidChain {
         self.membership.log()
     }
 
@@ -430,6 +459,7 @@ impl Session {
     /// Every connection to the peer closed.
     pub fn disconnected(&mut self, peer: &str) -> Vec<Effect> {
         let mut out = Vec::new();
+        self.fetching.remove(peer);
         if let Some(PeerState::Verified { context_id, .. }) = self.peers.remove(peer) {
             out.push(Effect::PeerGone {
                 peer: peer.to_owned(),
@@ -451,6 +481,7 @@ impl Session {
     /// Forgets a peer and asks the runtime to close its connections.
     fn drop_peer(&mut self, peer: &str, out: &mut Vec<Effect>) {
         self.peers.remove(peer);
+        self.fetching.remove(peer);
         self.engine.peer_down(peer);
         out.push(Effect::Disconnect {
             peer: peer.to_owned(),
@@ -481,76 +512,225 @@ impl Session {
     /// A `Hello` arrived from `peer`.
     pub fn on_hello(&mut self, peer: &str, hello: &Hello, now_ms: u64) -> Vec<Effect> {
         let mut out = Vec::new();
-        match self.peers.get(peer).cloned() {
-            Some(PeerState::Pending { public, remote, .. }) => {
-                match self.membership.verify_hello(&public, hello, now_ms) {
-                    Ok(v) => {
-                        self.skewed.remove(peer);
-                        if v.log_extended {
-                            self.after_log_extended(now_ms, true, &mut out);
-                        }
-                        out.push(Effect::Count(Count::PeersVerified));
-                        out.push(Effect::PeerVerified {
-                            peer: peer.to_owned(),
-                            context_id: v.context_id.clone(),
-                            name: v.name.clone(),
-                        });
-                        self.peers.insert(
-                            peer.to_owned(),
-                            PeerState::Verified {
-                                context_id: v.context_id,
-                                name: v.name,
-                                public,
-                                remote,
-                                since_ms: now_ms,
-                                clock_offset_ms: v.clock_offset_ms,
-                            },
-                        );
-                        self.on_grant(peer, &v.epoch_grant, now_ms, &mut out);
-                        let actions = self.engine.peer_up(peer, now_ms);
-                        self.engine_actions(actions, &mut out);
-                    }
-                    Err(r) => {
-                        self.note_skew(peer, &r, &mut out);
-                        out.push(Effect::Rejected {
-                            peer: peer.to_owned(),
-                            door: Door::Connection,
-                            rejection: r,
-                        });
-                        self.drop_peer(peer, &mut out);
-                    }
+        // A newer Hello replaces one that waited for entries.
+        self.fetching.remove(peer);
+        self.check_hello(peer, hello, now_ms, false, &mut out);
+        out
+    }
+
+    fn check_hello(
+        &mut self,
+        peer: &str,
+        hello: &Hello,
+        now_ms: u64,
+        entries_merged: bool,
+        out: &mut Vec<Effect>,
+    ) {
+        let (public, remote, verified) = match self.peers.get(peer) {
+            Some(PeerState::Pending { public, remote, .. }) => (*public, remote.clone(), false),
+            Some(PeerState::Verified { public, remote, .. }) => (*public, remote.clone(), true),
+            None => {
+                out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
+                return;
+            }
+        };
+        let v = match self
+            .membership
+            .verify_hello(&public, hello, now_ms, entries_merged)
+        {
+            Ok(HelloCheck::Verified(v)) => v,
+            Ok(HelloCheck::NeedEntries { from_seq }) => {
+                self.touch_pending(peer, now_ms);
+                self.fetching.insert(
+                    peer.to_owned(),
+                    Fetch {
+                        hello: hello.clone(),
+                        candidate: None,
+                        asked_from: from_seq,
+                        from_start: from_seq <= 1,
+                    },
+                );
+                self.ask_entries(peer, from_seq, out);
+                return;
+            }
+            Err(r) => {
+                self.note_skew(peer, &r, out);
+                out.push(Effect::Rejected {
+                    peer: peer.to_owned(),
+                    door: Door::Connection,
+                    rejection: r,
+                });
+                self.drop_peer(peer, out);
+                return;
+            }
+        };
+        self.skewed.remove(peer);
+        if verified {
+            // A verified peer re-sends its Hello when its DID log grew.
+            out.push(Effect::Count(Count::HelloRefreshed));
+            if let Some(PeerState::Verified {
+                clock_offset_ms, ..
+            }) = self.peers.get_mut(peer)
+            {
+                *clock_offset_ms = v.clock_offset_ms;
+            }
+            self.on_grant(peer, &v.epoch_grant, now_ms, out);
+            return;
+        }
+        out.push(Effect::Count(Count::PeersVerified));
+        out.push(Effect::PeerVerified {
+            peer: peer.to_owned(),
+            context_id: v.context_id.clone(),
+            name: v.name.clone(),
+        });
+        self.peers.insert(
+            peer.to_owned(),
+            PeerState::Verified {
+                context_id: v.context_id,
+                name: v.name,
+                public,
+                remote,
+                since_ms: now_ms,
+                clock_offset_ms: v.clock_offset_ms,
+            },
+        );
+        self.on_grant(peer, &v.epoch_grant, now_ms, out);
+        let actions = self.engine.peer_up(peer, now_ms);
+        self.engine_actions(actions, out);
+    }
+
+    fn ask_entries(&mut self, peer: &str, from_seq: u64, out: &mut Vec<Effect>) {
+        out.push(Effect::Count(Count::DidEntriesRequested));
+        out.push(Effect::SendFrame {
+            peer: peer.to_owned(),
+            frame: Box::new(nuwa_proto::Frame::DidEntriesRequest { from_seq }),
+        });
+    }
+
+    /// A connected peer asks for our DID chain's entries from `from_seq` on
+    /// (public material: the same a DHT pointer or a keeper carries).
+    pub fn on_did_request(&mut self, peer: &str, from_seq: u64) -> Vec<Effect> {
+        let mut out = Vec::new();
+        if !self.peers.contains_key(peer) {
+            out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
+            return out;
+        }
+        let (entries_json, more) = self
+            .membership
+            .entries_page(from_seq, DID_ENTRIES_PAGE_BYTES);
+        out.push(Effect::Count(Count::DidEntriesServed));
+        out.push(Effect::SendFrame {
+            peer: peer.to_owned(),
+            frame: Box::new(nuwa_proto::Frame::DidEntries {
+                from_seq,
+                entries_json,
+                more,
+            }),
+        });
+        out
+    }
+
+    /// A page of DID entries we asked `peer` for. Splices it onto our chain
+    /// (or the pages before it); once the last page is in, merges the result
+    /// with the fork rule and checks the peer's waiting Hello again.
+    pub fn on_did_entries(
+        &mut self,
+        peer: &str,
+        from_seq: u64,
+        entries_json: &[u8],
+        more: bool,
+        now_ms: u64,
+    ) -> Vec<Effect> {
+        let mut out = Vec::new();
+        let Some(mut fetch) = self.fetching.remove(peer) else {
+            // Not asked for (or the Hello it was for was replaced): ignore.
+            out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
+            return out;
+        };
+        let reject = |this: &mut Session, r: Rejection, out: &mut Vec<Effect>| {
+            out.push(Effect::Rejected {
+                peer: peer.to_owned(),
+                door: Door::Connection,
+                rejection: r,
+            });
+            this.drop_peer(peer, out);
+        };
+        if from_seq != fetch.asked_from {
+            reject(
+                self,
+                Rejection::DidEntries(format!(
+                    "answered from seq {from_seq}, asked from {}",
+                    fetch.asked_from
+                )),
+                &mut out,
+            );
+            return out;
+        }
+        let entries = match parse_entries(entries_json) {
+            Ok(e) => e,
+            Err(r) => {
+                reject(self, r, &mut out);
+                return out;
+            }
+        };
+        if entries.first().map(|e| e.seq()) != Some(from_seq) {
+            reject(
+                self,
+                Rejection::DidEntries(format!("the page does not start at seq {from_seq}")),
+                &mut out,
+            );
+            return out;
+        }
+        let base = fetch.candidate.as_ref().unwrap_or(self.membership.log());
+        let spliced = match base.splice(&entries) {
+            Ok(Some(c)) => c,
+            Ok(None) if fetch.candidate.is_none() && !fetch.from_start => {
+                // Forked before `from_seq`: ask for the whole chain.
+                fetch.asked_from = 1;
+                fetch.from_start = true;
+                self.touch_pending(peer, now_ms);
+                self.fetching.insert(peer.to_owned(), fetch);
+                self.ask_entries(peer, 1, &mut out);
+                return out;
+            }
+            Ok(None) => {
+                reject(
+                    self,
+                    Rejection::DidEntries("the page does not connect to the chain".into()),
+                    &mut out,
+                );
+                return out;
+            }
+            Err(e) => {
+                reject(self, Rejection::DidEntries(e.to_string()), &mut out);
+                return out;
+            }
+        };
+        if more {
+            let next = spliced.len() as u64;
+            fetch.candidate = Some(spliced);
+            fetch.asked_from = next;
+            self.touch_pending(peer, now_ms);
+            self.fetching.insert(peer.to_owned(), fetch);
+            self.ask_entries(peer, next, &mut out);
+            return out;
+        }
+        match self.membership.merge_log(&spliced, now_ms) {
+            Ok(outcome) => {
+                out.push(Effect::Count(Count::DidEntriesMerged));
+                if outcome.changed() {
+                    self.after_log_extended(now_ms, true, &mut out);
                 }
             }
-            Some(PeerState::Verified { public, .. }) => {
-                // A verified peer re-sends its Hello when its DID log grew:
-                // adopt the newer log, or drop the peer if it no longer
-                // passes.
-                match self.membership.verify_hello(&public, hello, now_ms) {
-                    Ok(v) => {
-                        out.push(Effect::Count(Count::HelloRefreshed));
-                        if let Some(PeerState::Verified {
-                            clock_offset_ms, ..
-                        }) = self.peers.get_mut(peer)
-                        {
-                            *clock_offset_ms = v.clock_offset_ms;
-                        }
-                        if v.log_extended {
-                            self.after_log_extended(now_ms, true, &mut out);
-                        }
-                        self.on_grant(peer, &v.epoch_grant, now_ms, &mut out);
-                    }
-                    Err(r) => {
-                        self.note_skew(peer, &r, &mut out);
-                        out.push(Effect::Rejected {
-                            peer: peer.to_owned(),
-                            door: Door::Connection,
-                            rejection: r,
-                        });
-                        self.drop_peer(peer, &mut out);
-                    }
-                }
+            Err(r) => {
+                reject(self, r, &mut out);
+                return out;
             }
-            None => out.push(Effect::Count(Count::FrameFromUnverifiedPeer)),
+        }
+        // `after_log_extended` may have dropped the peer.
+        if self.peers.contains_key(peer) {
+            let hello = fetch.hello;
+            self.check_hello(peer, &hello, now_ms, true, &mut out);
         }
         out
     }
@@ -755,7 +935,7 @@ impl Session {
     /// push Hellos.
     pub fn adopt_own_update(
         &mut self,
-        log: nuwa_identity::log::DidLog,
+        log: nuwa_identity::chain::DidChain,
         epoch: Option<(nuwa_crypto::SyncKey, Vec<u8>)>,
         now_ms: u64,
     ) -> Result<Vec<Effect>, Rejection> {

@@ -23,10 +23,10 @@ use std::collections::BTreeMap;
 
 use nuwa_crypto::SyncKey;
 use nuwa_crypto::epoch::{EpochGrant, KeyRing};
+use nuwa_identity::chain::DidChain;
 use nuwa_identity::did_key::x25519_public_from_ed25519;
 use nuwa_identity::document::{DidDocument, Relationship};
 use nuwa_identity::keys::{DeviceKey, context_id_for};
-use nuwa_identity::log::DidLog;
 use nuwa_proto::Frame;
 use nuwa_state::Hash;
 use nuwa_sync::{Config, Effect, Engine, Membership, SecureChannel, Session, SessionConfig};
@@ -62,38 +62,38 @@ const RELS: &[Relationship] = &[
     Relationship::CapabilityInvocation,
 ];
 
-fn add_device(log: &mut DidLog, master: &DeviceKey, master_id: &str, dev: &DeviceKey, t: i64) {
+fn add_device(log: &mut DidChain, master: &DeviceKey, master_id: &str, dev: &DeviceKey, t: i64) {
     let ctx = context_id_for(&dev.public());
     let mut doc: DidDocument = log.current().clone();
     doc.add_key(&ctx, &dev.public(), RELS, None).unwrap();
     let x = x25519_public_from_ed25519(&dev.public()).unwrap();
     doc.add_key_agreement_key(&format!("{ctx}-x25519"), &x, None)
         .unwrap();
-    log.append(doc, master, master_id, t).unwrap();
+    log.append_document(&doc, master, master_id, t).unwrap();
 }
 
 /// The first `len` updates of `log`, as a log.
-fn log_before_fork(log: &DidLog, len: usize) -> DidLog {
+fn log_before_fork(log: &DidChain, len: usize) -> DidChain {
     let mut json = serde_json::to_value(log).unwrap();
-    json["updates"].as_array_mut().unwrap().truncate(len);
+    json["entries"].as_array_mut().unwrap().truncate(len);
     serde_json::from_value(json).unwrap()
 }
 
 /// Revokes `victim`: the next log and the grant of epoch 1, sealed to the
 /// remaining devices.
 fn revoke(
-    log: &DidLog,
+    log: &DidChain,
     master: &DeviceKey,
     master_id: &str,
     devices: &[DeviceKey],
     t: i64,
-) -> (DidLog, SyncKey, Vec<u8>) {
+) -> (DidChain, SyncKey, Vec<u8>) {
     let victim = context_id_for(&devices[VICTIM].public());
     let mut doc = log.current().clone();
     doc.remove_key(&victim).unwrap();
     doc.remove_key(&format!("{victim}-x25519")).unwrap();
     let mut next = log.clone();
-    next.append(doc, master, master_id, t).unwrap();
+    next.append_document(&doc, master, master_id, t).unwrap();
     let key = SyncKey::generate(1).unwrap();
     let recipients: Vec<(String, [u8; 32])> = devices[..DEVICES]
         .iter()
@@ -128,6 +128,7 @@ fn revoke(
 enum Wire {
     Hello(Box<nuwa_proto::Hello>),
     Envelope(Box<nuwa_crypto::Envelope>),
+    Frame(Box<Frame>),
 }
 
 struct InFlight {
@@ -185,7 +186,7 @@ impl World {
         let keys: Vec<DeviceKey> = (0..=FORKER)
             .map(|i| DeviceKey::from_seed(&[i as u8 + 1; 32]))
             .collect();
-        let mut log = DidLog::genesis(&master, t).unwrap();
+        let mut log = DidChain::genesis(&master, t).unwrap();
         let master_id = log.current().capability_delegation[0].clone();
         for dev in &keys[..DEVICES - 1] {
             add_device(&mut log, &master, &master_id, dev, t);
@@ -198,7 +199,9 @@ impl World {
         let fork = loop {
             let mut fork = log_before_fork(&log, at);
             add_device(&mut fork, &master, &master_id, &keys[FORKER], t + 1);
-            if nuwa_identity::log::fork_order(&log, &fork, at) == std::cmp::Ordering::Greater {
+            if nuwa_identity::chain::compare_branches(&log, &fork).unwrap()
+                == std::cmp::Ordering::Greater
+            {
                 break fork;
             }
         };
@@ -314,6 +317,9 @@ impl World {
                 Effect::SendHello { peer, hello } => {
                     self.send(i, index_of(&peer), Wire::Hello(hello))
                 }
+                Effect::SendFrame { peer, frame } => {
+                    self.send(i, index_of(&peer), Wire::Frame(frame))
+                }
                 Effect::Send { peer, payload } => {
                     let env = self.devices[i].session.seal(&payload, self.now).unwrap();
                     self.send(i, index_of(&peer), Wire::Envelope(Box::new(env)));
@@ -384,6 +390,24 @@ impl World {
             Wire::Envelope(env) => self.devices[m.to]
                 .session
                 .on_envelope(&from, *env, self.now),
+            // Frames travel encoded, as on the wire.
+            Wire::Frame(f) => match Frame::decode(&f.encode()) {
+                Ok(Frame::DidEntriesRequest { from_seq }) => {
+                    self.devices[m.to].session.on_did_request(&from, from_seq)
+                }
+                Ok(Frame::DidEntries {
+                    from_seq,
+                    entries_json,
+                    more,
+                }) => self.devices[m.to].session.on_did_entries(
+                    &from,
+                    from_seq,
+                    &entries_json,
+                    more,
+                    self.now,
+                ),
+                other => panic!("unexpected frame {other:?}"),
+            },
         };
         self.execute(m.to, effects);
     }
@@ -448,7 +472,7 @@ struct Admin {
 impl Admin {
     fn revoke(&mut self, w: &mut World) {
         let log = w.devices[0].session.log().clone();
-        let master_id = log.updates()[0].document.capability_delegation[0].clone();
+        let master_id = log.documents().next().unwrap().capability_delegation[0].clone();
         let (next, key, grant) = revoke(
             &log,
             &self.master,

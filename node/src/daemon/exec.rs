@@ -202,6 +202,11 @@ impl Daemon {
                         let _ = self.net.send(p, Frame::Hello(*hello).encode()).await;
                     }
                 }
+                Effect::SendFrame { peer, frame } => {
+                    if let Ok(p) = peer.parse::<PeerId>() {
+                        let _ = self.net.send(p, frame.encode()).await;
+                    }
+                }
                 other => later.push(other),
             }
         }
@@ -342,6 +347,9 @@ impl Daemon {
                     );
                 }
                 self.retry_unknown_announcements().await;
+                // The pointer carries the proof of the current document:
+                // publish the new one at the next tick.
+                self.wide.next_pointer_ms = 0;
             }
             Effect::EpochAdopted { peer, epoch } => {
                 info!(%peer, epoch, "adopted a new key epoch");
@@ -381,6 +389,7 @@ impl Daemon {
             | Effect::PersistLog
             | Effect::PersistKeys { .. }
             | Effect::Send { .. }
+            | Effect::SendFrame { .. }
             | Effect::SendHello { .. } => {
                 // Performed in the earlier phases of `execute`.
             }
@@ -581,7 +590,7 @@ impl Daemon {
             return Vec::new();
         };
         let new = self.session.log().clone();
-        if new.len() >= old.len() && new.updates()[old.len() - 1] == old.updates()[old.len() - 1] {
+        if new.hash_at(old.len() - 1) == Some(old.head_hash()) {
             return Vec::new(); // an extension: nothing dropped
         }
         self.count(Event::DidLogForksLost);
@@ -611,7 +620,7 @@ impl Daemon {
             }
         };
         let mut log = new;
-        if let Err(e) = log.append(doc, &admin.key, &admin.key_id, now_secs) {
+        if let Err(e) = log.append_document(&doc, &admin.key, &admin.key_id, now_secs) {
             warn!(error = %e, "DID log fork: cannot sign this device's dropped updates again");
             return Vec::new();
         }

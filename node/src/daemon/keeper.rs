@@ -350,10 +350,10 @@ impl Daemon {
         if envelopes.is_empty() && knows_log {
             return;
         }
-        let did_log_json = if knows_log {
+        let did_proof = if knows_log {
             Vec::new()
         } else {
-            serde_json::to_vec(self.session.log()).unwrap_or_default()
+            self.session.log().proof().encode().unwrap_or_default()
         };
         let count = envelopes.len();
         let log_len = self.session.log().len();
@@ -363,7 +363,7 @@ impl Daemon {
                 peer,
                 id,
                 KeeperBody::Push {
-                    did_log_json,
+                    did_proof,
                     envelopes,
                     replaces_through: 0,
                 },
@@ -468,7 +468,7 @@ impl Daemon {
                 peer,
                 id,
                 KeeperBody::Push {
-                    did_log_json: Vec::new(),
+                    did_proof: Vec::new(),
                     envelopes,
                     replaces_through: through,
                 },

@@ -32,7 +32,7 @@ impl Daemon {
     /// handed to the session, whose effects push it to every peer.
     pub(super) fn commit_own_log(
         &mut self,
-        log: &nuwa_identity::log::DidLog,
+        log: &nuwa_identity::chain::DidChain,
     ) -> Result<Vec<Effect>, ApiError> {
         home::save_log(&self.home_dir, log)
             .map_err(|e| ApiError::new(ErrorCode::StorageFailed, format!("{e:#}")))?;

@@ -114,7 +114,7 @@ pub struct Wide {
     started_ms: u64,
     next_redial_ms: u64,
     next_lookup_ms: u64,
-    next_pointer_ms: u64,
+    pub(super) next_pointer_ms: u64,
     /// Size of the DHT pointer last published.
     pub(super) pointer_bytes: Option<u64>,
     /// Current pause between redials (grows while this device is revoked).

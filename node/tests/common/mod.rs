@@ -537,3 +537,37 @@ pub fn metric(home: &Path, name: &str) -> f64 {
         })
         .unwrap_or(0.0)
 }
+
+/// A running `nuwa-node rendezvous` and its first listen address.
+pub struct Infra {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl Drop for Infra {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn start_infra(c: &Cluster) -> Infra {
+    let mut child = Command::new(bin())
+        .arg("--home")
+        .arg(c.home("infra"))
+        .args(["rendezvous", "--listen", "/ip4/127.0.0.1/tcp/0"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(c.dir.path().join("infra.log")).unwrap())
+        .spawn()
+        .expect("spawn nuwa-node rendezvous");
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let addr = line.trim().to_owned();
+    assert!(
+        addr.starts_with("/ip4/127.0.0.1/tcp/") && addr.contains("/p2p/"),
+        "the rendezvous node prints its address with /p2p/: {addr:?}"
+    );
+    Infra { child, addr }
+}

@@ -1,13 +1,18 @@
 //! Tests of the DHT agent pointer: encoding, full verification by a stranger,
 //! verification by a member device, and hostile bytes.
 //!
-//! Most tests start from [`FIXTURE_LOG`], a fixed DID log (master seed
+//! Most tests start from [`FIXTURE_LOG`], a fixed v1 DID log (master seed
 //! `[1; 32]`, then the laptop `[3; 32]` and the phone `[2; 32]` added with
-//! `authentication`), so that encodings and fuzz runs are reproducible.
+//! `authentication`) read as a DID chain ([`DidChain::from_v1`], hashes
+//! unchanged), so that encodings and fuzz runs are reproducible. Its proof is
+//! the genesis and the head update (the master signed every update and no
+//! update changed who may sign) with the current document.
 
 use super::*;
+use nuwa_identity::chain::{DidEntry, DidEntryV2, diff, document_hash};
 use nuwa_identity::document::Relationship;
 use nuwa_identity::keys::context_id_for;
+use nuwa_identity::log::DidLog;
 use serde_json::json;
 
 /// The fixture log's timestamps are T0, T0 + 1 and T0 + 2.
@@ -40,8 +45,10 @@ fn ctx(dev: &DeviceKey) -> String {
     context_id_for(&dev.public())
 }
 
-fn fixture_log() -> DidLog {
-    let log = DidLog::decode_verified(FIXTURE_LOG.as_bytes(), None, TS).expect("fixture verifies");
+fn fixture_log() -> DidChain {
+    let v1 = DidLog::decode_verified(FIXTURE_LOG.as_bytes(), None, TS).expect("fixture verifies");
+    let log = DidChain::from_v1(&v1).expect("a v1 log converts");
+    log.verify(None, TS).expect("the chain verifies");
     assert_eq!(log.did(), did_key_of(&master()));
     log
 }
@@ -58,7 +65,7 @@ fn fixture_pointer() -> AgentPointer {
 
 /// Appends an update in which `master` lists `dev` under its derived context id with `rels`.
 fn add_device(
-    log: &mut DidLog,
+    log: &mut DidChain,
     dev: &DeviceKey,
     rels: &[Relationship],
     expires: Option<&str>,
@@ -68,22 +75,22 @@ fn add_device(
     doc.add_key(&ctx(dev), &dev.public(), rels, expires.map(str::to_owned))
         .expect("key can be added");
     let master_id = log.current().capability_delegation[0].clone();
-    log.append(doc, &master(), &master_id, now)
+    log.append_document(&doc, &master(), &master_id, now)
         .expect("master may add keys");
 }
 
 /// Appends an update in which `master` removes the key under `context_id`.
-fn remove_device(log: &mut DidLog, context_id: &str, now: i64) {
+fn remove_device(log: &mut DidChain, context_id: &str, now: i64) {
     let mut doc = log.current().clone();
     doc.remove_key(context_id).expect("key is listed");
     let master_id = log.current().capability_delegation[0].clone();
-    log.append(doc, &master(), &master_id, now)
+    log.append_document(&doc, &master(), &master_id, now)
         .expect("master may remove keys");
 }
 
 /// A fresh agent (master `[1; 32]`) with the phone listed, built with random update nonces.
-fn agent_with_phone() -> DidLog {
-    let mut log = DidLog::genesis(&master(), T0).expect("genesis");
+fn agent_with_phone() -> DidChain {
+    let mut log = DidChain::genesis(&master(), T0).expect("genesis");
     add_device(
         &mut log,
         &phone(),
@@ -94,12 +101,45 @@ fn agent_with_phone() -> DidLog {
     log
 }
 
-/// Rebuilds a log from edited JSON without verifying it (what an attacker can send).
-fn edit_log(log: &DidLog, edit: impl FnOnce(&mut Vec<Value>)) -> DidLog {
-    let mut json = serde_json::to_value(log).expect("serializable");
-    let updates = json["updates"].as_array_mut().expect("updates array");
-    edit(updates);
-    serde_json::from_value(json).expect("still a well-shaped log")
+/// Rebuilds a proof from its edited wire JSON (`entries`, and `document` with
+/// the DID factored out of key ids) without verifying it: what an attacker can send.
+fn edit_proof(proof: &DidProof, edit: impl FnOnce(&mut Map<String, Value>)) -> DidProof {
+    let mut json = serde_json::to_value(proof).expect("serializable");
+    edit(json.as_object_mut().expect("a proof is an object"));
+    serde_json::from_value(json).expect("still a well-shaped proof")
+}
+
+/// The entries of a proof's wire JSON.
+fn entries_of(proof: &mut Map<String, Value>) -> &mut Vec<Value> {
+    proof["entries"].as_array_mut().expect("entries array")
+}
+
+/// The chain made of the first `len` entries of `log` (an earlier state of it).
+fn prefix(log: &DidChain, len: usize) -> DidChain {
+    let entries = serde_json::to_value(&log.entries()[..len]).expect("serializable");
+    serde_json::from_value(json!({ "entries": entries })).expect("a prefix is a chain")
+}
+
+/// A v2 entry after the head of `log` (a chain whose authority never changed
+/// after its genesis, like the fixture's) that turns its document into `doc`,
+/// signed by `signer` under `key_id` whether or not that key may sign.
+fn forged_entry(log: &DidChain, doc: &DidDocument, signer: &DeviceKey, key_id: String) -> Value {
+    let mut entry = DidEntryV2 {
+        v: 2,
+        seq: log.len() as u64,
+        prev: log.head_hash().to_owned(),
+        auth_prev: log.hash_at(0).expect("genesis").to_owned(),
+        ops: diff(log.current(), doc),
+        authority: None,
+        state: document_hash(doc).expect("hash"),
+        timestamp: T0 + 3,
+        nonce: "00".repeat(16),
+        key_id,
+        signature: String::new(),
+    };
+    let digest = entry.signing_digest().expect("digest");
+    entry.signature = base64url(&signer.sign(&digest));
+    serde_json::to_value(DidEntry::V2(entry)).expect("value")
 }
 
 /// The label of `result`'s error, or "ok".
@@ -166,21 +206,29 @@ fn round_trip_and_verify() {
 // Goal: pin the wire format and the signing rule. The signature is over
 // SHA-256(domain ‖ canonical JSON of every field but `signature`), recomputed here by hand,
 // and the encoding of the fixture pointer is fixed byte for byte (Ed25519 is deterministic).
+// The embedded proof is built by hand too: the fixture log's genesis and head updates,
+// unchanged, and the current document with the DID factored out of key ids.
 #[test]
 fn golden_encoding_and_signing_rule() {
     let pointer = fixture_pointer();
     let log_value: Value = serde_json::from_str(FIXTURE_LOG).expect("json");
+    let updates = log_value["updates"].as_array().expect("updates");
+    let document: Value = serde_json::from_str(FIXTURE_PROOF_DOCUMENT).expect("json");
+    let proof_value = json!({
+        "document": document,
+        "entries": [updates[0], updates[2]],
+    });
     let content = json!({
         "context_id": "device-6a3803d5f059",
         "did": "did:key:z6Mkon3Necd6NkkyfoGoHxid2znGc59LU3K7mubaRcFbLfLX",
-        "did_log": log_value,
+        "did_proof": proof_value,
         "nonce": "07070707070707070707070707070707",
         "peer_id": PEER,
         "timestamp": TS,
         "topic": "c858d6cc5c2af2011d5e1a8e28237b496a9507352ea2bd0bdc426ca4e912fc35",
     });
     assert_eq!(ctx(&phone()), "device-6a3803d5f059");
-    let mut preimage = b"NUWA_DHT_POINTER_V1:".to_vec();
+    let mut preimage = b"NUWA_DHT_POINTER_V2:".to_vec();
     preimage.extend_from_slice(&canonical(&content));
     let digest = dht_key_of_bytes(&preimage);
     assert_eq!(pointer.signing_digest().expect("digest"), digest);
@@ -190,11 +238,11 @@ fn golden_encoding_and_signing_rule() {
         concat!(
             r#"{{"context_id":"device-6a3803d5f059","#,
             r#""did":"did:key:z6Mkon3Necd6NkkyfoGoHxid2znGc59LU3K7mubaRcFbLfLX","#,
-            r#""did_log":{log},"nonce":"07070707070707070707070707070707","#,
+            r#""did_proof":{proof},"nonce":"07070707070707070707070707070707","#,
             r#""peer_id":"{peer}","signature":"{sig}","timestamp":1750001000,"#,
             r#""topic":"c858d6cc5c2af2011d5e1a8e28237b496a9507352ea2bd0bdc426ca4e912fc35"}}"#
         ),
-        log = FIXTURE_LOG,
+        proof = String::from_utf8(canonical(&proof_value)).expect("utf8"),
         peer = PEER,
         sig = GOLDEN_SIGNATURE,
     );
@@ -202,7 +250,10 @@ fn golden_encoding_and_signing_rule() {
     assert_eq!(String::from_utf8(bytes).expect("utf8"), expected);
 }
 
-const GOLDEN_SIGNATURE: &str = "357d16b3adcae0fd3b6ba69b32d4dac8aa218c860573f7b43b7492b64dec51c07aa100e87e4ae1785b5e53efe3f686c492420eb3bc59f882aecabb342ca5f508";
+/// The fixture log's current document as its proof carries it (canonical JSON).
+const FIXTURE_PROOF_DOCUMENT: &str = r##"{"@context":["https://www.w3.org/ns/did/v1","https://w3id.org/security/suites/ed25519-2020/v1","https://w3id.org/security/suites/x25519-2020/v1"],"assertionMethod":["#z6Mkon3Necd6NkkyfoGoHxid2znGc59LU3K7mubaRcFbLfLX"],"authentication":["#z6Mkon3Necd6NkkyfoGoHxid2znGc59LU3K7mubaRcFbLfLX","#device-b62e867fa2f3","#device-6a3803d5f059"],"capabilityDelegation":["#z6Mkon3Necd6NkkyfoGoHxid2znGc59LU3K7mubaRcFbLfLX"],"capabilityInvocation":["#z6Mkon3Necd6NkkyfoGoHxid2znGc59LU3K7mubaRcFbLfLX"],"controller":"did:key:z6Mkon3Necd6NkkyfoGoHxid2znGc59LU3K7mubaRcFbLfLX","id":"did:key:z6Mkon3Necd6NkkyfoGoHxid2znGc59LU3K7mubaRcFbLfLX","keyAgreement":["#z6LSdVzMmB67tKXYmkjiKRAQgbxgjnjdfiajqUvx7C9fxTNv"],"verificationMethod":[{"id":"#z6Mkon3Necd6NkkyfoGoHxid2znGc59LU3K7mubaRcFbLfLX","publicKeyMultibase":"z6Mkon3Necd6NkkyfoGoHxid2znGc59LU3K7mubaRcFbLfLX","type":"Ed25519VerificationKey2020"},{"id":"#z6LSdVzMmB67tKXYmkjiKRAQgbxgjnjdfiajqUvx7C9fxTNv","publicKeyMultibase":"z6LSdVzMmB67tKXYmkjiKRAQgbxgjnjdfiajqUvx7C9fxTNv","type":"X25519KeyAgreementKey2020"},{"id":"#device-b62e867fa2f3","publicKeyMultibase":"z6MkvRXNYcE7MMduynWTgeKbDaT1iijDSC8pZqXZc8rHPrf2","type":"Ed25519VerificationKey2020"},{"id":"#device-6a3803d5f059","publicKeyMultibase":"z6Mko9hTggMwjSTEaJaPUfE6tqcy2xvU6BnNq3e3o8qVBiyH","type":"Ed25519VerificationKey2020"}]}"##;
+
+const GOLDEN_SIGNATURE: &str = "de7ae402ebee185b06129a606082a23191a49b256f52a6c42dafddeb4bf49cc796fcc0f421516059d61c06794f585e7ee04918cb8623758f64e441e3e1bcdd09";
 
 /// Plain SHA-256, through the same primitive with an empty domain.
 fn dht_key_of_bytes(bytes: &[u8]) -> [u8; 32] {
@@ -233,13 +284,15 @@ fn tamper(
 }
 
 // Goal: every field is covered: changing any of them (with or without re-signing by a key
-// the attacker holds) gives the specific error. Method: table of edits on the fixture
-// pointer, each sent through encode/decode before `verify`.
+// the attacker holds) gives the specific error. The embedded proof is attacked as well:
+// entries dropped, the document or an entry changed, another agent's proof, an older proof,
+// entries forged by keys that may not change the document. Method: table of edits on the
+// fixture pointer, each sent through encode/decode before `verify`.
 #[test]
 fn tampering_is_rejected() {
     let stranger_did = did_key_of(&key(9));
     let stranger_log = {
-        let mut log = DidLog::genesis(&key(9), T0).expect("genesis");
+        let mut log = DidChain::genesis(&key(9), T0).expect("genesis");
         let mut doc = log.current().clone();
         doc.add_key(
             &ctx(&phone()),
@@ -249,12 +302,55 @@ fn tampering_is_rejected() {
         )
         .expect("add");
         let id = log.current().capability_delegation[0].clone();
-        log.append(doc, &key(9), &id, T0 + 1).expect("append");
+        log.append_document(&doc, &key(9), &id, T0 + 1)
+            .expect("append");
         log
     };
-    // The phone (authentication only) forges an update listing an attacker key.
-    let self_promoted = {
+    // The fixture's first state: the genesis alone, before the laptop and the phone.
+    let before_phone = prefix(&fixture_log(), 1);
+    assert!(before_phone.current().find_method(&ctx(&phone())).is_none());
+    // What the master really signs when it lists the attacker key 8: the
+    // document a forger must present to make key 8 a signer.
+    let master_lists_attacker = {
+        let mut log = fixture_log();
+        add_device(
+            &mut log,
+            &key(8),
+            &[Relationship::Authentication],
+            None,
+            T0 + 3,
+        );
+        log
+    };
+    let attacker_doc = master_lists_attacker.current().clone();
+    // A proof ending in an entry forged by `signer` under `key_id` that lists
+    // key 8, carrying the document that entry claims.
+    let forged = |signer: DeviceKey, key_id: String| {
         let log = fixture_log();
+        let entry = forged_entry(&log, &attacker_doc, &signer, key_id);
+        let document =
+            serde_json::to_value(master_lists_attacker.proof()).expect("value")["document"].clone();
+        edit_proof(&log.proof(), move |p| {
+            entries_of(p).push(entry);
+            p.insert("document".into(), document);
+        })
+    };
+    let fixture_did = fixture_log().did().to_owned();
+    // The phone (authentication only) forges an entry listing the attacker key.
+    let phone_forged = forged(phone(), format!("{fixture_did}#{}", ctx(&phone())));
+    // The attacker key, listed nowhere yet, signs an entry listing itself.
+    let self_listed = forged(key(8), format!("{fixture_did}#{}", ctx(&key(8))));
+    // Key 4 becomes an admin (an authority entry), then lists key 8: its proof
+    // is the genesis, that authority entry and the head.
+    let with_admin = {
+        let mut log = fixture_log();
+        add_device(
+            &mut log,
+            &key(4),
+            &[Relationship::CapabilityDelegation],
+            None,
+            T0 + 3,
+        );
         let mut doc = log.current().clone();
         doc.add_key(
             &ctx(&key(8)),
@@ -263,22 +359,12 @@ fn tampering_is_rejected() {
             None,
         )
         .expect("add");
-        let head = &log.updates()[2];
-        let mut update = nuwa_identity::log::DidUpdate {
-            seq: 3,
-            prev: head.hash().expect("hash"),
-            document: doc,
-            timestamp: T0 + 3,
-            nonce: "00".repeat(16),
-            key_id: log.current().key_id(&ctx(&phone())),
-            signature: String::new(),
-        };
-        let digest = update.signing_digest().expect("digest");
-        update.signature = base64url(&phone().sign(&digest));
-        edit_log(&log, |updates| {
-            updates.push(serde_json::to_value(&update).expect("value"))
-        })
+        log.append_document(&doc, &key(4), &ctx(&key(4)), T0 + 4)
+            .expect("an admin may add keys");
+        log
     };
+    assert_eq!(with_admin.proof().entries().len(), 3);
+    let admin_proof = with_admin.proof();
 
     let cases = vec![
         tamper(
@@ -338,48 +424,122 @@ fn tampering_is_rejected() {
             "bad_signature",
         ),
         tamper(
-            "log: drop the update that added the signer",
-            |p| p.did_log = edit_log(&p.did_log, |u| drop(u.pop())),
+            "proof: an older proof, from before the signer was listed",
+            move |p| p.did_proof = before_phone.proof(),
             None,
             "unknown_signer",
         ),
         tamper(
-            "log: drop a middle update",
-            |p| p.did_log = edit_log(&p.did_log, |u| drop(u.remove(1))),
+            "proof: drop the head entry",
+            |p| p.did_proof = edit_proof(&p.did_proof, |j| drop(entries_of(j).pop())),
             None,
             "bad_signature",
         ),
         tamper(
-            "log: drop a middle update, re-signed",
-            |p| p.did_log = edit_log(&p.did_log, |u| drop(u.remove(1))),
+            "proof: drop the head entry, re-signed",
+            |p| p.did_proof = edit_proof(&p.did_proof, |j| drop(entries_of(j).pop())),
             Some(phone()),
             "bad_did_log",
         ),
         tamper(
-            "log: change a document",
-            |p| p.did_log = edit_log(&p.did_log, |u| grant_phone_assertion(u)),
+            "proof: drop the genesis, re-signed",
+            |p| p.did_proof = edit_proof(&p.did_proof, |j| drop(entries_of(j).remove(0))),
+            Some(phone()),
+            "bad_did_log",
+        ),
+        tamper(
+            "proof: no entries, re-signed",
+            |p| p.did_proof = edit_proof(&p.did_proof, |j| entries_of(j).clear()),
+            Some(phone()),
+            "bad_did_log",
+        ),
+        tamper(
+            "proof: change the document",
+            |p| p.did_proof = edit_proof(&p.did_proof, grant_phone_assertion),
             None,
             "bad_signature",
         ),
         tamper(
-            "log: change a document, re-signed",
-            |p| p.did_log = edit_log(&p.did_log, |u| grant_phone_assertion(u)),
+            "proof: change the document, re-signed",
+            |p| p.did_proof = edit_proof(&p.did_proof, grant_phone_assertion),
             Some(phone()),
             "bad_did_log",
         ),
         tamper(
-            "log: another agent's log listing the phone, re-signed",
-            move |p| p.did_log = stranger_log.clone(),
+            "proof: change the head entry and the document alike, re-signed",
+            |p| {
+                p.did_proof = edit_proof(&p.did_proof, |j| {
+                    grant_phone_assertion(j);
+                    let head = entries_of(j).last_mut().expect("head");
+                    let doc = &mut head["document"];
+                    let phone_id = format!("{}#{}", doc["id"].as_str().expect("id"), ctx(&phone()));
+                    doc["assertionMethod"]
+                        .as_array_mut()
+                        .expect("list")
+                        .push(Value::from(phone_id));
+                })
+            },
             Some(phone()),
             "bad_did_log",
         ),
         tamper(
-            "log: the phone lists an attacker key itself, attacker signs",
+            "proof: another agent's proof listing the phone, re-signed",
+            move |p| p.did_proof = stranger_log.proof(),
+            Some(phone()),
+            "bad_did_log",
+        ),
+        tamper(
+            "proof: the phone lists an attacker key itself, attacker signs",
             move |p| {
-                p.did_log = self_promoted.clone();
+                p.did_proof = phone_forged.clone();
                 p.context_id = ctx(&key(8));
             },
             Some(key(8)),
+            "bad_did_log",
+        ),
+        tamper(
+            "proof: an attacker key lists itself, attacker signs",
+            move |p| {
+                p.did_proof = self_listed.clone();
+                p.context_id = ctx(&key(8));
+            },
+            Some(key(8)),
+            "bad_did_log",
+        ),
+        tamper(
+            "proof: the master lists the attacker key (not a forgery), attacker signs",
+            {
+                let proof = master_lists_attacker.proof();
+                move |p| {
+                    p.did_proof = proof.clone();
+                    p.context_id = ctx(&key(8));
+                }
+            },
+            Some(key(8)),
+            "ok",
+        ),
+        tamper(
+            "proof: with an authority entry, re-signed",
+            {
+                let proof = admin_proof.clone();
+                move |p| p.did_proof = proof.clone()
+            },
+            Some(phone()),
+            "ok",
+        ),
+        tamper(
+            "proof: leave out the authority entry",
+            {
+                let proof = admin_proof.clone();
+                move |p| p.did_proof = edit_proof(&proof, |j| drop(entries_of(j).remove(1)))
+            },
+            None,
+            "bad_signature",
+        ),
+        tamper(
+            "proof: leave out the authority entry, re-signed",
+            move |p| p.did_proof = edit_proof(&admin_proof, |j| drop(entries_of(j).remove(1))),
+            Some(phone()),
             "bad_did_log",
         ),
     ];
@@ -412,14 +572,13 @@ fn tampering_is_rejected() {
     }
 }
 
-fn grant_phone_assertion(updates: &mut [Value]) {
-    let last = updates.last_mut().expect("non-empty");
-    let doc = &mut last["document"];
-    let phone_id = format!("{}#{}", doc["id"].as_str().expect("id"), ctx(&phone()));
-    doc["assertionMethod"]
+/// Lists the phone under `assertionMethod` in a proof's document (wire form:
+/// key ids relative to the DID).
+fn grant_phone_assertion(proof: &mut Map<String, Value>) {
+    proof["document"]["assertionMethod"]
         .as_array_mut()
         .expect("list")
-        .push(Value::from(phone_id));
+        .push(Value::from(format!("#{}", ctx(&phone()))));
 }
 
 fn base64url(bytes: &[u8]) -> String {
@@ -461,7 +620,7 @@ fn signer_must_be_an_authenticated_device() {
         Some("2025-06-15T15:08:20Z"),
         T0 + 3,
     );
-    let cases: Vec<(&str, DidLog, String, DeviceKey, &str)> = vec![
+    let cases: Vec<(&str, DidChain, String, DeviceKey, &str)> = vec![
         ("phone", fixture_log(), ctx(&phone()), phone(), "ok"),
         (
             "master",
@@ -540,7 +699,9 @@ fn time_window() {
 }
 
 // Goal: records over MAX_POINTER_BYTES are refused by size alone, before any parsing, and a
-// log too long to fit makes `encode` fail rather than produce an unstorable record.
+// proof too long to fit makes `encode` fail rather than produce an unstorable record. A
+// proof grows only with the entries that change who may sign, so the test makes many: an
+// admin device is listed with `capabilityDelegation` and removed again, over and over.
 #[test]
 fn oversize_is_refused_before_parsing() {
     let too_big = vec![b'{'; MAX_POINTER_BYTES + 1];
@@ -556,15 +717,18 @@ fn oversize_is_refused_before_parsing() {
 
     let mut log = fixture_log();
     let mut seed = 10u8;
-    while to_canonical_json(&log).expect("json").len() <= MAX_POINTER_BYTES {
+    while log.proof().encode().expect("json").len() <= MAX_POINTER_BYTES {
         add_device(
             &mut log,
             &key(seed),
-            &[Relationship::Authentication],
+            &[Relationship::CapabilityDelegation],
             None,
             T0 + 3,
         );
-        seed += 1;
+        remove_device(&mut log, &ctx(&key(seed)), T0 + 3);
+        seed = seed
+            .checked_add(1)
+            .expect("fewer than 246 admins fill a record");
     }
     let pointer = AgentPointer::new_signed(&log, &ctx(&phone()), PEER, &phone(), TS)
         .expect("signing does not depend on size");
@@ -596,7 +760,7 @@ fn malformed_inputs() {
         ("string", b"\"x\"".to_vec()),
         ("empty object", b"{}".to_vec()),
         ("missing peer_id", with(&|m| drop(m.remove("peer_id")))),
-        ("missing did_log", with(&|m| drop(m.remove("did_log")))),
+        ("missing did_proof", with(&|m| drop(m.remove("did_proof")))),
         ("extra field", set("extra", json!(1))),
         ("timestamp as string", set("timestamp", json!("1750001000"))),
         ("timestamp as float", set("timestamp", json!(1.5))),
@@ -631,16 +795,66 @@ fn malformed_inputs() {
             set("did", json!("d".repeat(MAX_DID_LEN + 1))),
         ),
         ("topic too long", set("topic", json!("a".repeat(65)))),
-        ("did_log not an object", set("did_log", json!("x"))),
-        ("did_log empty", set("did_log", json!({"updates": []}))),
+        ("did_proof not an object", set("did_proof", json!("x"))),
+        ("did_proof empty object", set("did_proof", json!({}))),
+        // (A proof with no entries is well-shaped; it fails verification, see
+        // `tampering_is_rejected`.)
         (
-            "did_log unknown field",
+            "did_proof without document",
             with(&|m| {
                 drop(
-                    m["did_log"]
+                    m["did_proof"]
+                        .as_object_mut()
+                        .expect("o")
+                        .remove("document"),
+                )
+            }),
+        ),
+        (
+            "did_proof without entries",
+            with(&|m| drop(m["did_proof"].as_object_mut().expect("o").remove("entries"))),
+        ),
+        (
+            "did_proof unknown field",
+            with(&|m| {
+                drop(
+                    m["did_proof"]
                         .as_object_mut()
                         .expect("o")
                         .insert("x".into(), json!(1)),
+                )
+            }),
+        ),
+        (
+            "did_proof document unknown field",
+            with(&|m| {
+                drop(
+                    m["did_proof"]["document"]
+                        .as_object_mut()
+                        .expect("o")
+                        .insert("x".into(), json!(1)),
+                )
+            }),
+        ),
+        (
+            "did_proof entry of an unknown version",
+            with(&|m| {
+                drop(
+                    m["did_proof"]["entries"][1]
+                        .as_object_mut()
+                        .expect("o")
+                        .insert("v".into(), json!(3)),
+                )
+            }),
+        ),
+        (
+            "did_proof entries not a list",
+            with(&|m| {
+                drop(
+                    m["did_proof"]
+                        .as_object_mut()
+                        .expect("o")
+                        .insert("entries".into(), json!({})),
                 )
             }),
         ),
@@ -675,10 +889,10 @@ fn malformed_inputs() {
         ),
         ("deep nesting", "[".repeat(10_000).into_bytes()),
         (
-            "deep nesting in did_log",
+            "deep nesting in did_proof",
             format!(
                 "{}{}",
-                &good[..good.find("\"did_log\":").expect("field") + 10],
+                &good[..good.find("\"did_proof\":").expect("field") + 12],
                 "[".repeat(50_000)
             )
             .into_bytes(),
@@ -791,9 +1005,11 @@ fn random_mutations_never_panic_nor_verify() {
     eprintln!("pointer mutation test: {decoded} of {ITERATIONS} mutants decoded, none verified");
 }
 
-// Goal: a member device accepts a pointer whose log equals, prefixes or extends its own, and
-// refuses a fork, a signer it knows to be revoked or re-keyed, and another agent's record.
-// Method: table of (our log, the pointer's log, signer).
+// Goal: a member device accepts a pointer whose proof's head it holds (equal, or a prefix of
+// its chain) when the signer is active in its own current document, and a pointer whose
+// proof's head it does not hold (ahead of it, or on another branch) when the signer is
+// active in the proof's document; it refuses a signer it knows to be revoked or re-keyed,
+// and another agent's record. Method: table of (our chain, the pointer's chain, signer).
 #[test]
 fn verify_for_agent_cases() {
     let base = agent_with_phone();
@@ -829,12 +1045,12 @@ fn verify_for_agent_cases() {
         .expect("add");
         let id = doc.capability_delegation[0].clone();
         phone_rekeyed
-            .append(doc, &master(), &id, T0 + 2)
+            .append_document(&doc, &master(), &id, T0 + 2)
             .expect("append");
     }
-    let other_agent = DidLog::genesis(&key(9), T0).expect("genesis");
+    let other_agent = DidChain::genesis(&key(9), T0).expect("genesis");
 
-    let cases: Vec<(&str, &DidLog, &DidLog, DeviceKey, &str)> = vec![
+    let cases: Vec<(&str, &DidChain, &DidChain, DeviceKey, &str)> = vec![
         ("equal", &base, &base, phone(), "ok"),
         (
             "theirs is a prefix of ours",
@@ -851,9 +1067,24 @@ fn verify_for_agent_cases() {
             laptop(),
             "ok",
         ),
-        // A fork is settled by the fork rule; the signer is active on both
-        // branches.
+        // A branch we have not seen is judged by its own document: a pointer
+        // is only a hint, and the connection's Hello merges the branches with
+        // the fork rule before the device is accepted as a member.
         ("fork", &with_laptop, &with_tablet, phone(), "ok"),
+        (
+            "fork, signer only on their branch",
+            &with_laptop,
+            &with_tablet,
+            key(6),
+            "ok",
+        ),
+        (
+            "fork, signer revoked on our branch only",
+            &phone_revoked,
+            &with_laptop,
+            phone(),
+            "ok",
+        ),
         (
             "signer revoked in ours",
             &phone_revoked,
@@ -887,6 +1118,131 @@ fn verify_for_agent_cases() {
     assert_eq!(got, "wrong_key");
 }
 
+// Goal: a revocation we hold beats an older proof. A pointer signed by a device that our
+// current document no longer lists, carrying a proof whose head is in our chain, is refused
+// with `unknown_signer` (a stranger, who cannot know better, accepts it). A pointer whose
+// proof is ahead of our chain is judged by the proof's document and accepted, even for a
+// device our own document does not list (yet).
+#[test]
+fn a_revocation_we_hold_beats_an_older_proof() {
+    let base = agent_with_phone();
+    let key = dht_key(base.did());
+    let head_of = |p: &AgentPointer| {
+        p.did_proof
+            .entries()
+            .last()
+            .expect("head")
+            .hash()
+            .expect("hash")
+    };
+    let old = AgentPointer::new_signed(&base, &ctx(&phone()), PEER, &phone(), TS).expect("signs");
+
+    let mut revoked = base.clone();
+    remove_device(&mut revoked, &ctx(&phone()), T0 + 2);
+    assert!(
+        revoked.position_of(&head_of(&old)).is_some(),
+        "we hold its head"
+    );
+    assert!(
+        revoked.current().find_method(&ctx(&phone())).is_none(),
+        "and revoked the phone after it"
+    );
+    assert_eq!(
+        outcome(old.verify(&key, TS)),
+        "ok",
+        "a stranger cannot know"
+    );
+    assert_eq!(
+        outcome(old.verify_for_agent(&key, &revoked, TS)),
+        "unknown_signer"
+    );
+    // Later updates of ours do not change that.
+    let mut later = revoked.clone();
+    add_device(
+        &mut later,
+        &laptop(),
+        &[Relationship::Authentication],
+        None,
+        T0 + 3,
+    );
+    assert_eq!(
+        outcome(old.verify_for_agent(&key, &later, TS)),
+        "unknown_signer"
+    );
+
+    // Ahead of us: a device listed after our head signs.
+    let mut ahead = base.clone();
+    add_device(
+        &mut ahead,
+        &laptop(),
+        &[Relationship::Authentication],
+        None,
+        T0 + 2,
+    );
+    let pointer =
+        AgentPointer::new_signed(&ahead, &ctx(&laptop()), PEER, &laptop(), TS).expect("signs");
+    assert!(base.position_of(&head_of(&pointer)).is_none());
+    assert!(base.current().find_method(&ctx(&laptop())).is_none());
+    assert_eq!(outcome(pointer.verify_for_agent(&key, &base, TS)), "ok");
+
+    // Ahead of our revocation: the phone was listed again after it.
+    let mut relisted = revoked.clone();
+    add_device(
+        &mut relisted,
+        &phone(),
+        &[Relationship::Authentication],
+        None,
+        T0 + 3,
+    );
+    let pointer =
+        AgentPointer::new_signed(&relisted, &ctx(&phone()), PEER, &phone(), TS).expect("signs");
+    assert!(revoked.position_of(&head_of(&pointer)).is_none());
+    assert_eq!(outcome(pointer.verify_for_agent(&key, &revoked, TS)), "ok");
+    // Once we hold that head too, our document (which lists the phone again) decides.
+    assert_eq!(outcome(pointer.verify_for_agent(&key, &relisted, TS)), "ok");
+}
+
+// Goal: a pointer stays small however long the chain grows: after 1,000 DID updates (a
+// device listed and removed again, 500 times) the encoded record is at most 16 KiB, and it
+// still verifies for a stranger and for the agent. Prints the size.
+#[test]
+fn a_pointer_after_1000_updates_stays_small() {
+    const UPDATES: usize = 1_000;
+    let mut log = agent_with_phone();
+    let start = log.len();
+    for i in 0..UPDATES / 2 {
+        let now = T0 + 2 + i as i64;
+        add_device(
+            &mut log,
+            &laptop(),
+            &[Relationship::Authentication],
+            None,
+            now,
+        );
+        remove_device(&mut log, &ctx(&laptop()), now);
+    }
+    assert_eq!(log.len(), start + UPDATES);
+    let pointer = AgentPointer::new_signed(&log, &ctx(&phone()), PEER, &phone(), TS)
+        .expect("the phone may sign");
+    let bytes = pointer.encode().expect("encodes");
+    println!(
+        "pointer after {UPDATES} DID updates ({} chain entries): {} bytes, {} proof entries",
+        log.len(),
+        bytes.len(),
+        pointer.did_proof.entries().len()
+    );
+    assert!(
+        bytes.len() <= 16 * 1024,
+        "pointer is {} bytes, more than 16 KiB",
+        bytes.len()
+    );
+    let back = AgentPointer::decode(&bytes).expect("decodes");
+    let key = dht_key(log.did());
+    back.verify(&key, TS).expect("verifies for anyone");
+    back.verify_for_agent(&key, &log, TS)
+        .expect("verifies for the agent");
+}
+
 // Goal: counter labels are distinct, so no two rejection kinds share a counter.
 #[test]
 fn labels_are_distinct() {
@@ -896,8 +1252,7 @@ fn labels_are_distinct() {
         PointerError::Malformed(String::new()),
         PointerError::WrongKey,
         PointerError::WrongTopic,
-        PointerError::BadDidLog(LogError::Empty),
-        PointerError::Fork { seq: 1 },
+        PointerError::BadDidLog(ChainError::Empty),
         PointerError::UnknownSigner {
             context_id: String::new(),
             source: source(),
