@@ -144,6 +144,7 @@ pub fn set_recovery_key(
     let mut log = log.clone();
     log.append_document(&doc, &admin.key, &admin.key_id, now_secs)
         .context("cannot sign the DID document update")?;
+    proof_fits(&log)?;
     Ok((log, key_id))
 }
 
@@ -449,6 +450,27 @@ fn not_listed(log: &DidChain, key_id: &str, target: &str) -> anyhow::Error {
     }
 }
 
+/// Most bytes the proof of the DID document may take after an admin
+/// change: the DHT pointer (60 KiB) carries it with about 600 bytes of its
+/// own, and a `Hello` carries it whole.
+pub const MAX_PROOF_AFTER_CHANGE: usize = 56 * 1024;
+
+/// Refuses an update that would make the document's proof too big to
+/// travel: every authority change (promote, demote, a recovery key or an
+/// admin key rotation) adds its entry, about 1.3 KB, to every proof.
+fn proof_fits(log: &DidChain) -> Result<()> {
+    let bytes = log.proof().encode().map(|b| b.len()).unwrap_or(usize::MAX);
+    if bytes > MAX_PROOF_AFTER_CHANGE {
+        anyhow::bail!(
+            "refused: after this change the proof of the agent's DID document would be {bytes} \
+             bytes, over the {MAX_PROOF_AFTER_CHANGE} that DHT pointers and Hellos carry; each \
+             promote, demote and key rotation of an admin adds about 1.3 KB for good. Keep the \
+             admins you have (`nuwa-node device list`)"
+        );
+    }
+    Ok(())
+}
+
 /// `device promote`: gives device `target` `capabilityDelegation`, so it
 /// can approve, provision, promote and revoke devices too.
 pub fn promote(log: &DidChain, admin: &Admin, target: &str, now_secs: i64) -> Result<DidChain> {
@@ -463,6 +485,7 @@ pub fn promote(log: &DidChain, admin: &Admin, target: &str, now_secs: i64) -> Re
     let mut log = log.clone();
     log.append_document(&doc, &admin.key, &admin.key_id, now_secs)
         .context("cannot sign the DID document update")?;
+    proof_fits(&log)?;
     Ok(log)
 }
 
@@ -490,6 +513,7 @@ pub fn demote(log: &DidChain, admin: &Admin, target: &str, now_secs: i64) -> Res
     let mut log = log.clone();
     log.append_document(&doc, &admin.key, &admin.key_id, now_secs)
         .context("cannot sign the DID document update")?;
+    proof_fits(&log)?;
     Ok(log)
 }
 
@@ -536,6 +560,7 @@ pub fn rotate(
     let mut log = log.clone();
     log.append_document(&next, &admin.key, &admin.key_id, now_secs)
         .context("cannot sign the rotation")?;
+    proof_fits(&log)?;
     // The grant's issuer must hold capabilityDelegation in the new
     // document: the master key, or the device's new key.
     let (issuer, fragment): (&DeviceKey, String) = if admin.key.public() == old.public() {
@@ -1033,6 +1058,37 @@ mod tests {
         );
         assert_eq!(r2.epoch, r2.log.len() as u64);
         assert!(r2.epoch > r.epoch);
+    }
+
+    // Goal: admin changes stop, with a clear error and nothing changed,
+    // before the proof of the document outgrows what DHT pointers and
+    // Hellos carry; pairings never make it grow. Method: promote and demote
+    // a device until refused; then add devices.
+    #[test]
+    fn admin_changes_stop_before_the_proof_outgrows_a_pointer() {
+        let (a, _words) = agent_with_recovery(2);
+        let ctx = context_id_for(&a.devices[1].public());
+        let mut log = a.log.clone();
+        let mut changes = 0;
+        let err = loop {
+            let r = if changes % 2 == 0 {
+                promote(&log, &a.master, &ctx, 1_010)
+            } else {
+                demote(&log, &a.master, &ctx, 1_010)
+            };
+            match r {
+                Ok(next) => log = next,
+                Err(e) => break e,
+            }
+            changes += 1;
+            assert!(changes < 200, "never refused");
+        };
+        let msg = format!("{err:#}");
+        assert!(msg.contains("over the") && msg.contains("Hellos"), "{msg}");
+        assert!(changes >= 30, "only {changes} admin changes fit");
+        let bytes = log.proof().encode().unwrap().len();
+        assert!(bytes <= MAX_PROOF_AFTER_CHANGE, "{bytes}");
+        println!("{changes} admin changes fit; the proof is {bytes} bytes");
     }
 
     // Goal: a promoted device can sign DID updates itself (add a device),

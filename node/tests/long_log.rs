@@ -1,7 +1,8 @@
-//! Issue 15, "a long log", on real daemons: 1,000 DID updates scripted
+//! Issue 15, the DID chain on real daemons: 1,000 DID updates scripted
 //! through the admin's API keep the `Hello` and the DHT pointer small, and a
 //! sibling that missed all of them finds the admin through the DHT alone,
-//! fetches the entries it lacks and syncs.
+//! fetches the entries it lacks and syncs; homes written before chains
+//! migrate on first start.
 //!
 //! The number of updates is `NUWA_LONG_LOG_UPDATES` (default 1,000).
 
@@ -10,6 +11,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use nuwa_identity::chain::DidChain;
+use nuwa_identity::keys::DeviceKey;
+use nuwa_identity::log::DidLog;
 use serde_json::json;
 
 /// Target of the issue: a `Hello` of at most 32 KiB after 1,000 updates.
@@ -125,5 +129,82 @@ fn a_thousand_did_updates_stay_small_and_travel() {
         });
         c.stop(ib);
         c.stop(ia);
+    });
+}
+
+/// Rewrites `homes`' `did-log.json` as a log of before issue 15 (every
+/// update a whole document, `{"updates": …}`): the same document history,
+/// signed again as v1 updates by the master key of `admin`.
+fn write_v1_log(admin: &std::path::Path, homes: &[&std::path::Path]) -> usize {
+    let chain: DidChain =
+        serde_json::from_slice(&std::fs::read(admin.join("did-log.json")).unwrap()).unwrap();
+    let master =
+        DeviceKey::from_seed_file_bytes(&std::fs::read(admin.join("master.key")).unwrap()).unwrap();
+    let genesis = serde_json::to_value(&chain.entries()[0]).unwrap();
+    let mut v1: DidLog = serde_json::from_value(json!({ "updates": [genesis] })).unwrap();
+    let master_id = v1.current().capability_delegation[0].clone();
+    let t = v1.updates()[0].timestamp;
+    for doc in chain.documents().skip(1) {
+        v1.append(doc, &master, &master_id, t).unwrap();
+    }
+    let bytes = serde_json::to_vec_pretty(&v1).unwrap();
+    for home in homes {
+        std::fs::write(home.join("did-log.json"), &bytes).unwrap();
+    }
+    v1.len()
+}
+
+// Goal: homes whose did-log.json was written before DID chains (a v1 log)
+// start, convert the file once (same entries, same hashes), admit each
+// other and sync; the next update is a v2 entry that the other side
+// accepts, so a device provisioned after the upgrade joins. Method: two
+// homes rewritten with the same history as a v1 log, then started.
+#[test]
+fn homes_written_before_chains_migrate_on_first_start() {
+    isolated("homes_written_before_chains_migrate_on_first_start", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        let b = c.provision(&a, "b");
+        let len = write_v1_log(&a, &[&a, &b]);
+        let head_before = DidChain::from_v1(
+            &serde_json::from_slice::<DidLog>(&std::fs::read(a.join("did-log.json")).unwrap())
+                .unwrap(),
+        )
+        .unwrap()
+        .head_hash()
+        .to_owned();
+
+        let ia = c.start(&a, &["--mdns-interface", "lo"]);
+        let ib = c.start(&b, &["--mdns-interface", "lo"]);
+        for home in [&a, &b] {
+            let file: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(home.join("did-log.json")).unwrap()).unwrap();
+            assert!(file.get("updates").is_none(), "converted: {file}");
+            let chain: DidChain = serde_json::from_value(file).unwrap();
+            assert_eq!(chain.len(), len, "every update kept");
+            assert_eq!(chain.head_hash(), head_before, "same hashes");
+        }
+        assert!(c.logs().contains("to the DID chain format"));
+        wait_for("a and b verify each other", Duration::from_secs(20), || {
+            (verified(&status(&a).ok()?).len() == 1 && verified(&status(&b).ok()?).len() == 1)
+                .then_some(())
+        });
+        cli_ok(&a, &["state", "put", "notes", "migrated", "true"]);
+        wait_for("a's write reaches b", Duration::from_secs(20), || {
+            (get_json(&b, "notes")?["migrated"] == json!(true)).then_some(())
+        });
+
+        // A v2 entry on the migrated chain: a new device joins.
+        let n = c.provision(&a, "n");
+        let i_n = c.start(&n, &["--mdns-interface", "lo"]);
+        wait_for("n syncs the note", Duration::from_secs(30), || {
+            (get_json(&n, "notes")?["migrated"] == json!(true)).then_some(())
+        });
+        wait_for("b learns the new entry", Duration::from_secs(20), || {
+            (status(&b).ok()?["device"]["did_log_len"].as_u64()? == len as u64 + 1).then_some(())
+        });
+        for i in [i_n, ib, ia] {
+            c.stop(i);
+        }
     });
 }

@@ -367,3 +367,31 @@ fn pairing_frames_and_epoch_grants() {
     let err = Frame::decode(&unknown).unwrap_err();
     assert!(err.to_string().contains("unknown step 42"), "{err}");
 }
+
+// Goal: the DID entries request and page survive a round trip, and a page
+// over its bound (or a Hello proof over its bound) is refused before use.
+#[test]
+fn did_entries_frames() {
+    for frame in [
+        Frame::DidEntriesRequest { from_seq: 17 },
+        Frame::DidEntries {
+            from_seq: 17,
+            entries_json: b"[{}]".to_vec(),
+            more: true,
+        },
+    ] {
+        assert_eq!(Frame::decode(&frame.encode()).unwrap(), frame);
+    }
+    let big = Frame::DidEntries {
+        from_seq: 1,
+        entries_json: vec![b' '; MAX_DID_ENTRIES_BYTES + 1],
+        more: false,
+    };
+    expect_err(Frame::decode(&big.encode()), "did entries");
+    let mut hello = sample_hello();
+    hello.did_proof = vec![b' '; MAX_DID_PROOF_BYTES + 1];
+    expect_err(
+        Frame::decode(&Frame::Hello(hello).encode()),
+        "hello did proof",
+    );
+}

@@ -1,0 +1,248 @@
+//! The DID entries exchange of protocol 2, between two real sessions.
+//!
+//! Goal: a device whose chain is behind a peer's (the peer's `Hello` proves
+//! a head it does not hold) fetches the missing entries, merges them and
+//! only then admits the peer; a forged, tampered, unasked-for, misnumbered
+//! or unparsable page is refused and counted, and leaves the chain as it
+//! was; a page that does not connect (a fork deeper than our head) makes
+//! the device ask again from the start. Method: two `Session`s of one agent
+//! (`a` one hundred updates ahead of `b`); frames go through
+//! `Frame::encode`/`decode` as on the wire.
+
+use nuwa_crypto::SyncKey;
+use nuwa_crypto::epoch::KeyRing;
+use nuwa_identity::chain::{DidChain, DidEntry};
+use nuwa_identity::document::Relationship;
+use nuwa_identity::keys::{DeviceKey, context_id_for};
+use nuwa_proto::{Frame, Hello};
+use nuwa_sync::{Config, Count, Effect, Engine, Membership, SecureChannel, Session, SessionConfig};
+
+const T0_S: i64 = 1_900_000_000;
+const NOW_MS: u64 = (T0_S as u64 + 1_000) * 1000;
+const RELS: &[Relationship] = &[Relationship::Authentication];
+
+fn key(n: u8) -> DeviceKey {
+    DeviceKey::from_seed(&[n; 32])
+}
+
+fn add(chain: &mut DidChain, dev: &DeviceKey, t: i64) {
+    let master_id = chain.documents().next().unwrap().capability_delegation[0].clone();
+    let mut doc = chain.current().clone();
+    doc.add_key(&context_id_for(&dev.public()), &dev.public(), RELS, None)
+        .unwrap();
+    chain.append_document(&doc, &key(1), &master_id, t).unwrap();
+}
+
+fn remove(chain: &mut DidChain, dev: &DeviceKey, t: i64) {
+    let master_id = chain.documents().next().unwrap().capability_delegation[0].clone();
+    let mut doc = chain.current().clone();
+    doc.remove_key(&context_id_for(&dev.public())).unwrap();
+    chain.append_document(&doc, &key(1), &master_id, t).unwrap();
+}
+
+/// `b`'s chain lists a (2) and b (3); `a`'s adds and removes device 9 fifty
+/// times on top.
+fn chains() -> (DidChain, DidChain) {
+    let mut base = DidChain::genesis(&key(1), T0_S).unwrap();
+    add(&mut base, &key(2), T0_S + 1);
+    add(&mut base, &key(3), T0_S + 2);
+    let mut ahead = base.clone();
+    for i in 0..50 {
+        add(&mut ahead, &key(9), T0_S + 3 + i);
+        remove(&mut ahead, &key(9), T0_S + 3 + i);
+    }
+    (ahead, base)
+}
+
+fn session(chain: &DidChain, dev: u8) -> Session {
+    let k = key(dev);
+    let ctx = context_id_for(&k.public());
+    let membership = Membership::new(chain.clone(), ctx.clone(), format!("d{dev}"), key(dev));
+    let secure = SecureChannel::new(
+        chain.did().to_owned(),
+        ctx,
+        KeyRing::new(SyncKey::from_bytes(0, [7; 32])),
+    );
+    let engine = Engine::new(k.public().to_vec(), Config::default());
+    Session::new(membership, secure, engine, SessionConfig::default())
+}
+
+fn hello_of(effects: &[Effect]) -> Hello {
+    effects
+        .iter()
+        .find_map(|e| match e {
+            Effect::SendHello { hello, .. } => Some((**hello).clone()),
+            _ => None,
+        })
+        .expect("a Hello")
+}
+
+fn frames(effects: &[Effect]) -> Vec<Frame> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            // Frames travel encoded, as on the wire.
+            Effect::SendFrame { frame, .. } => Some(Frame::decode(&frame.encode()).unwrap()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn rejected(effects: &[Effect]) -> Option<&'static str> {
+    effects.iter().find_map(|e| match e {
+        Effect::Rejected { rejection, .. } => Some(rejection.label()),
+        _ => None,
+    })
+}
+
+fn counted(effects: &[Effect], c: Count) -> bool {
+    effects
+        .iter()
+        .any(|e| matches!(e, Effect::Count(x) if *x == c))
+}
+
+fn verified(effects: &[Effect]) -> bool {
+    effects
+        .iter()
+        .any(|e| matches!(e, Effect::PeerVerified { .. }))
+}
+
+/// Connects `a` (device 2) and `b` (device 3) and hands a's Hello to b.
+/// Returns both sessions and b's effects.
+fn meet(ahead: &DidChain, behind: &DidChain) -> (Session, Session, Vec<Effect>) {
+    let mut a = session(ahead, 2);
+    let mut b = session(behind, 3);
+    let to_b = a.connected("b", Some(key(3).public()), "sim".into(), NOW_MS);
+    b.connected("a", Some(key(2).public()), "sim".into(), NOW_MS);
+    let hello = hello_of(&to_b);
+    let out = b.on_hello("a", &hello, NOW_MS);
+    (a, b, out)
+}
+
+/// The entries request b sent, answered by a, as b receives it.
+fn answer(a: &mut Session, out: &[Effect]) -> (u64, Vec<u8>, bool) {
+    let [Frame::DidEntriesRequest { from_seq }] = frames(out)[..] else {
+        panic!("expected one entries request, got {:?}", frames(out));
+    };
+    let served = a.on_did_request("b", from_seq);
+    assert!(counted(&served, Count::DidEntriesServed));
+    match frames(&served).pop() {
+        Some(Frame::DidEntries {
+            from_seq,
+            entries_json,
+            more,
+        }) => (from_seq, entries_json, more),
+        other => panic!("expected a page, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_device_behind_fetches_the_entries_then_admits_the_peer() {
+    let (ahead, behind) = chains();
+    let (mut a, mut b, out) = meet(&ahead, &behind);
+    assert!(!verified(&out), "not admitted before the entries are in");
+    assert!(counted(&out, Count::DidEntriesRequested));
+    let (from, page, more) = answer(&mut a, &out);
+    assert_eq!(from, behind.len() as u64, "asked from b's head on");
+    assert!(!more);
+    let out = b.on_did_entries("a", from, &page, more, NOW_MS);
+    assert!(counted(&out, Count::DidEntriesMerged), "{out:?}");
+    assert!(out.iter().any(|e| matches!(e, Effect::PersistLog)));
+    assert!(verified(&out), "admitted once merged: {out:?}");
+    assert_eq!(b.log(), &ahead);
+}
+
+#[test]
+fn hostile_pages_are_refused_counted_and_change_nothing() {
+    let (ahead, behind) = chains();
+
+    // Each hostile answer: what it does to the honest page, and the label.
+    type Edit = fn(u64, Vec<u8>) -> (u64, Vec<u8>);
+    let cases: [(&str, Edit, &str); 5] = [
+        (
+            "tampered signature",
+            |f, page| {
+                let mut entries: Vec<serde_json::Value> = serde_json::from_slice(&page).unwrap();
+                let last = entries.len() - 1;
+                entries[last]["timestamp"] = serde_json::json!(T0_S + 999);
+                (f, serde_json::to_vec(&entries).unwrap())
+            },
+            "bad_did_log",
+        ),
+        (
+            "an entry signed by a device without delegation",
+            |f, page| {
+                // Device 2 (authentication only) claims the first entry.
+                let mut entries: Vec<DidEntry> = serde_json::from_slice(&page).unwrap();
+                entries.truncate(1);
+                let DidEntry::V2(mut e) = entries[0].clone() else {
+                    panic!("v2")
+                };
+                e.key_id = e.key_id.replace(
+                    e.key_id.rsplit('#').next().unwrap(),
+                    &context_id_for(&key(2).public()),
+                );
+                (f, serde_json::to_vec(&[DidEntry::V2(e)]).unwrap())
+            },
+            "bad_did_log",
+        ),
+        ("not json", |f, _| (f, b"{not json".to_vec()), "did_entries"),
+        (
+            "a page from another seq",
+            |f, page| (f + 1, page),
+            "did_entries",
+        ),
+        ("an empty page", |f, _| (f, b"[]".to_vec()), "did_entries"),
+    ];
+    for (name, edit, label) in cases {
+        let (mut a, mut b, out) = meet(&ahead, &behind);
+        let (from, page, more) = answer(&mut a, &out);
+        let (from, page) = edit(from, page);
+        let out = b.on_did_entries("a", from, &page, more, NOW_MS);
+        assert_eq!(rejected(&out), Some(label), "{name}: {out:?}");
+        assert!(
+            out.iter().any(|e| matches!(e, Effect::Disconnect { .. })),
+            "{name}: the peer is dropped"
+        );
+        assert!(!verified(&out), "{name}");
+        assert_eq!(b.log(), &behind, "{name}: b's chain is unchanged");
+        assert!(b.verified().next().is_none(), "{name}");
+    }
+
+    // A page nobody asked for (or a replay after the merge) is not applied.
+    let (mut a, mut b, out) = meet(&ahead, &behind);
+    let (from, page, more) = answer(&mut a, &out);
+    let first = b.on_did_entries("a", from, &page, more, NOW_MS);
+    assert!(verified(&first));
+    let again = b.on_did_entries("a", from, &page, more, NOW_MS);
+    assert!(counted(&again, Count::FrameFromUnverifiedPeer), "{again:?}");
+    assert!(!counted(&again, Count::DidEntriesMerged));
+}
+
+#[test]
+fn a_deeper_fork_is_fetched_from_the_start_and_settled_by_the_rule() {
+    let (ahead, behind) = chains();
+    // b's own branch: one entry of its own after the shared prefix, so
+    // a's first page (from b's head) does not connect.
+    let mut forked = behind.clone();
+    add(&mut forked, &key(8), T0_S + 500);
+    let (mut a, mut b, out) = meet(&ahead, &forked);
+    let (from, page, more) = answer(&mut a, &out);
+    let out = b.on_did_entries("a", from, &page, more, NOW_MS);
+    let asked: Vec<Frame> = frames(&out);
+    assert_eq!(
+        asked,
+        vec![Frame::DidEntriesRequest { from_seq: 1 }],
+        "asks again from the start"
+    );
+    let (from, page, more) = answer(&mut a, &out);
+    let out = b.on_did_entries("a", from, &page, more, NOW_MS);
+    assert!(counted(&out, Count::DidEntriesMerged), "{out:?}");
+    // Whichever branch the rule picks, b judged a by it and a is listed in both.
+    assert!(verified(&out), "{out:?}");
+    let winner = match nuwa_identity::chain::compare_branches(&ahead, &forked).unwrap() {
+        std::cmp::Ordering::Greater => &ahead,
+        _ => &forked,
+    };
+    assert_eq!(b.log(), winner);
+}
