@@ -63,6 +63,7 @@ fn main() -> Result<()> {
     did_document(&corpus)?;
     did_log(&corpus)?;
     did_chain(&corpus)?;
+    did_entries(&corpus)?;
     epoch_grant(&corpus)?;
     pairing(&corpus)?;
     sync_message(&corpus)?;
@@ -330,6 +331,13 @@ fn did_chain(c: &Corpus) -> Result<()> {
     chain.append_document(&doc, &master(), &master_id, NOW_UNIX_SECS + 2)?;
     c.write("did_chain", "v2-entry", &serde_json::to_vec(&chain)?)?;
     c.write("did_chain", "v2-entry-proof", &chain.proof().encode()?)?;
+    // The same v2 entry as the page a peer serves to a device that holds
+    // the first two entries.
+    c.write(
+        "did_entries",
+        "v2-entry-page",
+        &serde_json::to_vec(&chain.entries()[2..])?,
+    )?;
     Ok(())
 }
 
@@ -511,5 +519,20 @@ fn asm_schema(c: &Corpus) -> Result<()> {
     for (name, p) in patches {
         c.write("asm_schema", name, &serde_json::to_vec(&p)?)?;
     }
+    Ok(())
+}
+
+fn did_entries(c: &Corpus) -> Result<()> {
+    // Pages as a peer serves them: the entry after a genesis-only chain,
+    // and the genesis itself (which never splices: seq 0).
+    let with_device = nuwa_fuzz::chain_with_device();
+    let entries = with_device.entries();
+    c.write(
+        "did_entries",
+        "one-entry",
+        &serde_json::to_vec(&entries[1..])?,
+    )?;
+    c.write("did_entries", "from-genesis", &serde_json::to_vec(entries)?)?;
+    c.write("did_entries", "empty", b"[]")?;
     Ok(())
 }

@@ -108,8 +108,9 @@ pub enum HelloCheck {
     Verified(VerifiedPeer),
     /// The Hello is genuine and its proof verifies, but we do not hold the
     /// proof's head: fetch the peer's entries from `from_seq` on, merge
-    /// them, then check the same Hello again.
-    NeedEntries { from_seq: u64 },
+    /// them, then check the same Hello again. `head_seq` is the proven
+    /// head's: the peer's answer may not run much past it.
+    NeedEntries { from_seq: u64, head_seq: u64 },
 }
 
 /// The entries of a [`nuwa_proto::Frame::DidEntries`] page, bounded.
@@ -335,11 +336,27 @@ impl Membership {
             .verify(self.did(), now_secs)
             .map_err(|e| Rejection::BadDidLog(e.to_string()))?;
         if !entries_merged && self.log.position_of(theirs.head_hash()).is_none() {
+            // A proof is public (every DHT pointer carries one): only a key
+            // that the proven document or ours lists may make us fetch.
+            let listed = |doc: &DidDocument| {
+                doc.method_for_public(peer_public, SYNC_RELATIONSHIP, now_secs)
+                    .map(|m| DidDocument::fragment(&m.id).to_owned())
+            };
+            let actual = listed(theirs.document())
+                .or_else(|_| listed(self.log.current()))
+                .map_err(map_doc_error)?;
+            if actual != hello.context_id {
+                return Err(Rejection::ContextMismatch {
+                    claimed: hello.context_id.clone(),
+                    actual,
+                });
+            }
             // Ahead of us (the usual case: ask from our head on) or on a
             // branch that forked before its head (ask from there).
             let ours = self.log.len() as u64;
             return Ok(HelloCheck::NeedEntries {
                 from_seq: ours.min(theirs.head_seq()).max(1),
+                head_seq: theirs.head_seq(),
             });
         }
         let merged = &self.log;

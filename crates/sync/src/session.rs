@@ -270,7 +270,14 @@ struct Fetch {
     asked_from: u64,
     /// Whether the request already went back to seq 1 (a deep fork).
     from_start: bool,
+    /// Most entries the fetched chain may hold: the proven head's seq plus
+    /// [`DID_ENTRIES_SLACK`] (the peer's chain may grow meanwhile), so a
+    /// peer cannot make us hold pages its proof does not vouch for.
+    max_len: usize,
 }
+
+/// Entries a fetched chain may hold beyond the head its `Hello` proved.
+pub const DID_ENTRIES_SLACK: usize = 1024;
 
 /// Largest page of DID entries this session serves in one frame.
 pub const DID_ENTRIES_PAGE_BYTES: usize = 1024 * 1024;
@@ -539,8 +546,11 @@ impl Session {
             .verify_hello(&public, hello, now_ms, entries_merged)
         {
             Ok(HelloCheck::Verified(v)) => v,
-            Ok(HelloCheck::NeedEntries { from_seq }) => {
+            Ok(HelloCheck::NeedEntries { from_seq, head_seq }) => {
                 self.touch_pending(peer, now_ms);
+                let max_len = usize::try_from(head_seq)
+                    .unwrap_or(usize::MAX)
+                    .saturating_add(1 + DID_ENTRIES_SLACK);
                 self.fetching.insert(
                     peer.to_owned(),
                     Fetch {
@@ -548,6 +558,7 @@ impl Session {
                         candidate: None,
                         asked_from: from_seq,
                         from_start: from_seq <= 1,
+                        max_len,
                     },
                 );
                 self.ask_entries(peer, from_seq, out);
@@ -607,11 +618,15 @@ impl Session {
         });
     }
 
-    /// A connected peer asks for our DID chain's entries from `from_seq` on
-    /// (public material: the same a DHT pointer or a keeper carries).
+    /// A peer asks for our DID chain's entries from `from_seq` on. The
+    /// entries are public (what a DHT pointer or a keeper carries), but a
+    /// page is up to 1 MiB for a few bytes asked: only a verified peer, or
+    /// one whose own listed key made us fetch its entries (two branches,
+    /// each side behind the other), is served.
     pub fn on_did_request(&mut self, peer: &str, from_seq: u64) -> Vec<Effect> {
         let mut out = Vec::new();
-        if !self.peers.contains_key(peer) {
+        let verified = matches!(self.peers.get(peer), Some(PeerState::Verified { .. }));
+        if !verified && !self.fetching.contains_key(peer) {
             out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
             return out;
         }
@@ -682,6 +697,20 @@ impl Session {
             return out;
         }
         let base = fetch.candidate.as_ref().unwrap_or(self.membership.log());
+        let after = base
+            .len()
+            .min(usize::try_from(from_seq).unwrap_or(usize::MAX));
+        if after.saturating_add(entries.len()) > fetch.max_len {
+            reject(
+                self,
+                Rejection::DidEntries(format!(
+                    "more entries than the proven head (seq {}) accounts for",
+                    fetch.max_len - 1 - DID_ENTRIES_SLACK
+                )),
+                &mut out,
+            );
+            return out;
+        }
         let spliced = match base.splice(&entries) {
             Ok(Some(c)) => c,
             Ok(None) if fetch.candidate.is_none() && !fetch.from_start => {

@@ -113,7 +113,9 @@ fn meet(ahead: &DidChain, behind: &DidChain) -> (Session, Session, Vec<Effect>) 
     let mut a = session(ahead, 2);
     let mut b = session(behind, 3);
     let to_b = a.connected("b", Some(key(3).public()), "sim".into(), NOW_MS);
-    b.connected("a", Some(key(2).public()), "sim".into(), NOW_MS);
+    let to_a = b.connected("a", Some(key(2).public()), "sim".into(), NOW_MS);
+    // a holds b's head (or fetches b's branch): either way it serves b.
+    a.on_hello("b", &hello_of(&to_a), NOW_MS);
     let hello = hello_of(&to_b);
     let out = b.on_hello("a", &hello, NOW_MS);
     (a, b, out)
@@ -245,4 +247,50 @@ fn a_deeper_fork_is_fetched_from_the_start_and_settled_by_the_rule() {
         _ => &forked,
     };
     assert_eq!(b.log(), winner);
+}
+
+// Goal: a proof is public (every DHT pointer carries one), so replaying a
+// genuine proof must not make a device fetch anything for a stranger; and a
+// peer cannot make a device hold far more entries than its proof vouches
+// for. Method: a key no document lists sends a Hello with the agent's
+// newest proof; a listed device proves one head, then answers with a page
+// 1,100 entries longer.
+#[test]
+fn strangers_and_overlong_answers_fetch_nothing() {
+    let (ahead, behind) = chains();
+
+    let mut stranger = session(&ahead, 7);
+    let mut b = session(&behind, 3);
+    let hello = hello_of(&stranger.connected("b", Some(key(3).public()), "sim".into(), NOW_MS));
+    b.connected("x", Some(key(7).public()), "sim".into(), NOW_MS);
+    let out = b.on_hello("x", &hello, NOW_MS);
+    assert_eq!(rejected(&out), Some("unknown_key"), "{out:?}");
+    assert!(frames(&out).is_empty(), "no request for a stranger");
+
+    let mut longer = ahead.clone();
+    for i in 0..550 {
+        add(&mut longer, &key(9), T0_S + 600 + i);
+        remove(&mut longer, &key(9), T0_S + 600 + i);
+    }
+    let (_, mut b, out) = meet(&ahead, &behind);
+    let mut liar = session(&longer, 2);
+    liar.connected("b", Some(key(3).public()), "sim".into(), NOW_MS);
+    let to_liar = session(&behind, 3).connected("a", Some(key(2).public()), "sim".into(), NOW_MS);
+    liar.on_hello("b", &hello_of(&to_liar), NOW_MS);
+    let (from, page, more) = answer(&mut liar, &out);
+    let out = b.on_did_entries("a", from, &page, more, NOW_MS);
+    assert_eq!(rejected(&out), Some("did_entries"), "{out:?}");
+    assert_eq!(b.log(), &behind);
+}
+
+// Goal: a connected stranger cannot make a device send pages of its chain
+// (a few bytes asked, up to 1 MiB answered). Method: ask before any Hello.
+#[test]
+fn entries_are_served_only_to_devices() {
+    let (ahead, _) = chains();
+    let mut a = session(&ahead, 2);
+    a.connected("x", Some(key(7).public()), "sim".into(), NOW_MS);
+    let out = a.on_did_request("x", 1);
+    assert!(frames(&out).is_empty(), "{out:?}");
+    assert!(counted(&out, Count::FrameFromUnverifiedPeer));
 }
