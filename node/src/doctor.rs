@@ -865,8 +865,8 @@ fn other_active_devices(home: &Path) -> Option<usize> {
     )
 }
 
-/// The size of the pointer the daemon publishes in the DHT: this agent's
-/// DID log signed by this device (`AgentPointer`, built as
+/// The size of the pointer the daemon publishes in the DHT: the proof of
+/// this agent's DID document signed by this device (`AgentPointer`, built as
 /// `daemon/wide.rs`'s `publish_pointer` builds it), from the home's files.
 fn pointer_bytes(home: &Path) -> Result<usize> {
     use nuwa_sync::pointer::{AgentPointer, PointerError};
@@ -909,11 +909,13 @@ fn check_dht_pointer(home: &Path, s: Option<&config::Effective>) -> Check {
     } else {
         ""
     };
-    let detail =
-        format!("{bytes} of {limit} bytes ({pct:.0} %): the DID log signed by this device{off}");
-    let fix = "the DID log grows with every device added or revoked; when it no longer fits, \
-               devices elsewhere cannot find the agent through the DHT. Use rendezvous \
-               servers (--rendezvous MULTIADDR) or --peer for devices outside the LAN";
+    let detail = format!(
+        "{bytes} of {limit} bytes ({pct:.0} %): the proof of the DID document, signed by this device{off}"
+    );
+    let fix = "the proof grows with every change of the agent's admins (promote, demote, \
+               recovery create, rotating an admin's key), not with pairings; the daemon refuses \
+               such a change before the proof outgrows the pointer. Meanwhile rendezvous servers \
+               (--rendezvous MULTIADDR) or --peer reach devices outside the LAN";
     if bytes > limit {
         Check::fail(NAME, detail, fix)
     } else if bytes * 4 > limit * 3 {
