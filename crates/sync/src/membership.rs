@@ -42,9 +42,12 @@ pub enum Rejection {
     BadSignature,
     #[error("DID log does not verify: {0}")]
     BadDidLog(String),
-    #[error("DID log entries do not connect to ours: {0}")]
+    #[error("DID chain entries refused: {0}")]
     DidEntries(String),
-    #[error("unsupported protocol version {0}")]
+    #[error(
+        "speaks sync protocol version {0}, this build speaks {v}: upgrade the older of the two devices",
+        v = nuwa_proto::PROTOCOL_VERSION
+    )]
     ProtocolVersion(u32),
     #[error("replayed or stale: {0}")]
     Replay(String),
