@@ -267,6 +267,25 @@ impl Membership {
             .map_err(map_doc_error)
     }
 
+    /// Where a peer whose `Hello` we refuse stands in our chain: the seq
+    /// after its proven head when we hold that head and have entries past
+    /// it. A revoked device learns its revocation only from entries (its own
+    /// chain still lists it, and no peer admits it any more), so they are
+    /// sent to it before the connection closes. `None` when its proof does
+    /// not verify or does not list the key behind its PeerId (a stranger
+    /// replaying a public proof gets nothing), or it is not behind us.
+    pub fn entries_owed(&self, peer_public: &[u8; 32], hello: &Hello, now_ms: u64) -> Option<u64> {
+        let now_secs = (now_ms / 1000) as i64;
+        let proof = DidProof::decode(&hello.did_proof).ok()?;
+        let theirs = proof.verify(self.did(), now_secs).ok()?;
+        theirs
+            .document()
+            .method_for_public(peer_public, SYNC_RELATIONSHIP, now_secs)
+            .ok()?;
+        let at = self.log.position_of(theirs.head_hash())?;
+        (at + 1 < self.log.len()).then_some(at as u64 + 1)
+    }
+
     /// Our Hello for a new connection.
     pub fn hello(&self, now_ms: u64) -> Result<Hello, Rejection> {
         let did_proof = self

@@ -304,7 +304,20 @@ pub struct Session {
     queued_sealed_at: Option<u64>,
     /// Peers whose Hello waits for their DID entries.
     fetching: BTreeMap<PeerKey, Fetch>,
+    /// No unasked-for page of entries is looked at before this time.
+    next_unasked_ms: u64,
+    /// Refused peers that were sent entries: their connection closes at
+    /// this time (closing at once could cut the page off).
+    closing: BTreeMap<PeerKey, u64>,
 }
+
+/// How long a refused peer that was sent the entries past its head keeps
+/// its connection, so the page reaches it before the close.
+pub const CLOSE_AFTER_ENTRIES_MS: u64 = 2000;
+
+/// At most one page of DID entries nobody asked for is looked at per this
+/// many milliseconds, whoever sends it (each costs a verification).
+pub const UNASKED_ENTRIES_EVERY_MS: u64 = 1000;
 
 impl Session {
     pub fn new(
@@ -324,6 +337,8 @@ impl Session {
             defer_gossip: false,
             queued_sealed_at: None,
             fetching: BTreeMap::new(),
+            next_unasked_ms: 0,
+            closing: BTreeMap::new(),
         }
     }
 
@@ -566,12 +581,49 @@ impl Session {
             }
             Err(r) => {
                 self.note_skew(peer, &r, out);
+                // A device refused because our document no longer lists it
+                // (revoked) cannot learn why from anyone else: send it the
+                // entries past its head before hanging up. Only for a
+                // genuine proof of this agent's chain that we hold.
+                let owed = matches!(r, Rejection::UnknownKey | Rejection::KeyExpired)
+                    .then(|| self.membership.entries_owed(&public, hello, now_ms))
+                    .flatten();
+                if let Some(from_seq) = owed {
+                    let (entries_json, more) = self
+                        .membership
+                        .entries_page(from_seq, DID_ENTRIES_PAGE_BYTES);
+                    out.push(Effect::Count(Count::DidEntriesServed));
+                    out.push(Effect::SendFrame {
+                        peer: peer.to_owned(),
+                        frame: Box::new(nuwa_proto::Frame::DidEntries {
+                            from_seq,
+                            entries_json,
+                            more,
+                        }),
+                    });
+                }
                 out.push(Effect::Rejected {
                     peer: peer.to_owned(),
                     door: Door::Connection,
                     rejection: r,
                 });
-                self.drop_peer(peer, out);
+                if owed.is_some() {
+                    // Forget it now (nothing more is taken from it), hang
+                    // up once the page had time to arrive.
+                    self.peers.remove(peer);
+                    self.fetching.remove(peer);
+                    self.engine.peer_down(peer);
+                    if self.closing.len() < 1024 {
+                        self.closing
+                            .insert(peer.to_owned(), now_ms + CLOSE_AFTER_ENTRIES_MS);
+                    } else {
+                        out.push(Effect::Disconnect {
+                            peer: peer.to_owned(),
+                        });
+                    }
+                } else {
+                    self.drop_peer(peer, out);
+                }
                 return;
             }
         };
@@ -608,6 +660,48 @@ impl Session {
         self.on_grant(peer, &v.epoch_grant, now_ms, out);
         let actions = self.engine.peer_up(peer, now_ms);
         self.engine_actions(actions, out);
+    }
+
+    /// A page nobody asked for: what a peer that refuses us sends before it
+    /// hangs up (we were revoked, and no peer will admit us to tell us
+    /// otherwise), possibly after its disconnect was processed. Taken only
+    /// when it continues our chain exactly at its head (so it can only
+    /// extend it, and `merge` checks just the new entries), and at most one
+    /// per [`UNASKED_ENTRIES_EVERY_MS`] from anyone; anything else is
+    /// counted and dropped.
+    fn unasked_entries(
+        &mut self,
+        peer: &str,
+        from_seq: u64,
+        entries_json: &[u8],
+        now_ms: u64,
+        out: &mut Vec<Effect>,
+    ) {
+        let ours = self.membership.log().len() as u64;
+        if from_seq != ours || now_ms < self.next_unasked_ms {
+            out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
+            return;
+        }
+        self.next_unasked_ms = now_ms.saturating_add(UNASKED_ENTRIES_EVERY_MS);
+        let spliced = parse_entries(entries_json)
+            .ok()
+            .and_then(|entries| self.membership.log().splice(&entries).ok().flatten());
+        let Some(chain) = spliced else {
+            out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
+            return;
+        };
+        match self.membership.merge_log(&chain, now_ms) {
+            Ok(outcome) if outcome.changed() => {
+                out.push(Effect::Count(Count::DidEntriesMerged));
+                self.after_log_extended(now_ms, true, out);
+            }
+            Ok(_) => out.push(Effect::Count(Count::FrameFromUnverifiedPeer)),
+            Err(rejection) => out.push(Effect::Rejected {
+                peer: peer.to_owned(),
+                door: Door::Connection,
+                rejection,
+            }),
+        }
     }
 
     fn ask_entries(&mut self, peer: &str, from_seq: u64, out: &mut Vec<Effect>) {
@@ -658,8 +752,7 @@ impl Session {
     ) -> Vec<Effect> {
         let mut out = Vec::new();
         let Some(mut fetch) = self.fetching.remove(peer) else {
-            // Not asked for (or the Hello it was for was replaced): ignore.
-            out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
+            self.unasked_entries(peer, from_seq, entries_json, now_ms, &mut out);
             return out;
         };
         let reject = |this: &mut Session, r: Rejection, out: &mut Vec<Effect>| {
@@ -1085,6 +1178,19 @@ impl Session {
             }
             self.held.pop_front();
             out.push(Effect::Count(Count::HeldEnvelopesExpired));
+        }
+        let due: Vec<PeerKey> = self
+            .closing
+            .iter()
+            .filter(|(_, at)| now_ms >= **at)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for peer in due {
+            self.closing.remove(&peer);
+            // Unless it came back and was admitted meanwhile.
+            if !self.peers.contains_key(&peer) {
+                out.push(Effect::Disconnect { peer });
+            }
         }
         let deadline = self.config.hello_deadline_ms;
         let late: Vec<PeerKey> = self

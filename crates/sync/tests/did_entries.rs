@@ -294,3 +294,72 @@ fn entries_are_served_only_to_devices() {
     assert!(frames(&out).is_empty(), "{out:?}");
     assert!(counted(&out, Count::FrameFromUnverifiedPeer));
 }
+
+// Goal: a revoked device, which no peer admits any more, still learns its
+// revocation: the peer that refuses it sends the entries past its head
+// before hanging up; a stranger replaying the same public proof gets
+// nothing. Method: a (device 2) holds a chain that removed device 3; r
+// (device 3) and a stranger (key 7) come with the older chain's proof.
+#[test]
+fn a_revoked_device_is_told_why_and_a_stranger_is_not() {
+    let (_, base) = chains();
+    let mut revoked = base.clone();
+    remove(&mut revoked, &key(3), T0_S + 700);
+
+    let mut a = session(&revoked, 2);
+    let mut r = session(&base, 3);
+    let to_r = a.connected("r", Some(key(3).public()), "sim".into(), NOW_MS);
+    let to_a = r.connected("a", Some(key(2).public()), "sim".into(), NOW_MS);
+    let asked = r.on_hello("a", &hello_of(&to_r), NOW_MS);
+    assert_eq!(
+        frames(&asked),
+        vec![Frame::DidEntriesRequest {
+            from_seq: base.len() as u64
+        }]
+    );
+    let refused = a.on_hello("r", &hello_of(&to_a), NOW_MS);
+    assert_eq!(rejected(&refused), Some("unknown_key"), "{refused:?}");
+    let Some(Frame::DidEntries {
+        from_seq,
+        entries_json,
+        more,
+    }) = frames(&refused).pop()
+    else {
+        panic!("the refused device gets the entries: {refused:?}");
+    };
+    let out = r.on_did_entries("a", from_seq, &entries_json, more, NOW_MS);
+    assert!(counted(&out, Count::DidEntriesMerged), "{out:?}");
+    assert_eq!(r.log(), &revoked);
+    assert!(r.self_authorised(NOW_MS).is_err(), "r knows it was revoked");
+
+    // The page may arrive after r dropped the connection (no fetch under
+    // way): it still continues r's chain at its head, so it is taken; the
+    // same page again (no longer at r's head) is not.
+    let mut r = session(&base, 3);
+    let out = r.on_did_entries("a", from_seq, &entries_json, more, NOW_MS);
+    assert!(counted(&out, Count::DidEntriesMerged), "{out:?}");
+    assert!(r.self_authorised(NOW_MS).is_err());
+    let out = r.on_did_entries("a", from_seq, &entries_json, more, NOW_MS + 5_000);
+    assert!(!counted(&out, Count::DidEntriesMerged));
+    // A forged unasked-for page is refused and changes nothing; a second
+    // one within the second is not even looked at.
+    let mut r = session(&base, 3);
+    let mut forged: Vec<serde_json::Value> = serde_json::from_slice(&entries_json).unwrap();
+    forged[0]["timestamp"] = serde_json::json!(T0_S + 701);
+    let forged = serde_json::to_vec(&forged).unwrap();
+    let out = r.on_did_entries("a", from_seq, &forged, more, NOW_MS);
+    assert_eq!(rejected(&out), Some("bad_did_log"), "{out:?}");
+    let out = r.on_did_entries("a", from_seq, &entries_json, more, NOW_MS + 10);
+    assert!(
+        counted(&out, Count::FrameFromUnverifiedPeer) && !counted(&out, Count::DidEntriesMerged)
+    );
+    assert_eq!(r.log(), &base);
+
+    // The same old proof from a key it never listed: nothing is sent.
+    let mut stranger = session(&base, 7);
+    let hello = hello_of(&stranger.connected("a", Some(key(2).public()), "sim".into(), NOW_MS));
+    a.connected("x", Some(key(7).public()), "sim".into(), NOW_MS);
+    let out = a.on_hello("x", &hello, NOW_MS);
+    assert_eq!(rejected(&out), Some("unknown_key"));
+    assert!(frames(&out).is_empty(), "{out:?}");
+}
