@@ -589,18 +589,7 @@ impl Session {
                     .then(|| self.membership.entries_owed(&public, hello, now_ms))
                     .flatten();
                 if let Some(from_seq) = owed {
-                    let (entries_json, more) = self
-                        .membership
-                        .entries_page(from_seq, DID_ENTRIES_PAGE_BYTES);
-                    out.push(Effect::Count(Count::DidEntriesServed));
-                    out.push(Effect::SendFrame {
-                        peer: peer.to_owned(),
-                        frame: Box::new(nuwa_proto::Frame::DidEntries {
-                            from_seq,
-                            entries_json,
-                            more,
-                        }),
-                    });
+                    self.send_entries(peer, from_seq, out);
                 }
                 out.push(Effect::Rejected {
                     peer: peer.to_owned(),
@@ -724,6 +713,12 @@ impl Session {
             out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
             return out;
         }
+        self.send_entries(peer, from_seq, &mut out);
+        out
+    }
+
+    /// One page of our chain's entries from `from_seq` on, to `peer`.
+    fn send_entries(&self, peer: &str, from_seq: u64, out: &mut Vec<Effect>) {
         let (entries_json, more) = self
             .membership
             .entries_page(from_seq, DID_ENTRIES_PAGE_BYTES);
@@ -736,7 +731,6 @@ impl Session {
                 more,
             }),
         });
-        out
     }
 
     /// A page of DID entries we asked `peer` for. Splices it onto our chain
