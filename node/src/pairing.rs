@@ -146,16 +146,7 @@ impl GrantPlaintext {
         if g.recovery_sealed_hex.len() > MAX_HANDOVER_KEYS {
             bail!("the handover carries too many keys");
         }
-        if g.did_log.did() != g.agent_did {
-            bail!(
-                "the handover's DID log is for {}, not {}",
-                g.did_log.did(),
-                g.agent_did
-            );
-        }
-        g.did_log
-            .verify(None, now_secs)
-            .context("the handover's DID log does not verify")?;
+        g.check_log("handover", now_secs)?;
         nuwa_identity::recovery::check_belongs(g.did_log.current(), recovery, now_secs)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("the recovery words were not accepted; nothing was written")?;
@@ -188,6 +179,20 @@ impl GrantPlaintext {
         Ok((g, ring))
     }
 
+    /// The carried DID log is this agent's and verifies.
+    fn check_log(&self, what: &str, now_secs: i64) -> Result<()> {
+        if self.did_log.did() != self.agent_did {
+            bail!(
+                "the {what}'s DID log is for {}, not {}",
+                self.did_log.did(),
+                self.agent_did
+            );
+        }
+        self.did_log
+            .verify(None, now_secs)
+            .with_context(|| format!("the {what}'s DID log does not verify"))
+    }
+
     pub fn to_bytes(&self) -> Result<Zeroizing<Vec<u8>>> {
         Ok(Zeroizing::new(serde_json::to_vec(self)?))
     }
@@ -197,16 +202,7 @@ impl GrantPlaintext {
     pub fn open(bytes: &[u8], ed25519: &[u8; 32], now_secs: i64) -> Result<(Self, KeyRing)> {
         let g: GrantPlaintext = serde_json::from_slice(bytes)
             .context("the grant from the approving device is malformed")?;
-        if g.did_log.did() != g.agent_did {
-            bail!(
-                "the grant's DID log is for {}, not {}",
-                g.did_log.did(),
-                g.agent_did
-            );
-        }
-        g.did_log
-            .verify(None, now_secs)
-            .context("the grant's DID log does not verify")?;
+        g.check_log("grant", now_secs)?;
         let ctx = context_id_for(ed25519);
         g.did_log
             .current()

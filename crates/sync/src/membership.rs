@@ -203,23 +203,25 @@ impl Membership {
         let from = usize::try_from(from_seq)
             .unwrap_or(usize::MAX)
             .min(entries.len());
-        let mut page: Vec<&DidEntry> = Vec::new();
-        let mut bytes = 2;
+        let mut page = b"[".to_vec();
+        let mut taken = 0;
         for entry in &entries[from..] {
-            let len = serde_json::to_vec(entry)
-                .map(|v| v.len() + 1)
-                .unwrap_or(usize::MAX);
-            if !page.is_empty() && (bytes + len > max_bytes || page.len() >= MAX_SPLICE_ENTRIES) {
+            // Entries of a chain we hold always serialize; stop if one does not.
+            let Ok(json) = serde_json::to_vec(entry) else {
+                break;
+            };
+            if taken > 0 && (page.len() + json.len() + 2 > max_bytes || taken >= MAX_SPLICE_ENTRIES)
+            {
                 break;
             }
-            bytes += len;
-            page.push(entry);
+            if taken > 0 {
+                page.push(b',');
+            }
+            page.extend_from_slice(&json);
+            taken += 1;
         }
-        let more = from + page.len() < entries.len();
-        (
-            serde_json::to_vec(&page).unwrap_or_else(|_| b"[]".to_vec()),
-            more,
-        )
+        page.push(b']');
+        (page, from + taken < entries.len())
     }
 
     pub fn did(&self) -> &str {

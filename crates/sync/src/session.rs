@@ -502,12 +502,17 @@ impl Session {
 
     /// Forgets a peer and asks the runtime to close its connections.
     fn drop_peer(&mut self, peer: &str, out: &mut Vec<Effect>) {
-        self.peers.remove(peer);
-        self.fetching.remove(peer);
-        self.engine.peer_down(peer);
+        self.forget_peer(peer);
         out.push(Effect::Disconnect {
             peer: peer.to_owned(),
         });
+    }
+
+    /// Forgets a peer's state; nothing more is taken from it.
+    fn forget_peer(&mut self, peer: &str) {
+        self.peers.remove(peer);
+        self.fetching.remove(peer);
+        self.engine.peer_down(peer);
     }
 
     /// Keeps a pending peer's `Hello` deadline from running out while the
@@ -596,20 +601,11 @@ impl Session {
                     door: Door::Connection,
                     rejection: r,
                 });
-                if owed.is_some() {
-                    // Forget it now (nothing more is taken from it), hang
-                    // up once the page had time to arrive.
-                    self.peers.remove(peer);
-                    self.fetching.remove(peer);
-                    self.engine.peer_down(peer);
-                    if self.closing.len() < 1024 {
-                        self.closing
-                            .insert(peer.to_owned(), now_ms + CLOSE_AFTER_ENTRIES_MS);
-                    } else {
-                        out.push(Effect::Disconnect {
-                            peer: peer.to_owned(),
-                        });
-                    }
+                if owed.is_some() && self.closing.len() < 1024 {
+                    // Forget it now, hang up once the page had time to arrive.
+                    self.forget_peer(peer);
+                    self.closing
+                        .insert(peer.to_owned(), now_ms + CLOSE_AFTER_ENTRIES_MS);
                 } else {
                     self.drop_peer(peer, out);
                 }

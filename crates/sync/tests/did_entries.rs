@@ -363,3 +363,32 @@ fn a_revoked_device_is_told_why_and_a_stranger_is_not() {
     assert_eq!(rejected(&out), Some("unknown_key"));
     assert!(frames(&out).is_empty(), "{out:?}");
 }
+
+// Goal: a chain longer than one page (1 MiB) arrives in several pages,
+// each asked from where the last ended, and is merged once complete.
+// Method: a is 1,500 entries ahead; answer every request until b admits a.
+#[test]
+fn a_long_chain_comes_in_pages() {
+    let (_, behind) = chains();
+    let mut ahead = behind.clone();
+    for i in 0..750 {
+        add(&mut ahead, &key(9), T0_S + 3 + i);
+        remove(&mut ahead, &key(9), T0_S + 3 + i);
+    }
+    let (mut a, mut b, mut out) = meet(&ahead, &behind);
+    let mut pages = 0;
+    while !verified(&out) {
+        let (from, page, more) = answer(&mut a, &out);
+        assert!(
+            page.len() <= nuwa_sync::session::DID_ENTRIES_PAGE_BYTES,
+            "{}",
+            page.len()
+        );
+        pages += 1;
+        assert!(pages < 10, "too many pages");
+        out = b.on_did_entries("a", from, &page, more, NOW_MS);
+        assert_eq!(rejected(&out), None, "{out:?}");
+    }
+    assert!(pages >= 2, "{pages} page(s)");
+    assert_eq!(b.log(), &ahead);
+}
