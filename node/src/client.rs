@@ -25,7 +25,7 @@ use crate::api::{
     RevokeBody, RevokeReply, challenge_mac,
 };
 use crate::home;
-use crate::status::Status;
+use nuwa_agent::status::Status;
 
 fn no_daemon(home: &Path) -> anyhow::Error {
     anyhow::anyhow!(
@@ -373,7 +373,7 @@ pub fn device_list(home: &Path, json: bool) -> Result<()> {
                 let r = c
                     .send(c.http.get(format!("{}/v1/devices", c.api.url)))
                     .await?;
-                r.json::<Vec<crate::devices::DeviceEntry>>()
+                r.json::<Vec<nuwa_agent::devices::DeviceEntry>>()
                     .await
                     .context("malformed device list from the daemon")
             })?,
@@ -387,7 +387,7 @@ pub fn device_list(home: &Path, json: bool) -> Result<()> {
     if json {
         print_json(&entries)?;
     } else {
-        print!("{}", crate::devices::render(&entries, now));
+        print!("{}", nuwa_agent::devices::render(&entries, now));
         if let Some(note) = offline {
             println!("{note}");
         }
@@ -401,7 +401,7 @@ pub fn device_list(home: &Path, json: bool) -> Result<()> {
 fn device_list_offline(
     home: &Path,
     now: u64,
-) -> Result<(Vec<crate::devices::DeviceEntry>, String)> {
+) -> Result<(Vec<nuwa_agent::devices::DeviceEntry>, String)> {
     let h = home::load(home)?;
     // The store is the daemon's: open it only while holding the home lock
     // (another command may be writing the home; then the log alone).
@@ -409,13 +409,19 @@ fn device_list_offline(
         Some(_lock) => {
             let store = nuwa_store::SledStore::open(&home.join(home::STORE_DIR), h.at_rest.clone())
                 .with_context(|| format!("cannot open the store in {}", home.display()))?;
-            Some(crate::devices::Seen::load(&store))
+            Some(
+                match nuwa_store::Storage::get_meta(&store, nuwa_agent::devices::SEEN_META) {
+                    Ok(Some(bytes)) => nuwa_agent::devices::Seen::from_bytes(&bytes),
+                    _ => nuwa_agent::devices::Seen::default(),
+                },
+            )
         }
         None => None,
     };
-    let mut rows = crate::devices::list(
+    let mut rows = nuwa_agent::devices::list(
         &h.log,
-        seen.as_ref().unwrap_or(&crate::devices::Seen::default()),
+        seen.as_ref()
+            .unwrap_or(&nuwa_agent::devices::Seen::default()),
         &h.info.context_id,
         now,
     );
@@ -436,7 +442,7 @@ fn device_list_offline(
         (Some(_), Some(t)) => format!(
             "no daemon is running: names and last-seen times as stored by the daemon at {} ({})",
             format_unix_ms(t),
-            crate::devices::ago(now, t)
+            nuwa_agent::devices::ago(now, t)
         ),
     };
     Ok((rows, note))
@@ -890,8 +896,8 @@ pub fn revoke(home: &Path, context_id: &str, json: bool) -> Result<()> {
             // update and the new epoch to every peer when it next starts.
             let h = home::load(home)?;
             let now = home::now_unix_secs();
-            let master = crate::lifecycle::load_admin(home, &h.log, &h.device, now)?;
-            let r = crate::lifecycle::revoke(
+            let master = crate::home::load_admin(home, &h.log, &h.device, now)?;
+            let r = nuwa_agent::lifecycle::revoke(
                 &h.log,
                 &h.keys,
                 &master,
@@ -1031,11 +1037,11 @@ pub fn admin_change(home: &Path, promote: bool, context_id: &str, json: bool) ->
         Some(lock) => {
             let h = home::load(home)?;
             let now = home::now_unix_secs();
-            let admin = crate::lifecycle::load_admin(home, &h.log, &h.device, now)?;
+            let admin = crate::home::load_admin(home, &h.log, &h.device, now)?;
             let log = if promote {
-                crate::lifecycle::promote(&h.log, &admin, context_id, now)?
+                nuwa_agent::lifecycle::promote(&h.log, &admin, context_id, now)?
             } else {
-                crate::lifecycle::demote(&h.log, &admin, context_id, now)?
+                nuwa_agent::lifecycle::demote(&h.log, &admin, context_id, now)?
             };
             home::save_log(home, &log)?;
             drop(lock);

@@ -33,7 +33,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::api::{self, ApiError, ApiFile, ApiRequest, ErrorCode};
 use crate::home::{self, Home};
-use crate::status::{ContainerStatus, DeviceStatus, PeerStatus, RejectionStatus, Status};
+use nuwa_agent::status::{ContainerStatus, DeviceStatus, PeerStatus, RejectionStatus, Status};
 
 mod approve;
 mod asm;
@@ -124,7 +124,7 @@ struct Daemon {
     /// Changes logged per container since its last snapshot.
     logged: BTreeMap<String, u64>,
     /// Containers moved aside at start (see `open_session`).
-    quarantined: Vec<crate::status::QuarantineStatus>,
+    quarantined: Vec<nuwa_agent::status::QuarantineStatus>,
     /// Highest change-log sequence number per container.
     last_seq: BTreeMap<String, u64>,
     /// Local changes made during this loop turn, persisted by the next
@@ -150,7 +150,7 @@ struct Daemon {
     wide: wide::Wide,
     /// Name and last time each device was seen verified, by context id
     /// (persisted encrypted, for `device list`).
-    seen: crate::devices::Seen,
+    seen: nuwa_agent::devices::Seen,
     /// `device approve`: candidates waiting to pair and the approval underway.
     pairing: approve::Pairing,
     mdns_on: bool,
@@ -335,7 +335,10 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
         metrics.clone(),
         reads,
     );
-    d.seen = crate::devices::Seen::load(d.store.as_ref());
+    d.seen = match d.store.get_meta(nuwa_agent::devices::SEEN_META) {
+        Ok(Some(bytes)) => nuwa_agent::devices::Seen::from_bytes(&bytes),
+        _ => nuwa_agent::devices::Seen::default(),
+    };
     d.check_revoked();
     d.metrics
         .add(Event::ContainersQuarantined, d.quarantined.len() as u64);
@@ -497,7 +500,7 @@ pub async fn run(home: Home, opts: RunOptions) -> Result<()> {
 /// executor needs per container.
 struct Opened {
     session: Session,
-    quarantined: Vec<crate::status::QuarantineStatus>,
+    quarantined: Vec<nuwa_agent::status::QuarantineStatus>,
     logged: BTreeMap<String, u64>,
     last_seq: BTreeMap<String, u64>,
 }
@@ -520,9 +523,9 @@ fn open_session(home: &Home, store: &dyn Storage) -> Result<Opened> {
     // moved aside (kept) and peers resync it, since to them it is simply
     // missing here.
     let (names, unnamed) = store.list_containers_quarantining()?;
-    let mut quarantined: Vec<crate::status::QuarantineStatus> = unnamed
+    let mut quarantined: Vec<nuwa_agent::status::QuarantineStatus> = unnamed
         .into_iter()
-        .map(|q| crate::status::QuarantineStatus {
+        .map(|q| nuwa_agent::status::QuarantineStatus {
             container: None,
             reason: format!("name record {}: {}", q.id, q.reason),
             records: q.records,
@@ -568,7 +571,7 @@ fn open_session(home: &Home, store: &dyn Storage) -> Result<Opened> {
                     .quarantine_container(&name)
                     .with_context(|| format!("cannot move unreadable container {name:?} aside"))?;
                 warn!(container = %name, %reason, records, "container unreadable: quarantined; peers will resync it");
-                quarantined.push(crate::status::QuarantineStatus {
+                quarantined.push(nuwa_agent::status::QuarantineStatus {
                     container: Some(name),
                     reason,
                     records,
@@ -688,7 +691,7 @@ impl Daemon {
             api_url,
             fatal: None,
             wide: wide::Wide::new(home.log.did(), opts),
-            seen: crate::devices::Seen::default(),
+            seen: nuwa_agent::devices::Seen::default(),
             pairing: approve::Pairing::default(),
             mdns_on,
             asm: asm::Asm::new(opts.lifecycle_every),
@@ -917,7 +920,7 @@ impl Daemon {
     /// Saves devices' names and last-seen times (off the loop).
     fn save_seen(&self) {
         self.meta.put(
-            crate::devices::SEEN_META,
+            nuwa_agent::devices::SEEN_META,
             self.seen.to_bytes(home::now_ms()),
         );
     }
@@ -1170,7 +1173,12 @@ impl Daemon {
                     for (_, ctx) in self.session.verified() {
                         seen.saw(ctx, "", now);
                     }
-                    let _ = reply.send(crate::devices::list(m.log(), &seen, m.context_id(), now));
+                    let _ = reply.send(nuwa_agent::devices::list(
+                        m.log(),
+                        &seen,
+                        m.context_id(),
+                        now,
+                    ));
                 }
             }
         }
@@ -1220,7 +1228,7 @@ impl Daemon {
         if who == self.net.local_peer_id().to_string() {
             return;
         }
-        if matches!(&ann.agent, nuwa_discovery::AgentRef::Did(d) if d.starts_with(crate::pairing::PAIR_AGENT_PREFIX))
+        if matches!(&ann.agent, nuwa_discovery::AgentRef::Did(d) if d.starts_with(nuwa_agent::pairing::PAIR_AGENT_PREFIX))
         {
             self.on_pairing_announcement(&ann, addrs);
             return;
@@ -1297,14 +1305,14 @@ impl Daemon {
         let now = home::now_ms();
         let peer_id = self.net.local_peer_id().to_string();
         let verified: Vec<String> = self.session.verified().map(|(p, _)| p.clone()).collect();
-        let mut sync: BTreeMap<String, Vec<crate::status::PeerSyncStatus>> = BTreeMap::new();
+        let mut sync: BTreeMap<String, Vec<nuwa_agent::status::PeerSyncStatus>> = BTreeMap::new();
         for p in &verified {
             let report = self.session.sync_report(p);
             sync.insert(
                 p.clone(),
                 report
                     .into_iter()
-                    .map(|r| crate::status::PeerSyncStatus {
+                    .map(|r| nuwa_agent::status::PeerSyncStatus {
                         container: r.container,
                         state: r.state.as_str().to_owned(),
                         behind: r.behind,
@@ -1316,12 +1324,12 @@ impl Daemon {
             && sync
                 .values()
                 .all(|v| v.iter().all(|c| c.state == "in_sync" || c.state == "ahead"));
-        let catch_ups: Vec<crate::status::CatchUpStatus> = self
+        let catch_ups: Vec<nuwa_agent::status::CatchUpStatus> = self
             .session
             .engine()
             .catch_up_progress()
             .into_iter()
-            .map(|c| crate::status::CatchUpStatus {
+            .map(|c| nuwa_agent::status::CatchUpStatus {
                 started_unix_ms: self
                     .catch_up_started
                     .get(&c.container)
@@ -1397,7 +1405,7 @@ impl Daemon {
                 .session
                 .skewed()
                 .iter()
-                .map(|(peer, offset_ms)| crate::status::ClockSkewStatus {
+                .map(|(peer, offset_ms)| nuwa_agent::status::ClockSkewStatus {
                     peer_id: peer.clone(),
                     offset_ms: *offset_ms,
                     window_ms: nuwa_sync::secure::REPLAY_WINDOW_SECS * 1000,
@@ -1437,7 +1445,7 @@ impl Daemon {
                     })
                     .collect()
             },
-            reachability: crate::status::ReachabilityStatus {
+            reachability: nuwa_agent::status::ReachabilityStatus {
                 nat: self.wide.nat.as_str().to_owned(),
                 advertised: self.wide.advertised.iter().map(|a| a.to_string()).collect(),
                 relays: self.wide.relays.iter().map(|r| r.to_string()).collect(),
@@ -1448,18 +1456,17 @@ impl Daemon {
             key_epoch: self.session.secure().epoch(),
             in_sync,
             catch_ups,
-            mdns: crate::status::MdnsStatus {
+            mdns: nuwa_agent::status::MdnsStatus {
                 enabled: self.mdns_on,
                 interfaces: self.mdns_watching.clone(),
             },
             rendezvous: self.wide.rendezvous_status(),
-            dht_pointer: self
-                .wide
-                .pointer_bytes
-                .map(|bytes| crate::status::DhtPointerStatus {
+            dht_pointer: self.wide.pointer_bytes.map(|bytes| {
+                nuwa_agent::status::DhtPointerStatus {
                     bytes,
                     limit: nuwa_sync::pointer::MAX_POINTER_BYTES as u64,
-                }),
+                }
+            }),
             master_key: self.master_public.is_some(),
             admin: {
                 let doc = self.session.log().current();
@@ -1479,7 +1486,8 @@ impl Daemon {
                     .is_ok()
                 })
             },
-            recovery_key: !crate::lifecycle::recovery_keys(self.session.log().current()).is_empty(),
+            recovery_key: !nuwa_agent::lifecycle::recovery_keys(self.session.log().current())
+                .is_empty(),
         }
     }
 }

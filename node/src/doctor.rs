@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config;
 use crate::home;
-use crate::status::Status;
+use nuwa_agent::status::Status;
 
 /// The record `master-key backup` leaves in the home.
 pub const MASTER_KEY_BACKUP: &str = "master-key-backup.json";
@@ -285,9 +285,9 @@ fn check_recovery(home: &Path) -> Check {
     let admins = doc
         .capability_delegation
         .iter()
-        .filter(|id| !crate::lifecycle::is_recovery_key(id))
+        .filter(|id| !nuwa_agent::lifecycle::is_recovery_key(id))
         .count();
-    if crate::lifecycle::recovery_keys(doc).is_empty() {
+    if nuwa_agent::lifecycle::recovery_keys(doc).is_empty() {
         return Check::warn(
             NAME,
             "the agent has no recovery key: if every admin device is lost, no device can ever \
@@ -853,7 +853,12 @@ fn read_identity(
 fn other_active_devices(home: &Path) -> Option<usize> {
     let (device, log) = read_identity(home).ok()?;
     let me = nuwa_identity::keys::context_id_for(&device.public());
-    let list = crate::devices::list(&log, &crate::devices::Seen::default(), &me, home::now_ms());
+    let list = nuwa_agent::devices::list(
+        &log,
+        &nuwa_agent::devices::Seen::default(),
+        &me,
+        home::now_ms(),
+    );
     Some(
         list.iter()
             .filter(|d| {

@@ -26,7 +26,6 @@ use anyhow::{Context, Result, bail};
 use nuwa_crypto::epoch::KeyRing;
 use nuwa_crypto::{AtRestKey, SyncKey};
 use nuwa_identity::chain::DidChain;
-use nuwa_identity::document::Relationship;
 use nuwa_identity::keys::{DeviceKey, context_id_for};
 use nuwa_identity::resolver::{ChainResolver, StaticLog};
 use serde::{Deserialize, Serialize};
@@ -47,14 +46,35 @@ pub const LOCK_FILE: &str = "daemon.lock";
 /// A rotated device key waiting to replace `device.key` (see `rotate_device`).
 pub const NEXT_DEVICE_KEY: &str = "device.key.next";
 
-/// Relationships every device key gets. `authentication` is what sync
-/// membership checks; the others let a device sign state and invoke
-/// services. Key management (`capabilityDelegation`) stays with the master key.
-pub const DEVICE_RELATIONSHIPS: &[Relationship] = &[
-    Relationship::Authentication,
-    Relationship::AssertionMethod,
-    Relationship::CapabilityInvocation,
-];
+/// The master key of `init`, if this home holds it.
+pub fn read_master(dir: &Path) -> Result<Option<DeviceKey>> {
+    let path = dir.join(MASTER_KEY);
+    match fs::read(&path) {
+        Ok(bytes) => DeviceKey::from_seed_file_bytes(&bytes)
+            .map(Some)
+            .with_context(|| format!("cannot read {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// This home's admin key (see [`nuwa_agent::lifecycle::admin_of`]): the
+/// master key if `HOME/master.key` is still listed, else the device key if
+/// an admin promoted it.
+pub fn load_admin(
+    dir: &Path,
+    log: &DidChain,
+    device: &DeviceKey,
+    now_secs: i64,
+) -> Result<nuwa_agent::lifecycle::Admin> {
+    let master = read_master(dir)?;
+    Ok(nuwa_agent::lifecycle::admin_of(
+        log,
+        device,
+        master.as_ref(),
+        now_secs,
+    )?)
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeviceInfo {
@@ -199,14 +219,20 @@ fn write_device(dir: &Path, device: &DeviceKey, name: &str, keys: &KeyRing) -> R
 
 fn add_device(
     log: &mut DidChain,
-    admin: &crate::lifecycle::Admin,
+    admin: &nuwa_agent::lifecycle::Admin,
     device: &DeviceKey,
 ) -> Result<String> {
     // The device's X25519 key (the Montgomery form of its Ed25519 key) goes
     // under `keyAgreement`: new sync-key epochs are sealed to it.
     let x25519 = nuwa_identity::did_key::x25519_public_from_ed25519(&device.public())
         .context("cannot derive the device's key-agreement key")?;
-    crate::lifecycle::add_device(log, admin, &device.public(), &x25519, now_unix_secs())
+    Ok(nuwa_agent::lifecycle::add_device(
+        log,
+        admin,
+        &device.public(),
+        &x25519,
+        now_unix_secs(),
+    )?)
 }
 
 /// `init`: a new agent with this device as its first device, and
@@ -219,7 +245,13 @@ pub fn init(dir: &Path, name: &str, recovery_public: &[u8; 32]) -> Result<Home> 
     let device = DeviceKey::generate().context("cannot generate the device key")?;
     let keys = KeyRing::new(SyncKey::generate(0).context("cannot generate the sync key")?);
     let mut log = DidChain::genesis(&master, now_unix_secs()).context("cannot create the DID")?;
-    crate::lifecycle::first_update(&mut log, &master, &device, recovery_public, now_unix_secs())?;
+    nuwa_agent::lifecycle::first_update(
+        &mut log,
+        &master,
+        &device,
+        recovery_public,
+        now_unix_secs(),
+    )?;
     write_private(&dir.join(MASTER_KEY), &master.to_seed_file_bytes())?;
     write_log(dir, &log)?;
     write_device(dir, &device, name, &keys)?;
@@ -234,7 +266,7 @@ pub fn init(dir: &Path, name: &str, recovery_public: &[u8; 32]) -> Result<Home> 
 pub fn provision(dir: &Path, out: &Path, name: &str) -> Result<DeviceInfo> {
     let _lock = lock(dir)?;
     let home = load(dir)?;
-    let admin = crate::lifecycle::load_admin(dir, &home.log, &home.device, now_unix_secs())?;
+    let admin = crate::home::load_admin(dir, &home.log, &home.device, now_unix_secs())?;
     let (_out_lock, device) = prepare_new_home(out)?;
     let mut log = home.log.clone();
     add_device(&mut log, &admin, &device)?;
@@ -276,7 +308,7 @@ pub fn write_new_home(
 /// Adds `device` to the log, signed by an admin key.
 pub fn add_device_key(
     log: &mut DidChain,
-    admin: &crate::lifecycle::Admin,
+    admin: &nuwa_agent::lifecycle::Admin,
     device: &DeviceKey,
 ) -> Result<String> {
     add_device(log, admin, device)

@@ -22,7 +22,7 @@ use nuwa_proto::{Frame, PairingStep};
 use tokio_util::sync::CancellationToken;
 
 use crate::home;
-use crate::pairing::{GrantPlaintext, mdns_agent, rendezvous_namespace};
+use nuwa_agent::pairing::{GrantPlaintext, mdns_agent, rendezvous_namespace};
 
 /// Registration TTL at rendezvous servers (their minimum is two hours).
 use crate::daemon::RENDEZVOUS_TTL_SECS;
@@ -441,8 +441,8 @@ async fn on_step(
                 } else {
                     GrantPlaintext::open(&plaintext, &device.public(), now_secs as i64)
                 };
-                let recovered = opened.and_then(|(g, ring)| {
-                    let rec = crate::lifecycle::recover(
+                let recovered = opened.map_err(anyhow::Error::new).and_then(|(g, ring)| {
+                    let rec = nuwa_agent::lifecycle::recover(
                         &g.did_log,
                         &ring,
                         &r.key,
@@ -473,7 +473,7 @@ async fn on_step(
                     } else {
                         rec.removed
                             .iter()
-                            .map(|r| crate::lifecycle::describe_removed(r))
+                            .map(|r| nuwa_agent::lifecycle::describe_removed(r))
                             .collect::<Vec<_>>()
                             .join(", ")
                     },

@@ -184,7 +184,7 @@ pub fn create(home_dir: &Path, written_down: bool, json: bool) -> Result<()> {
     let now = home::now_unix_secs();
     if lock.is_some() {
         // Refuse before showing words that could not be used.
-        crate::lifecycle::load_admin(home_dir, &h.log, &h.device, now)?;
+        crate::home::load_admin(home_dir, &h.log, &h.device, now)?;
     }
     let phrase = RecoveryPhrase::generate().context("cannot generate recovery words")?;
     if !json {
@@ -194,8 +194,9 @@ pub fn create(home_dir: &Path, written_down: bool, json: bool) -> Result<()> {
     let public = phrase.key().public();
     let (key_id, len) = match lock {
         Some(_lock) => {
-            let admin = crate::lifecycle::load_admin(home_dir, &h.log, &h.device, now)?;
-            let (log, key_id) = crate::lifecycle::set_recovery_key(&h.log, &admin, &public, now)?;
+            let admin = crate::home::load_admin(home_dir, &h.log, &h.device, now)?;
+            let (log, key_id) =
+                nuwa_agent::lifecycle::set_recovery_key(&h.log, &admin, &public, now)?;
             home::save_log(home_dir, &log)?;
             eprintln!(
                 "no daemon is running: changed in the home; peers learn it when it next runs"
@@ -272,7 +273,7 @@ pub fn recover(
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("the recovery words were not accepted; nothing was changed")?;
     let next = RecoveryPhrase::generate().context("cannot generate new recovery words")?;
-    let r = crate::lifecycle::recover(
+    let r = nuwa_agent::lifecycle::recover(
         &h.log,
         &h.keys,
         &old_key,
@@ -315,7 +316,7 @@ pub fn recover(
         } else {
             r.removed
                 .iter()
-                .map(|r| crate::lifecycle::describe_removed(r))
+                .map(|r| nuwa_agent::lifecycle::describe_removed(r))
                 .collect::<Vec<_>>()
                 .join(", ")
         }
@@ -363,7 +364,7 @@ pub fn rotate(home_dir: &Path, json: bool) -> Result<()> {
     };
     let h = home::load(home_dir)?;
     let now = home::now_unix_secs();
-    let admin = crate::lifecycle::load_admin(home_dir, &h.log, &h.device, now).map_err(|_| {
+    let admin = crate::home::load_admin(home_dir, &h.log, &h.device, now).map_err(|_| {
         anyhow::anyhow!(
             "this device is not an admin, and a key change must be signed by one. Make it an \
              admin first (on an admin device: `nuwa-node device promote {}`), rotate, then take \
@@ -372,7 +373,7 @@ pub fn rotate(home_dir: &Path, json: bool) -> Result<()> {
         )
     })?;
     let new = nuwa_identity::keys::DeviceKey::generate().context("cannot generate the new key")?;
-    let r = crate::lifecycle::rotate(&h.log, &h.keys, &admin, &h.device, &new, now)?;
+    let r = nuwa_agent::lifecycle::rotate(&h.log, &h.keys, &admin, &h.device, &new, now)?;
     drop(admin);
     home::rotate_device(home_dir, &new, &h.info.name, &r.log, &r.keys, &r.grant)?;
     if json {

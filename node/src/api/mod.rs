@@ -75,7 +75,7 @@ pub use page::{LoginLink, Web};
 pub use socket::{SocketError, SocketFile};
 pub use wire::*;
 
-use crate::status::Status;
+use nuwa_agent::status::Status;
 
 /// Largest body of `POST /v1/challenge` (a 64-hex-digit nonce in JSON).
 const MAX_CHALLENGE_BYTES: usize = 1024;
@@ -100,12 +100,24 @@ struct AppState {
     web: Arc<page::Web>,
 }
 
-impl IntoResponse for ApiError {
+/// An [`ApiError`] as an HTTP response: the status its code names, and the
+/// error as JSON. (The error type is the agent's; this is how the shell
+/// answers with it.)
+pub(crate) struct Failure(pub ApiError);
+
+impl From<ApiError> for Failure {
+    fn from(e: ApiError) -> Self {
+        Failure(e)
+    }
+}
+
+impl IntoResponse for Failure {
     fn into_response(self) -> Response {
+        let Failure(error) = self;
         let status =
-            StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let code = self.code;
-        let mut response = (status, Json(serde_json::json!({ "error": self }))).into_response();
+            StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let code = error.code;
+        let mut response = (status, Json(serde_json::json!({ "error": error }))).into_response();
         // Seen by the latency layer, which counts errors by code.
         response.extensions_mut().insert(code);
         response
@@ -117,19 +129,19 @@ impl IntoResponse for ApiError {
 struct Body(axum::body::Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for Body {
-    type Rejection = ApiError;
+    type Rejection = Failure;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &S) -> Result<Self, Failure> {
         match axum::body::Bytes::from_request(req, state).await {
             Ok(b) => Ok(Body(b)),
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(Failure(ApiError::new(
                 ErrorCode::BodyTooLarge,
                 format!("the body is over the {MAX_BODY_BYTES}-byte limit"),
-            )),
-            Err(e) => Err(ApiError::new(
+            ))),
+            Err(e) => Err(Failure(ApiError::new(
                 ErrorCode::BadRequest,
                 format!("cannot read the body: {e}"),
-            )),
+            ))),
         }
     }
 }
@@ -138,13 +150,13 @@ impl<S: Send + Sync> FromRequest<S> for Body {
 struct Q<T>(T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Q<T> {
-    type Rejection = ApiError;
+    type Rejection = Failure;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Failure> {
         axum::extract::Query::<T>::from_request_parts(parts, state)
             .await
             .map(|q| Q(q.0))
-            .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
+            .map_err(|e| Failure(ApiError::new(ErrorCode::BadRequest, e.body_text())))
     }
 }
 
@@ -175,10 +187,10 @@ async fn require_token(
     {
         next.run(req).await
     } else {
-        ApiError::new(
+        Failure(ApiError::new(
             ErrorCode::Unauthorised,
             "missing or wrong bearer token; use the token in HOME/api.json",
-        )
+        ))
         .into_response()
     }
 }
@@ -238,17 +250,17 @@ fn shutting_down() -> ApiError {
 async fn ask<T>(
     lane: &mpsc::Sender<ApiRequest>,
     make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
-) -> Result<T, ApiError> {
+) -> Result<T, Failure> {
     let (tx, rx) = oneshot::channel();
     lane.send(make(tx)).await.map_err(|_| shutting_down())?;
-    rx.await.map_err(|_| shutting_down())
+    Ok(rx.await.map_err(|_| shutting_down())?)
 }
 
 /// To the daemon loop.
 async fn call<T>(
     s: &AppState,
     make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
-) -> Result<T, ApiError> {
+) -> Result<T, Failure> {
     ask(&s.lanes.writes, make).await
 }
 
@@ -256,14 +268,14 @@ async fn call<T>(
 async fn read<T>(
     s: &AppState,
     make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
-) -> Result<T, ApiError> {
+) -> Result<T, Failure> {
     ask(&s.lanes.reads, make).await
 }
 
 async fn challenge(
     State(s): State<AppState>,
     req: Request,
-) -> Result<Json<ChallengeReply>, ApiError> {
+) -> Result<Json<ChallengeReply>, Failure> {
     // No token here, so the body is tiny and must come at once: refused by
     // its declared length before a byte is read, and read against a clock.
     let too_large = || {
@@ -278,17 +290,18 @@ async fn challenge(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_CHALLENGE_BYTES as u64) {
-        return Err(too_large());
+        return Err(too_large().into());
     }
     let read = axum::body::to_bytes(req.into_body(), MAX_CHALLENGE_BYTES);
     let body = match tokio::time::timeout(CHALLENGE_READ_TIMEOUT, read).await {
         Ok(Ok(b)) => b,
-        Ok(Err(_)) => return Err(too_large()),
+        Ok(Err(_)) => return Err(too_large().into()),
         Err(_) => {
             return Err(ApiError::new(
                 ErrorCode::BadRequest,
                 "the challenge body did not arrive in time",
-            ));
+            )
+            .into());
         }
     };
     let b: ChallengeBody = json_body(&body, "challenge")?;
@@ -309,35 +322,32 @@ async fn index(State(s): State<AppState>, headers: axum::http::HeaderMap) -> Res
 }
 
 /// `GET /login?code=`: a login link, spent.
-async fn login(State(s): State<AppState>, Q(q): Q<page::LoginQuery>) -> Result<Response, ApiError> {
-    page::login(&s.web, &q)
+async fn login(State(s): State<AppState>, Q(q): Q<page::LoginQuery>) -> Result<Response, Failure> {
+    Ok(page::login(&s.web, &q)?)
 }
 
 /// `POST /v1/login-link` (token only).
-async fn login_link(State(s): State<AppState>) -> Result<Json<LoginLink>, ApiError> {
+async fn login_link(State(s): State<AppState>) -> Result<Json<LoginLink>, Failure> {
     Ok(Json(s.web.login_link()?))
 }
 
-async fn status(State(s): State<AppState>) -> Result<Json<Status>, ApiError> {
+async fn status(State(s): State<AppState>) -> Result<Json<Status>, Failure> {
     Ok(Json(call(&s, ApiRequest::Status).await?))
 }
 
 async fn devices(
     State(s): State<AppState>,
-) -> Result<Json<Vec<crate::devices::DeviceEntry>>, ApiError> {
+) -> Result<Json<Vec<nuwa_agent::devices::DeviceEntry>>, Failure> {
     Ok(Json(call(&s, ApiRequest::Devices).await?))
 }
 
-async fn put(State(s): State<AppState>, Body(body): Body) -> Result<Json<PutReply>, ApiError> {
+async fn put(State(s): State<AppState>, Body(body): Body) -> Result<Json<PutReply>, Failure> {
     let body: PutBody = json_body(&body, "put")?;
     container_name(&body.container)?;
     Ok(Json(call(&s, |tx| ApiRequest::Put(body, tx)).await??))
 }
 
-async fn revoke(
-    State(s): State<AppState>,
-    Body(body): Body,
-) -> Result<Json<RevokeReply>, ApiError> {
+async fn revoke(State(s): State<AppState>, Body(body): Body) -> Result<Json<RevokeReply>, Failure> {
     let body: RevokeBody = json_body(&body, "revoke")?;
     Ok(Json(call(&s, |tx| ApiRequest::Revoke(body, tx)).await??))
 }
@@ -345,7 +355,7 @@ async fn revoke(
 async fn promote(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, Failure> {
     let body: DeviceBody = json_body(&body, "promote")?;
     let change = AdminChange::Promote(body);
     Ok(Json(call(&s, |tx| ApiRequest::Admin(change, tx)).await??))
@@ -354,7 +364,7 @@ async fn promote(
 async fn demote(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, Failure> {
     let body: DeviceBody = json_body(&body, "demote")?;
     let change = AdminChange::Demote(body);
     Ok(Json(call(&s, |tx| ApiRequest::Admin(change, tx)).await??))
@@ -363,7 +373,7 @@ async fn demote(
 async fn recovery_key(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, Failure> {
     let body: RecoveryKeyBody = json_body(&body, "recovery-key")?;
     let change = AdminChange::RecoveryKey(body);
     Ok(Json(call(&s, |tx| ApiRequest::Admin(change, tx)).await??))
@@ -372,7 +382,7 @@ async fn recovery_key(
 async fn approve(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<ApproveReply>, ApiError> {
+) -> Result<Json<ApproveReply>, Failure> {
     let body: ApproveBody = json_body(&body, "approve")?;
     Ok(Json(call(&s, |tx| ApiRequest::Approve(body, tx)).await??))
 }
@@ -380,12 +390,12 @@ async fn approve(
 async fn provision(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, Failure> {
     let body: ProvisionBody = json_body(&body, "provision")?;
     Ok(Json(call(&s, |tx| ApiRequest::Provision(body, tx)).await??))
 }
 
-async fn tool(s: &AppState, t: Tool) -> Result<Json<serde_json::Value>, ApiError> {
+async fn tool(s: &AppState, t: Tool) -> Result<Json<serde_json::Value>, Failure> {
     if let Tool::Describe(c) | Tool::Compact(c) | Tool::Reset(c) = &t {
         container_name(c)?;
     }
@@ -396,21 +406,21 @@ async fn tool(s: &AppState, t: Tool) -> Result<Json<serde_json::Value>, ApiError
     Ok(Json(call(s, |tx| ApiRequest::Tool(t, tx)).await??))
 }
 
-async fn schemas_list(State(s): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+async fn schemas_list(State(s): State<AppState>) -> Result<Json<serde_json::Value>, Failure> {
     tool(&s, Tool::SchemaList).await
 }
 
 async fn schemas_add(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, Failure> {
     tool(&s, Tool::SchemaAdd(json_body(&body, "schema")?)).await
 }
 
 async fn state_create(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, Failure> {
     let b: CreateBody = json_body(&body, "state.create")?;
     tool(
         &s,
@@ -426,7 +436,7 @@ async fn state_create(
 async fn state_update(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, Failure> {
     let b: UpdateBody = json_body(&body, "state.update")?;
     tool(
         &s,
@@ -442,7 +452,7 @@ async fn state_update(
 async fn state_query(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, Failure> {
     let b: QueryBody = json_body(&body, "state.query")?;
     tool(&s, Tool::Query(b.query)).await
 }
@@ -450,7 +460,7 @@ async fn state_query(
 async fn state_delete(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, Failure> {
     let b: DeleteBody = json_body(&body, "state.delete")?;
     tool(
         &s,
@@ -466,7 +476,7 @@ async fn state_delete(
 async fn state_describe(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, Failure> {
     let b: ContainerBody = json_body(&body, "state.describe")?;
     tool(&s, Tool::Describe(b.container)).await
 }
@@ -474,7 +484,7 @@ async fn state_describe(
 async fn state_compact(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, Failure> {
     let b: ContainerBody = json_body(&body, "state.compact")?;
     tool(&s, Tool::Compact(b.container)).await
 }
@@ -482,7 +492,7 @@ async fn state_compact(
 async fn state_reset(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, Failure> {
     let b: ContainerBody = json_body(&body, "state.reset")?;
     tool(&s, Tool::Reset(b.container)).await
 }
@@ -490,10 +500,10 @@ async fn state_reset(
 async fn state_batch(
     State(s): State<AppState>,
     Body(body): Body,
-) -> Result<Json<BatchReply>, ApiError> {
+) -> Result<Json<BatchReply>, Failure> {
     let b: BatchBody = json_body(&body, "state.batch")?;
     if b.ops.is_empty() {
-        return Err(ApiError::new(ErrorCode::BadRequest, "ops is empty"));
+        return Err(ApiError::new(ErrorCode::BadRequest, "ops is empty").into());
     }
     if b.ops.len() > MAX_BATCH_OPS {
         return Err(ApiError::new(
@@ -502,12 +512,13 @@ async fn state_batch(
                 "{} operations; a batch takes at most {MAX_BATCH_OPS}",
                 b.ops.len()
             ),
-        ));
+        )
+        .into());
     }
     Ok(Json(call(&s, |tx| ApiRequest::Batch(b, tx)).await??))
 }
 
-async fn get_state(State(s): State<AppState>, Q(q): Q<GetQuery>) -> Result<Response, ApiError> {
+async fn get_state(State(s): State<AppState>, Q(q): Q<GetQuery>) -> Result<Response, Failure> {
     container_name(&q.container)?;
     let json = read(&s, |tx| ApiRequest::Get(q, tx)).await??;
     Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
@@ -518,7 +529,7 @@ struct ExportQuery {
     container: String,
 }
 
-async fn export(State(s): State<AppState>, Q(q): Q<ExportQuery>) -> Result<Response, ApiError> {
+async fn export(State(s): State<AppState>, Q(q): Q<ExportQuery>) -> Result<Response, Failure> {
     container_name(&q.container)?;
     let bytes = read(&s, |tx| ApiRequest::Export(q.container, tx)).await??;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
@@ -529,7 +540,7 @@ struct EventsQuery {
     container: Option<String>,
 }
 
-async fn events(State(s): State<AppState>, Q(q): Q<EventsQuery>) -> Result<Response, ApiError> {
+async fn events(State(s): State<AppState>, Q(q): Q<EventsQuery>) -> Result<Response, Failure> {
     use axum::response::sse::{Event, KeepAlive, Sse};
     if let Some(c) = &q.container {
         container_name(c)?;
@@ -620,19 +631,19 @@ fn closest_endpoint(path: &str) -> Option<&'static str> {
         .map(|(_, e)| e)
 }
 
-async fn not_found(uri: axum::http::Uri) -> ApiError {
+async fn not_found(uri: axum::http::Uri) -> Failure {
     let message = match closest_endpoint(uri.path()) {
         Some(e) => format!("no such endpoint; did you mean {e}? see docs/api.md"),
         None => "no such endpoint; see docs/api.md".to_owned(),
     };
-    ApiError::new(ErrorCode::NotFound, message)
+    Failure(ApiError::new(ErrorCode::NotFound, message))
 }
 
-async fn method_not_allowed() -> ApiError {
-    ApiError::new(
+async fn method_not_allowed() -> Failure {
+    Failure(ApiError::new(
         ErrorCode::MethodNotAllowed,
         "this endpoint does not take that HTTP method; see docs/api.md",
-    )
+    ))
 }
 
 /// The router, with every layer but the connection guard.

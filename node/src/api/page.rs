@@ -265,25 +265,25 @@ pub async fn check_host_and_origin(
         return next.run(req).await;
     }
     if !web.host_allowed(req.headers()) {
-        return ApiError::new(
+        return super::Failure(ApiError::new(
             ErrorCode::BadHost,
             format!(
                 "the Host header must name this daemon (127.0.0.1, localhost or [::1], port {}); \
                  use the address in HOME/api.json",
                 web.local.port()
             ),
-        )
+        ))
         .into_response();
     }
     if !web.origin_allowed(req.headers()) {
-        return ApiError::new(
+        return super::Failure(ApiError::new(
             ErrorCode::BadOrigin,
             format!(
                 "cross-origin requests are refused; only pages served by this daemon ({}) may \
                  call it",
                 web.origin()
             ),
-        )
+        ))
         .into_response();
     }
     next.run(req).await

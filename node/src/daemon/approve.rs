@@ -20,8 +20,8 @@ use tracing::{debug, info, warn};
 use super::Daemon;
 use crate::api::{ApiError, ApproveBody, ApproveReply, ErrorCode};
 use crate::home;
-use crate::lifecycle;
-use crate::pairing::{GrantPlaintext, PAIR_AGENT_PREFIX, rendezvous_namespace};
+use nuwa_agent::lifecycle;
+use nuwa_agent::pairing::{GrantPlaintext, PAIR_AGENT_PREFIX, rendezvous_namespace};
 
 /// How long one approval may take in total, unless the request says.
 const APPROVE_TIMEOUT_MS: u64 = 60_000;
@@ -526,7 +526,7 @@ impl Daemon {
             &joiner.x25519_public,
             now_secs,
         )
-        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{e:#}")))?;
+        .map_err(|e| ApiError::new(ErrorCode::Internal, nuwa_agent::explain(&e)))?;
         drop(master);
         let grant_pt = GrantPlaintext::new(
             &log,
@@ -535,7 +535,7 @@ impl Daemon {
             &name,
         )
         .to_bytes()
-        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{e:#}")))?;
+        .map_err(|e| ApiError::new(ErrorCode::Internal, nuwa_agent::explain(&e)))?;
         let Some(a) = &mut self.pairing.approval else {
             return Ok(());
         };
@@ -576,9 +576,9 @@ impl Daemon {
             self.session.membership().epoch_grant(),
             &name,
         )
-        .map_err(|e| ApiError::new(ErrorCode::CannotChangeDevices, format!("{e:#}")))?
+        .map_err(|e| ApiError::new(ErrorCode::CannotChangeDevices, nuwa_agent::explain(&e)))?
         .to_bytes()
-        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{e:#}")))?;
+        .map_err(|e| ApiError::new(ErrorCode::Internal, nuwa_agent::explain(&e)))?;
         let Some(a) = &mut self.pairing.approval else {
             return Ok(());
         };

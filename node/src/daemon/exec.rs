@@ -600,7 +600,7 @@ impl Daemon {
                 own.push(k.public());
             }
         }
-        let Some((doc, n)) = crate::lifecycle::rebased_document(&old, &new, &own) else {
+        let Some((doc, n)) = nuwa_agent::lifecycle::rebased_document(&old, &new, &own) else {
             info!(
                 "DID log fork: another branch won the fork rule; no update of this device was dropped"
             );

@@ -138,7 +138,7 @@ impl Keepers {
 }
 
 impl Daemon {
-    pub(super) fn keeper_status(&self) -> Vec<crate::status::KeeperStatus> {
+    pub(super) fn keeper_status(&self) -> Vec<nuwa_agent::status::KeeperStatus> {
         self.keepers
             .links
             .iter()
@@ -151,7 +151,7 @@ impl Daemon {
                         .container_names()
                         .into_iter()
                         .all(|name| l.state.pushed.get(name) == Some(&self.heads_hex(name)));
-                crate::status::KeeperStatus {
+                nuwa_agent::status::KeeperStatus {
                     peer_id: peer.to_string(),
                     connected: l.connected,
                     pushed_all,

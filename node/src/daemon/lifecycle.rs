@@ -13,13 +13,13 @@ use crate::api::{
     RevokeReply,
 };
 use crate::home;
-use crate::lifecycle;
+use nuwa_agent::lifecycle;
 
 impl Daemon {
     /// This home's admin key (see `lifecycle::load_admin`), or the API error
     /// that says why there is none.
     pub(super) fn admin_key(&self, now_secs: i64) -> Result<lifecycle::Admin, ApiError> {
-        lifecycle::load_admin(
+        crate::home::load_admin(
             &self.home_dir,
             self.session.log(),
             self.session.membership().device(),
@@ -59,7 +59,7 @@ impl Daemon {
             self.session.membership().context_id(),
             now_secs,
         )
-        .map_err(|e| ApiError::new(ErrorCode::CannotRevoke, format!("{e:#}")))?;
+        .map_err(|e| ApiError::new(ErrorCode::CannotRevoke, nuwa_agent::explain(&e)))?;
         drop(master);
         // Durable before anyone hears of it: keys first, so a crash never
         // leaves a log whose epoch key is lost.
@@ -158,8 +158,9 @@ impl Daemon {
     ) -> Result<(serde_json::Value, Vec<Effect>), ApiError> {
         let now_secs = home::now_unix_secs();
         let admin = self.admin_key(now_secs)?;
-        let refused =
-            |e: anyhow::Error| ApiError::new(ErrorCode::CannotChangeDevices, format!("{e:#}"));
+        let refused = |e: lifecycle::LifecycleError| {
+            ApiError::new(ErrorCode::CannotChangeDevices, nuwa_agent::explain(&e))
+        };
         let log = self.session.log();
         let (log, change, subject) = match change {
             AdminChange::Promote(b) => (

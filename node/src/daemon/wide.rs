@@ -128,10 +128,10 @@ impl Wide {
     }
 
     /// Each configured rendezvous server and whether it is connected.
-    pub fn rendezvous_status(&self) -> Vec<crate::status::InfraPeerStatus> {
+    pub fn rendezvous_status(&self) -> Vec<nuwa_agent::status::InfraPeerStatus> {
         self.rv_servers
             .iter()
-            .map(|(p, a)| crate::status::InfraPeerStatus {
+            .map(|(p, a)| nuwa_agent::status::InfraPeerStatus {
                 address: a.to_string(),
                 connected: self.connected_infra.contains(p),
             })

@@ -9,21 +9,20 @@
 //! kept encrypted in the store ([`SEEN_META`]): the daemon records a peer
 //! when it is verified and when it leaves, every peer still connected at
 //! most once a minute ([`SEEN_SAVE_EVERY_MS`]) and at shutdown. Without a
-//! daemon, `device list` reads that record ([`Seen::load`]) and says when it
+//! daemon, `device list` reads that record ([`Seen::from_bytes`]) and says when it
 //! was written.
 
 use std::collections::BTreeMap;
 
 use nuwa_identity::chain::DidChain;
 use nuwa_identity::document::{DidDocument, KeyStatus, Relationship};
-use nuwa_store::Storage;
 use serde::{Deserialize, Serialize};
 
-pub(crate) const SEEN_META: &str = "devices_seen";
+pub const SEEN_META: &str = "devices_seen";
 /// Devices remembered (far above any real agent's device count).
 const MAX_SEEN: usize = 1024;
 /// How often the daemon records the peers it is connected to as seen.
-pub(crate) const SEEN_SAVE_EVERY_MS: u64 = 60_000;
+pub const SEEN_SAVE_EVERY_MS: u64 = 60_000;
 
 /// One row of `device list --json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -90,14 +89,9 @@ impl Seen {
             .filter(|n| !n.is_empty())
     }
 
-    pub fn load(store: &dyn Storage) -> Seen {
-        match store.get_meta(SEEN_META) {
-            Ok(Some(bytes)) => Seen::from_bytes(&bytes),
-            _ => Seen::default(),
-        }
-    }
-
-    fn from_bytes(bytes: &[u8]) -> Seen {
+    /// Reads the record stored under [`SEEN_META`]; an unreadable one
+    /// starts empty (names come back with the next Hellos).
+    pub fn from_bytes(bytes: &[u8]) -> Seen {
         let (devices, saved_ms) = match serde_json::from_slice::<SeenRecord>(bytes) {
             Ok(r) => (r.devices, r.saved_ms),
             Err(_) => (serde_json::from_slice(bytes).unwrap_or_default(), 0),

@@ -13,7 +13,6 @@
 //! the ordinary `/nuwa/sync/1` protocol. The grant it sends (sealed under the
 //! PAKE session key) is a [`GrantPlaintext`].
 
-use anyhow::{Context, Result, bail};
 use nuwa_crypto::epoch::KeyRing;
 use nuwa_identity::chain::DidChain;
 use nuwa_identity::document::Relationship;
@@ -21,6 +20,52 @@ use nuwa_identity::keys::context_id_for;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
+
+/// Why a grant or handover could not be made or opened. Nothing was
+/// written in any case.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GrantError {
+    /// Refused; the message says why.
+    #[error("{0}")]
+    Refused(String),
+    /// A part of it is malformed or does not open.
+    #[error("{what}")]
+    Invalid {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+type Result<T> = std::result::Result<T, GrantError>;
+
+/// Returns a [`GrantError::Refused`] with a formatted message.
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err(GrantError::Refused(format!($($arg)*)))
+    };
+}
+
+/// Names what failed, keeping the cause as the source.
+trait Because<T> {
+    fn because(self, what: impl Into<String>) -> Result<T>;
+}
+
+impl<T, E: std::error::Error + Send + Sync + 'static> Because<T> for std::result::Result<T, E> {
+    fn because(self, what: impl Into<String>) -> Result<T> {
+        self.map_err(|e| GrantError::Invalid {
+            what: what.into(),
+            source: Box::new(e),
+        })
+    }
+}
+
+impl<T> Because<T> for Option<T> {
+    fn because(self, what: impl Into<String>) -> Result<T> {
+        self.ok_or_else(|| GrantError::Refused(what.into()))
+    }
+}
 
 /// Prefix of the mDNS agent field of a device waiting to pair.
 pub const PAIR_AGENT_PREFIX: &str = "did:nuwapair:";
@@ -94,20 +139,20 @@ impl GrantPlaintext {
                 nuwa_identity::recovery::is_recovery_fragment(&m.id)
                     && doc.has_relationship(&m.id, Relationship::CapabilityDelegation)
             })
-            .context(
+            .because(
                 "this agent has no recovery key, so nothing can be handed over for recovery \
                  (an admin device adds one with `nuwa-node recovery create`)",
             )?;
         let ed = recovery
             .ed25519_public()
-            .context("the recovery key is not an Ed25519 key")?;
+            .because("the recovery key is not an Ed25519 key")?;
         let x = nuwa_identity::did_key::x25519_public_from_ed25519(&ed)
-            .context("cannot derive the recovery key's key-agreement form")?;
+            .because("cannot derive the recovery key's key-agreement form")?;
         let mut sealed = Vec::new();
         for epoch in keys.epochs() {
-            let key = keys.get(epoch).context("key ring epoch vanished")?;
+            let key = keys.get(epoch).because("key ring epoch vanished")?;
             let s = nuwa_crypto::epoch::seal_key_to(&x, HANDOVER_CONTEXT, log.did(), key)
-                .context("cannot seal a key for the handover")?;
+                .because("cannot seal a key for the handover")?;
             let mut bytes = Vec::with_capacity(8 + 32 + 24 + 48);
             bytes.extend_from_slice(&s.epoch.to_be_bytes());
             bytes.extend_from_slice(&s.ephemeral_public);
@@ -139,7 +184,7 @@ impl GrantPlaintext {
         now_secs: i64,
     ) -> Result<(Self, KeyRing)> {
         let g: GrantPlaintext = serde_json::from_slice(bytes)
-            .context("the handover from the approving device is malformed")?;
+            .because("the handover from the approving device is malformed")?;
         if !g.is_handover() {
             bail!("the approving device sent a grant, not a recovery handover");
         }
@@ -148,12 +193,11 @@ impl GrantPlaintext {
         }
         g.check_log("handover", now_secs)?;
         nuwa_identity::recovery::check_belongs(g.did_log.current(), recovery, now_secs)
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .context("the recovery words were not accepted; nothing was written")?;
+            .because("the recovery words were not accepted; nothing was written")?;
         let secret = recovery.x25519_secret();
         let mut ring: Option<KeyRing> = None;
         for h in &g.recovery_sealed_hex {
-            let b = hex::decode(h).context("a sealed key of the handover is malformed")?;
+            let b = hex::decode(h).because("a sealed key of the handover is malformed")?;
             if b.len() != 8 + 32 + 24 + 48 {
                 bail!("a sealed key of the handover has the wrong length");
             }
@@ -169,13 +213,13 @@ impl GrantPlaintext {
                 &g.agent_did,
                 &sealed,
             )
-            .context("a key of the handover does not open with these recovery words")?;
+            .because("a key of the handover does not open with these recovery words")?;
             match ring.as_mut() {
                 None => ring = Some(KeyRing::new(key)),
-                Some(r) => r.insert(key).context("the handover's keys conflict")?,
+                Some(r) => r.insert(key).because("the handover's keys conflict")?,
             }
         }
-        let ring = ring.context("the handover carries no key")?;
+        let ring = ring.because("the handover carries no key")?;
         Ok((g, ring))
     }
 
@@ -190,18 +234,20 @@ impl GrantPlaintext {
         }
         self.did_log
             .verify(None, now_secs)
-            .with_context(|| format!("the {what}'s DID log does not verify"))
+            .because(format!("the {what}'s DID log does not verify"))
     }
 
     pub fn to_bytes(&self) -> Result<Zeroizing<Vec<u8>>> {
-        Ok(Zeroizing::new(serde_json::to_vec(self)?))
+        Ok(Zeroizing::new(
+            serde_json::to_vec(self).because("cannot encode the grant")?,
+        ))
     }
 
     /// Parses and checks a grant for the device with `ed25519` public key:
     /// the log verifies, is this agent's, and lists the device as active.
     pub fn open(bytes: &[u8], ed25519: &[u8; 32], now_secs: i64) -> Result<(Self, KeyRing)> {
         let g: GrantPlaintext = serde_json::from_slice(bytes)
-            .context("the grant from the approving device is malformed")?;
+            .because("the grant from the approving device is malformed")?;
         g.check_log("grant", now_secs)?;
         let ctx = context_id_for(ed25519);
         g.did_log
@@ -211,12 +257,12 @@ impl GrantPlaintext {
                 Relationship::Authentication,
                 now_secs,
             )
-            .context("the grant's DID document does not list this device")?;
+            .because("the grant's DID document does not list this device")?;
         let ring_bytes = Zeroizing::new(
-            hex::decode(g.key_ring_hex.as_bytes()).context("the grant's key ring is malformed")?,
+            hex::decode(g.key_ring_hex.as_bytes()).because("the grant's key ring is malformed")?,
         );
         let ring =
-            KeyRing::from_file_bytes(&ring_bytes).context("the grant's key ring is malformed")?;
+            KeyRing::from_file_bytes(&ring_bytes).because("the grant's key ring is malformed")?;
         Ok((g, ring))
     }
 }

@@ -1,19 +1,94 @@
-//! Device lifecycle on top of the DID log and the key ring: the signed DID
-//! updates that add (pairing) or remove (revocation) a device, and the epoch
-//! grant a revocation issues. (Checking a grant that arrives from a peer is
-//! `nuwa_sync::grant`.)
+//! Device lifecycle on top of the DID chain and the key ring: the signed
+//! DID updates that add (pairing, provisioning), remove (revocation),
+//! promote, demote and rotate devices, recovery with the recovery words,
+//! and the epoch grants that revocation, recovery and rotation issue.
+//! (Checking a grant that arrives from a peer is `nuwa_sync::grant`.)
 //!
-//! No IO here: the daemon and the offline CLI paths persist the results.
+//! Pure functions: no IO, no clock (time is a parameter). The agent and
+//! the shell's offline commands persist what they return.
 
-use anyhow::{Context, Result, bail};
 use nuwa_crypto::SyncKey;
 use nuwa_crypto::epoch::{EpochGrant, KeyRing};
-use nuwa_identity::chain::DidChain;
-use nuwa_identity::document::{DidDocument, KeyStatus, Relationship, shorten};
+use nuwa_identity::chain::{ChainError, DidChain};
+use nuwa_identity::document::{DidDocument, DidError, KeyStatus, Relationship, shorten};
 use nuwa_identity::keys::{DeviceKey, context_id_for};
 use nuwa_identity::recovery::{RECOVERY_FRAGMENT_PREFIX, add_recovery_key, check_belongs};
 
-use crate::home::DEVICE_RELATIONSHIPS;
+/// Relationships every device key gets. `authentication` is what sync
+/// membership checks; the others let a device sign state and invoke
+/// services. Key management (`capabilityDelegation`) stays with admins.
+pub const DEVICE_RELATIONSHIPS: &[Relationship] = &[
+    Relationship::Authentication,
+    Relationship::AssertionMethod,
+    Relationship::CapabilityInvocation,
+];
+
+/// Why a lifecycle change was not made. Nothing changed in any case.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LifecycleError {
+    /// The change does not apply; the message says why and what to do.
+    #[error("{0}")]
+    Refused(String),
+    /// Editing the DID document failed.
+    #[error("cannot {what}")]
+    Document {
+        what: String,
+        #[source]
+        source: DidError,
+    },
+    /// Signing the update onto the chain failed.
+    #[error("cannot sign the {what}")]
+    Sign {
+        what: &'static str,
+        #[source]
+        source: Box<ChainError>,
+    },
+    /// A key or grant could not be made.
+    #[error("cannot {what}")]
+    Crypto {
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The recovery words do not belong to this agent.
+    #[error(transparent)]
+    Recovery(#[from] nuwa_identity::recovery::RecoveryError),
+}
+
+fn refused(message: impl Into<String>) -> LifecycleError {
+    LifecycleError::Refused(message.into())
+}
+
+fn doc_err(what: impl Into<String>) -> impl FnOnce(DidError) -> LifecycleError {
+    let what = what.into();
+    move |source| LifecycleError::Document { what, source }
+}
+
+fn sign_err(what: &'static str) -> impl FnOnce(ChainError) -> LifecycleError {
+    move |source| LifecycleError::Sign {
+        what,
+        source: Box::new(source),
+    }
+}
+
+fn crypto_err<E: std::error::Error + Send + Sync + 'static>(
+    what: &'static str,
+) -> impl FnOnce(E) -> LifecycleError {
+    move |source| LifecycleError::Crypto {
+        what,
+        source: Box::new(source),
+    }
+}
+
+type Result<T> = std::result::Result<T, LifecycleError>;
+
+/// Returns a [`LifecycleError::Refused`] with a formatted message.
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err(refused(format!($($arg)*)))
+    };
+}
 
 /// Fragment suffix of a device's X25519 `keyAgreement` key.
 pub const X25519_SUFFIX: &str = "-x25519";
@@ -35,39 +110,33 @@ impl Admin {
     }
 }
 
-/// Finds the key of this home that may change the DID document: the
-/// master key if `HOME/master.key` is still listed with
-/// `capabilityDelegation`, else this device's key if it holds it. Explains
-/// what to do when neither does.
-pub fn load_admin(
-    home: &std::path::Path,
+/// The key of this home that may change the DID document: the master key
+/// of `init` (`master`, when the home holds it) if it is still listed with
+/// `capabilityDelegation`, else this device's key if it holds that
+/// relationship. Explains what to do when neither does.
+pub fn admin_of(
     log: &DidChain,
     device: &DeviceKey,
+    master: Option<&DeviceKey>,
     now_secs: i64,
 ) -> Result<Admin> {
     let doc = log.current();
-    let path = home.join(crate::home::MASTER_KEY);
-    let mut master_note = String::new();
-    if let Ok(bytes) = std::fs::read(&path) {
-        let master = DeviceKey::from_seed_file_bytes(&bytes)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+    let mut master_note = "";
+    if let Some(master) = master {
         match doc.method_for_public(
             &master.public(),
             Relationship::CapabilityDelegation,
             now_secs,
         ) {
             Ok(m) => {
-                let key_id = m.id.clone();
                 return Ok(Admin {
-                    key: master,
-                    key_id,
+                    key_id: m.id.clone(),
+                    key: DeviceKey::from_seed(&master.seed()),
                 });
             }
             Err(_) => {
-                master_note = format!(
-                    " ({} is no longer an admin key of the agent: it was rotated out)",
-                    path.display()
-                );
+                master_note = " (this home's master.key is no longer an admin key of the agent: it was \
+                               rotated out)";
             }
         }
     }
@@ -81,13 +150,13 @@ pub fn load_admin(
             key: DeviceKey::from_seed(&device.seed()),
         });
     }
-    bail!(
+    Err(refused(format!(
         "this device is not an admin of the agent: it holds no key with capabilityDelegation, \
          the only keys that may approve, provision, promote or revoke devices{master_note}. Run \
          this on an admin device (`nuwa-node device list` shows them), make this one an admin \
          there with `nuwa-node device promote CONTEXT_ID`, or, if every admin device is lost, \
          recover with the recovery words: `nuwa-node recover`"
-    )
+    )))
 }
 
 /// Whether `key_id` (or fragment) names a recovery key.
@@ -125,10 +194,10 @@ fn next_recovery_generation(log: &DidChain) -> u32 {
 fn rotate_recovery_key(log: &DidChain, doc: &mut DidDocument, public: &[u8; 32]) -> Result<String> {
     for id in recovery_keys(doc) {
         doc.remove_key(&id)
-            .with_context(|| format!("cannot remove the old recovery key {id}"))?;
+            .map_err(doc_err(format!("remove the old recovery key {id}")))?;
     }
     add_recovery_key(doc, next_recovery_generation(log), public)
-        .context("cannot add the recovery key to the DID document")
+        .map_err(doc_err("add the recovery key to the DID document"))
 }
 
 /// `recovery create`: the signed update that makes `public` the agent's
@@ -143,19 +212,22 @@ pub fn set_recovery_key(
     let key_id = rotate_recovery_key(log, &mut doc, public)?;
     let mut log = log.clone();
     log.append_document(&doc, &admin.key, &admin.key_id, now_secs)
-        .context("cannot sign the DID document update")?;
+        .map_err(sign_err("DID document update"))?;
     proof_fits(&log)?;
     Ok((log, key_id))
 }
 
 /// The id of the key that signed the genesis: the master key of `init`.
 pub fn master_key_id(log: &DidChain) -> Result<String> {
-    let genesis = &log.documents().next().context("DID log is empty")?;
+    let genesis = &log
+        .documents()
+        .next()
+        .ok_or_else(|| refused("the DID log is empty"))?;
     genesis
         .capability_delegation
         .first()
         .cloned()
-        .context("DID log genesis has no capabilityDelegation key")
+        .ok_or_else(|| refused("the DID log's genesis has no capabilityDelegation key"))
 }
 
 /// The first update of a new agent: this device's keys and the recovery
@@ -170,9 +242,9 @@ pub fn first_update(
     let mut doc = log.current().clone();
     let context_id = list_device(&mut doc, device, &[])?;
     add_recovery_key(&mut doc, 1, recovery_public)
-        .context("cannot add the recovery key to the DID document")?;
+        .map_err(doc_err("add the recovery key to the DID document"))?;
     log.append_document(&doc, master, &master_key_id(log)?, now_secs)
-        .context("cannot sign the DID document update")?;
+        .map_err(sign_err("DID document update"))?;
     Ok(context_id)
 }
 
@@ -185,13 +257,15 @@ fn list_device(
 ) -> Result<String> {
     let public = device.public();
     let x25519 = nuwa_identity::did_key::x25519_public_from_ed25519(&public)
-        .context("cannot derive the device's key-agreement key")?;
+        .map_err(doc_err("derive the device's key-agreement key"))?;
     let context_id = context_id_for(&public);
     let rels: Vec<Relationship> = DEVICE_RELATIONSHIPS.iter().chain(extra).copied().collect();
     doc.add_key(&context_id, &public, &rels, None)
-        .context("cannot add the device key to the DID document")?;
+        .map_err(doc_err("add the device key to the DID document"))?;
     doc.add_key_agreement_key(&format!("{context_id}{X25519_SUFFIX}"), &x25519, None)
-        .context("cannot add the device's key-agreement key to the DID document")?;
+        .map_err(doc_err(
+            "add the device's key-agreement key to the DID document",
+        ))?;
     Ok(context_id)
 }
 
@@ -208,11 +282,13 @@ pub fn add_device(
     let context_id = context_id_for(ed25519);
     let mut doc: DidDocument = log.current().clone();
     doc.add_key(&context_id, ed25519, DEVICE_RELATIONSHIPS, None)
-        .context("cannot add the device key to the DID document")?;
+        .map_err(doc_err("add the device key to the DID document"))?;
     doc.add_key_agreement_key(&format!("{context_id}{X25519_SUFFIX}"), x25519, None)
-        .context("cannot add the device's key-agreement key to the DID document")?;
+        .map_err(doc_err(
+            "add the device's key-agreement key to the DID document",
+        ))?;
     log.append_document(&doc, &admin.key, &admin.key_id, now_secs)
-        .context("cannot sign the DID document update")?;
+        .map_err(sign_err("DID document update"))?;
     Ok(context_id)
 }
 
@@ -340,11 +416,11 @@ pub fn revoke(
     }
     let mut next = doc.clone();
     next.remove_key(target)
-        .with_context(|| format!("cannot remove {target}"))?;
+        .map_err(doc_err(format!("remove {target}")))?;
     let x = format!("{target}{X25519_SUFFIX}");
     if next.key_status(&format!("{did}#{x}"), now_secs) != KeyStatus::NotListed {
         next.remove_key(&x)
-            .with_context(|| format!("cannot remove {x}"))?;
+            .map_err(doc_err(format!("remove {x}")))?;
     }
     if next
         .capability_delegation
@@ -358,7 +434,7 @@ pub fn revoke(
     }
     let mut log = log.clone();
     log.append_document(&next, &admin.key, &admin.key_id, now_secs)
-        .context("cannot sign the DID document update")?;
+        .map_err(sign_err("DID document update"))?;
     let (keys, grant, epoch, remaining) = new_epoch(
         &log,
         keys,
@@ -394,7 +470,7 @@ fn new_epoch(
         bail!("no device would remain to receive the new key epoch");
     }
     let epoch = (keys.current().epoch() + 1).max(min_epoch);
-    let key = SyncKey::generate(epoch).context("cannot generate the new sync key")?;
+    let key = SyncKey::generate(epoch).map_err(crypto_err("generate the new sync key"))?;
     let grant = EpochGrant::create(
         &key,
         &recipients,
@@ -404,11 +480,12 @@ fn new_epoch(
         log.did(),
         now_secs.max(0) as u64,
     )
-    .context("cannot create the epoch grant")?
+    .map_err(crypto_err("create the epoch grant"))?
     .encode()
-    .context("cannot encode the epoch grant")?;
+    .map_err(crypto_err("encode the epoch grant"))?;
     let mut keys = keys.clone();
-    keys.insert(key).context("cannot add the new key epoch")?;
+    keys.insert(key)
+        .map_err(crypto_err("add the new key epoch"))?;
     Ok((
         keys,
         grant,
@@ -436,17 +513,17 @@ fn active_device(log: &DidChain, target: &str, now_secs: i64) -> Result<String> 
 /// Why `target` (whose key id `key_id` the current document does not list)
 /// cannot be acted on: revoked earlier, or never a device of the agent.
 /// Echoes at most a short prefix of what the caller typed.
-fn not_listed(log: &DidChain, key_id: &str, target: &str) -> anyhow::Error {
+fn not_listed(log: &DidChain, key_id: &str, target: &str) -> LifecycleError {
     let ever = log
         .documents()
         .any(|d| d.key_status(key_id, i64::MIN / 2) != KeyStatus::NotListed);
     if ever {
-        anyhow::anyhow!("device {target} is already revoked")
+        refused(format!("device {target} is already revoked"))
     } else {
-        anyhow::anyhow!(
+        refused(format!(
             "no device {} in the agent's DID document; see `nuwa-node device list`",
             shorten(target)
-        )
+        ))
     }
 }
 
@@ -461,12 +538,12 @@ pub const MAX_PROOF_AFTER_CHANGE: usize = 56 * 1024;
 fn proof_fits(log: &DidChain) -> Result<()> {
     let bytes = log.proof().encode().map(|b| b.len()).unwrap_or(usize::MAX);
     if bytes > MAX_PROOF_AFTER_CHANGE {
-        anyhow::bail!(
+        return Err(refused(format!(
             "refused: after this change the proof of the agent's DID document would be {bytes} \
              bytes, over the {MAX_PROOF_AFTER_CHANGE} that DHT pointers and Hellos carry; each \
              promote, demote and key rotation of an admin adds about 1.3 KB for good. Keep the \
              admins you have (`nuwa-node device list`)"
-        );
+        )));
     }
     Ok(())
 }
@@ -481,10 +558,10 @@ pub fn promote(log: &DidChain, admin: &Admin, target: &str, now_secs: i64) -> Re
         bail!("device {target} is already an admin");
     }
     doc.grant(&key_id, Relationship::CapabilityDelegation)
-        .with_context(|| format!("cannot make {target} an admin"))?;
+        .map_err(doc_err(format!("make {target} an admin")))?;
     let mut log = log.clone();
     log.append_document(&doc, &admin.key, &admin.key_id, now_secs)
-        .context("cannot sign the DID document update")?;
+        .map_err(sign_err("DID document update"))?;
     proof_fits(&log)?;
     Ok(log)
 }
@@ -512,7 +589,7 @@ pub fn demote(log: &DidChain, admin: &Admin, target: &str, now_secs: i64) -> Res
     }
     let mut log = log.clone();
     log.append_document(&doc, &admin.key, &admin.key_id, now_secs)
-        .context("cannot sign the DID document update")?;
+        .map_err(sign_err("DID document update"))?;
     proof_fits(&log)?;
     Ok(log)
 }
@@ -550,16 +627,16 @@ pub fn rotate(
         .collect();
     let mut next = doc.clone();
     next.remove_key(&old_id)
-        .context("cannot remove the old device key")?;
+        .map_err(doc_err("remove the old device key"))?;
     let x = format!("{old_context}{X25519_SUFFIX}");
     if next.find_method(&x).is_some() {
         next.remove_key(&x)
-            .context("cannot remove the old key-agreement key")?;
+            .map_err(doc_err("remove the old key-agreement key"))?;
     }
     let new_context = list_device(&mut next, new, &extra)?;
     let mut log = log.clone();
     log.append_document(&next, &admin.key, &admin.key_id, now_secs)
-        .context("cannot sign the rotation")?;
+        .map_err(sign_err("rotation"))?;
     proof_fits(&log)?;
     // The grant's issuer must hold capabilityDelegation in the new
     // document: the master key, or the device's new key.
@@ -629,7 +706,7 @@ pub fn recover(
 ) -> Result<Recovery> {
     let did = log.did().to_owned();
     let doc = log.current();
-    let recovery_id = check_belongs(doc, recovery, now_secs).map_err(anyhow::Error::new)?;
+    let recovery_id = check_belongs(doc, recovery, now_secs)?;
     let context_id = context_id_for(&device.public());
     let device_id = format!("{did}#{context_id}");
     let mut next = doc.clone();
@@ -638,12 +715,12 @@ pub fn recover(
         list_device(&mut next, device, &[Relationship::CapabilityDelegation])?;
     } else if !next.has_relationship(&device_id, Relationship::CapabilityDelegation) {
         next.grant(&device_id, Relationship::CapabilityDelegation)
-            .context("cannot make this device an admin")?;
+            .map_err(doc_err("make this device an admin"))?;
     }
     let master_id = master_key_id(log)?;
     if next.find_method(&master_id).is_some() {
         next.remove_key(&master_id)
-            .context("cannot remove the master key")?;
+            .map_err(doc_err("remove the master key"))?;
         removed.push(DidDocument::fragment(&master_id).to_owned());
     }
     let mut revoked = Vec::new();
@@ -657,11 +734,11 @@ pub fn recover(
         }
         active_device(log, target, now_secs)?;
         next.remove_key(target)
-            .with_context(|| format!("cannot remove {target}"))?;
+            .map_err(doc_err(format!("remove {target}")))?;
         let x = format!("{target}{X25519_SUFFIX}");
         if next.find_method(&x).is_some() {
             next.remove_key(&x)
-                .with_context(|| format!("cannot remove {x}"))?;
+                .map_err(doc_err(format!("remove {x}")))?;
         }
         removed.push(target.to_owned());
         revoked.push(target.to_owned());
@@ -669,7 +746,7 @@ pub fn recover(
     let recovery_key_id = rotate_recovery_key(log, &mut next, new_recovery_public)?;
     let mut log = log.clone();
     log.append_document(&next, recovery, &recovery_id, now_secs)
-        .context("cannot sign the recovery update")?;
+        .map_err(sign_err("recovery update"))?;
     // The device recovering may have missed epochs its peers opened (a
     // stolen admin revoked it): number this one after every update of the
     // log it signs on, so it cannot reuse an epoch another device holds.
