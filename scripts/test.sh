@@ -22,6 +22,16 @@ cargo fmt --all -- --check
 step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
+step "the daemon links no seeded randomness (nuwa-entropy's sim feature is for tests only)"
+# Captured first: `grep -q` in a pipeline could stop `cargo tree` early and, under pipefail,
+# turn a match into a failed (false) condition.
+daemon_features=$(cargo tree -p nuwa-node -p nuwa-keeper -e normal,build,features --quiet)
+if grep -q 'nuwa-entropy feature "sim"' <<<"$daemon_features"; then
+  echo 'error: a [dependencies] entry enables nuwa-entropy/sim, which makes every key and nonce' >&2
+  echo 'predictable; enable it only from [dev-dependencies] (see crates/entropy/Cargo.toml)' >&2
+  exit 1
+fi
+
 step "cargo test"
 cargo test --workspace
 

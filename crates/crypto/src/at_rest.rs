@@ -103,7 +103,7 @@ impl AtRestKey {
     /// plaintext beyond the cipher's limit.
     pub fn seal(&self, aad: &[u8], plaintext: &[u8]) -> Result<Vec<u8>, CryptoError> {
         let mut nonce = [0u8; NONCE_BYTES];
-        getrandom::fill(&mut nonce).map_err(CryptoError::Random)?;
+        nuwa_entropy::fill(&mut nonce).map_err(CryptoError::Random)?;
         let full_aad = blob_aad(AT_REST_BLOB_VERSION, aad);
         let cipher = XChaCha20Poly1305::new((&*self.seal_key).into());
         let ciphertext = cipher

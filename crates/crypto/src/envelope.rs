@@ -112,7 +112,7 @@ pub fn seal(
     plaintext: &[u8],
 ) -> Result<Envelope, CryptoError> {
     let mut nonce = [0u8; NONCE_BYTES];
-    getrandom::fill(&mut nonce).map_err(CryptoError::Random)?;
+    nuwa_entropy::fill(&mut nonce).map_err(CryptoError::Random)?;
     seal_with_nonce(
         key,
         signer,

@@ -75,9 +75,9 @@ const GRANT_SIGNATURE_DOMAIN: &[u8] = b"NUWA_EPOCH_GRANT_V1:";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EpochError {
-    /// The operating system's random number generator failed; nothing was sealed.
-    #[error("operating system random number generator failed")]
-    Random(#[source] getrandom::Error),
+    /// No random bytes could be had (see [`nuwa_entropy::fill`]); nothing was sealed.
+    #[error("cannot draw random bytes to seal a sync key")]
+    Random(#[source] nuwa_entropy::Error),
     /// A different key is already in the ring for this epoch.
     #[error("key ring already holds a different sync key for epoch {epoch}")]
     Conflict {
@@ -464,7 +464,7 @@ pub fn seal_key_to(
     key: &SyncKey,
 ) -> Result<SealedKey, EpochError> {
     seal_key_with(
-        &mut os_random,
+        &mut nuwa_entropy::fill,
         recipient_x25519_public,
         recipient_context_id,
         agent_did,
@@ -472,12 +472,9 @@ pub fn seal_key_to(
     )
 }
 
-/// A source of random bytes: the operating system in production, a fixed stream in tests.
-type Entropy<'a> = dyn FnMut(&mut [u8]) -> Result<(), getrandom::Error> + 'a;
-
-fn os_random(buf: &mut [u8]) -> Result<(), getrandom::Error> {
-    getrandom::fill(buf)
-}
+/// A source of random bytes: [`nuwa_entropy::fill`] in production (the operating system, or a
+/// simulation's seeded stream), a fixed stream in the golden-vector tests.
+type Entropy<'a> = dyn FnMut(&mut [u8]) -> Result<(), nuwa_entropy::Error> + 'a;
 
 fn seal_key_with(
     entropy: &mut Entropy<'_>,
@@ -674,7 +671,7 @@ impl EpochGrant {
         now_unix_secs: u64,
     ) -> Result<Self, EpochError> {
         Self::create_with(
-            &mut os_random,
+            &mut nuwa_entropy::fill,
             new_key,
             recipients,
             revoked,

@@ -5,8 +5,8 @@
 //! This crate is pure computation. It knows nothing of libp2p, sled, tokio, files or
 //! protobuf: key files are produced and parsed here as bytes, but reading and writing them
 //! is the caller's job, and so is converting an [`Envelope`] to and from its wire message.
-//! Randomness comes only from the operating system through `getrandom`, and time is always
-//! passed in. Replay protection is left to the caller, who keeps a nonce store keyed on
+//! Randomness comes only from `nuwa_entropy::fill` (the operating system, unless a simulation
+//! seeded the thread so that a run replays), and time is always passed in. Replay protection is left to the caller, who keeps a nonce store keyed on
 //! [`Envelope::sender`], [`Envelope::nonce`] and [`Envelope::timestamp_ms`].
 //!
 //! Every secret lives in a [`zeroize::Zeroizing`] buffer and no `Debug` output shows one.
@@ -33,9 +33,9 @@ pub use sync_key::SyncKey;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CryptoError {
-    /// The operating system's random number generator failed; nothing was encrypted.
-    #[error("operating system random number generator failed")]
-    Random(#[source] getrandom::Error),
+    /// No random bytes could be had (see [`nuwa_entropy::fill`]); nothing was encrypted.
+    #[error("cannot draw random bytes for a key or nonce")]
+    Random(#[source] nuwa_entropy::Error),
     /// A key file did not have the expected `nuwa-…-v1:` text format.
     #[error("{kind} key file is malformed: {reason}")]
     MalformedKeyFile {
@@ -72,9 +72,9 @@ pub enum CryptoError {
     },
 }
 
-/// Fills a fresh 32-byte secret from the operating system's random number generator.
+/// Fills a fresh 32-byte secret from [`nuwa_entropy::fill`].
 fn random_secret() -> Result<zeroize::Zeroizing<[u8; 32]>, CryptoError> {
     let mut secret = zeroize::Zeroizing::new([0u8; 32]);
-    getrandom::fill(secret.as_mut_slice()).map_err(CryptoError::Random)?;
+    nuwa_entropy::fill(secret.as_mut_slice()).map_err(CryptoError::Random)?;
     Ok(secret)
 }

@@ -23,7 +23,7 @@
 //! Left to others: carrying the messages (the node, over a libp2p stream), checking that the
 //! joiner's Ed25519 key is the key behind its PeerId, building and signing the DID update,
 //! showing the code or a QR, and keeping an [`AttemptLimiter`] per process. Nothing here does
-//! IO or reads a clock: time is passed in, and randomness comes only from `getrandom`.
+//! IO or reads a clock: time is passed in, and randomness comes only from `nuwa_entropy::fill`.
 //!
 //! Any error ends a session (fail closed); start a new [`Joiner`] or [`Approver`] to retry.
 //! The `spake2` crate (0.5.0-pre.0) does not wipe its own copy of the password or its secret
@@ -180,9 +180,9 @@ pub enum PairingError {
         "the grant from the approving device did not decrypt; it was altered on the way, start pairing again"
     )]
     GrantRejected,
-    /// The operating system's random number generator failed.
-    #[error("operating system random number generator failed")]
-    Random(#[source] getrandom::Error),
+    /// No random bytes could be had (see [`nuwa_entropy::fill`]).
+    #[error("cannot draw random bytes for pairing")]
+    Random(#[source] nuwa_entropy::Error),
     /// The AEAD refused to encrypt the grant.
     #[error("encrypting the {len}-byte grant failed")]
     Encrypt {
@@ -229,7 +229,7 @@ impl PairingCode {
     /// [`PairingError::Random`] if the operating system's random number generator fails.
     pub fn generate_with_ttl(now_unix_secs: u64, ttl_secs: u64) -> Result<Self, PairingError> {
         let mut random = Zeroizing::new([0u8; 5]);
-        getrandom::fill(random.as_mut_slice()).map_err(PairingError::Random)?;
+        nuwa_entropy::fill(random.as_mut_slice()).map_err(PairingError::Random)?;
         Ok(Self::from_random(
             &random,
             now_unix_secs.saturating_add(ttl_secs),
@@ -790,8 +790,9 @@ fn spake_finish(
         })
 }
 
-/// A hash-based generator seeded once from the operating system, because `spake2` asks for an
-/// infallible RNG while `getrandom` can fail: the failure is reported before SPAKE2 starts.
+/// A hash-based generator seeded once from [`nuwa_entropy::fill`] (the operating system, or a
+/// simulation's seeded stream), because `spake2` asks for an infallible RNG while the OS can
+/// fail: the failure is reported before SPAKE2 starts.
 struct SeededRng {
     seed: Zeroizing<[u8; 32]>,
     counter: u64,
@@ -800,9 +801,10 @@ struct SeededRng {
 }
 
 impl SeededRng {
+    /// Seeds from [`nuwa_entropy::fill`]: the OS in normal operation.
     fn from_os() -> Result<Self, PairingError> {
         let mut seed = Zeroizing::new([0u8; 32]);
-        getrandom::fill(seed.as_mut_slice()).map_err(PairingError::Random)?;
+        nuwa_entropy::fill(seed.as_mut_slice()).map_err(PairingError::Random)?;
         Ok(Self {
             seed,
             counter: 0,
@@ -1275,7 +1277,7 @@ impl Approver {
             });
         }
         let mut nonce = [0u8; GRANT_NONCE_BYTES];
-        getrandom::fill(&mut nonce).map_err(PairingError::Random)?;
+        nuwa_entropy::fill(&mut nonce).map_err(PairingError::Random)?;
         let cipher = XChaCha20Poly1305::new((&*grant_key).into());
         let ciphertext = cipher
             .encrypt(

@@ -930,7 +930,7 @@ impl DidEntryV2 {
     /// Fills in a fresh nonce and signs; `entry.signature` is overwritten. Nothing is checked.
     fn sign(mut entry: DidEntryV2, signer: &DeviceKey) -> Result<DidEntryV2, ChainError> {
         let mut nonce = [0u8; 16];
-        getrandom::fill(&mut nonce).map_err(|e| ChainError::Key(KeyError::Random(e)))?;
+        nuwa_entropy::fill(&mut nonce).map_err(|e| ChainError::Key(KeyError::Random(e)))?;
         entry.nonce = hex::encode(nonce);
         let digest = entry.signing_digest()?;
         entry.signature = URL_SAFE_NO_PAD.encode(signer.sign(&digest));

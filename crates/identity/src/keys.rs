@@ -18,9 +18,9 @@ pub const SEED_FILE_PREFIX: &str = "nuwa-ed25519-seed-v1:";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
-    /// The operating system's random number generator failed.
-    #[error("cannot read random bytes from the operating system")]
-    Random(#[source] getrandom::Error),
+    /// No random bytes could be had (see [`nuwa_entropy::fill`]).
+    #[error("cannot read random bytes for a key or nonce")]
+    Random(#[source] nuwa_entropy::Error),
     /// The bytes of a key file are not in the seed-file format.
     #[error(
         "key file is not a valid nuwa seed file ({reason}); expected `{SEED_FILE_PREFIX}<64 hex chars>`"
@@ -53,10 +53,11 @@ pub struct DeviceKey {
 }
 
 impl DeviceKey {
-    /// Creates a fresh key from the operating system's random number generator.
+    /// Creates a fresh key from [`nuwa_entropy::fill`]: the operating system's random number
+    /// generator (or a simulation's seeded stream, so that PeerIds replay).
     pub fn generate() -> Result<DeviceKey, KeyError> {
         let mut seed = Zeroizing::new([0u8; 32]);
-        getrandom::fill(seed.as_mut_slice()).map_err(KeyError::Random)?;
+        nuwa_entropy::fill(seed.as_mut_slice()).map_err(KeyError::Random)?;
         Ok(DeviceKey::from_seed(&seed))
     }
 

@@ -22,7 +22,8 @@
 //! It is pure and deterministic: no IO, no network, no files, no async, and
 //! no clock reads (time is always a `now_unix_secs` parameter); randomness is
 //! used only to create keys and nonces and to pick which recovery words to
-//! ask back. Storing keys and logs, exchanging them with peers, talking to the
+//! ask back, and all of it comes from `nuwa_entropy::fill`, which a simulation
+//! may seed so that a run (entry hashes, keys, PeerIds) replays. Storing keys and logs, exchanging them with peers, talking to the
 //! user, and mapping keys to libp2p PeerIds are left to other crates.
 
 pub mod canonical;

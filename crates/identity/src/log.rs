@@ -251,7 +251,7 @@ impl DidUpdate {
         key_id: String,
     ) -> Result<DidUpdate, LogError> {
         let mut nonce = [0u8; 16];
-        getrandom::fill(&mut nonce).map_err(|e| LogError::Key(KeyError::Random(e)))?;
+        nuwa_entropy::fill(&mut nonce).map_err(|e| LogError::Key(KeyError::Random(e)))?;
         let mut update = DidUpdate {
             seq,
             prev,

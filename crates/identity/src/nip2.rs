@@ -128,7 +128,7 @@ pub fn sign_json<T: Serialize + ?Sized>(
     now_unix_secs: i64,
 ) -> Result<Proof, SignError> {
     let mut nonce = [0u8; NONCE_LEN];
-    getrandom::fill(&mut nonce).map_err(|e| SignError::Random(KeyError::Random(e)))?;
+    nuwa_entropy::fill(&mut nonce).map_err(|e| SignError::Random(KeyError::Random(e)))?;
     let nonce = hex::encode(nonce);
     let bytes = content_to_sign(content, &nonce, now_unix_secs).map_err(SignError::Encode)?;
     let signature = key.sign(&signing_hash(domain, &bytes));

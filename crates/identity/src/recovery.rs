@@ -87,9 +87,9 @@ const SUGGEST_MAX_EDITS: usize = 2;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RecoveryError {
-    /// The operating system's random number generator failed.
-    #[error("cannot read random bytes from the operating system")]
-    Random(#[source] getrandom::Error),
+    /// No random bytes could be had (see [`nuwa_entropy::fill`]).
+    #[error("cannot read random bytes for a recovery phrase or the words to ask back")]
+    Random(#[source] nuwa_entropy::Error),
     /// The phrase does not have [`WORD_COUNT`] words.
     #[error(
         "expected {expected} recovery words, found {found}: enter all {expected} words in order, separated by spaces"
@@ -187,10 +187,11 @@ pub struct RecoveryPhrase {
 }
 
 impl RecoveryPhrase {
-    /// A fresh phrase from the operating system's random number generator.
+    /// A fresh phrase from the operating system's random number generator (through
+    /// [`nuwa_entropy::fill`]).
     pub fn generate() -> Result<RecoveryPhrase, RecoveryError> {
         let mut entropy = Zeroizing::new([0u8; ENTROPY_BYTES]);
-        getrandom::fill(entropy.as_mut_slice()).map_err(RecoveryError::Random)?;
+        nuwa_entropy::fill(entropy.as_mut_slice()).map_err(RecoveryError::Random)?;
         Ok(RecoveryPhrase { entropy })
     }
 
@@ -477,7 +478,7 @@ pub fn random_confirmation_positions(
     k: usize,
 ) -> Result<Vec<usize>, RecoveryError> {
     let mut seed = [0u8; 8];
-    getrandom::fill(&mut seed).map_err(RecoveryError::Random)?;
+    nuwa_entropy::fill(&mut seed).map_err(RecoveryError::Random)?;
     Ok(confirmation_positions(n_words, k, u64::from_le_bytes(seed)))
 }
 

@@ -11,7 +11,9 @@
 //!
 //! Nothing here knows libp2p, sled, tokio, files or clocks: inputs carry
 //! `now_ms`, outputs are values for the runtime to act on. The node crate
-//! wires these to the network and the store.
+//! wires these to the network and the store. Randomness (Hello and pointer
+//! nonces, and through identity and crypto every key and nonce) comes from
+//! `nuwa_entropy::fill`, which a seeded simulator makes deterministic.
 
 pub mod engine;
 pub mod grant;

@@ -296,7 +296,9 @@ impl Membership {
             .encode()
             .map_err(|e| Rejection::Malformed(e.to_string()))?;
         let mut nonce = [0u8; 16];
-        getrandom::fill(&mut nonce).map_err(|e| Rejection::Malformed(e.to_string()))?;
+        // `Rejection` is `Clone + PartialEq`, so the error travels as text.
+        nuwa_entropy::fill(&mut nonce)
+            .map_err(|e| Rejection::Malformed(format!("cannot draw a hello nonce: {e}")))?;
         let mut hello = Hello {
             protocol_version: PROTOCOL_VERSION,
             agent_did: self.did().to_owned(),

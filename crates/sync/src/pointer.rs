@@ -208,7 +208,7 @@ impl AgentPointer {
         now_unix_secs: i64,
     ) -> Result<AgentPointer, PointerError> {
         let mut nonce = [0u8; POINTER_NONCE_LEN];
-        getrandom::fill(&mut nonce).map_err(|e| PointerError::Random(KeyError::Random(e)))?;
+        nuwa_entropy::fill(&mut nonce).map_err(|e| PointerError::Random(KeyError::Random(e)))?;
         Self::new_signed_with_nonce(log, context_id, peer_id, device, now_unix_secs, nonce)
     }
 
