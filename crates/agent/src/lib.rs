@@ -6,11 +6,13 @@
 //!   published, the grant and the recovery handover it receives).
 //! - [`api`]: the requests and replies of the local API, and its errors.
 //! - [`status`]: the `status` report; [`devices`]: `device list`.
+//! - [`announce`]: the signed mDNS announcement, its TXT format and checks.
 //!
 //! Nothing here knows tokio, libp2p's network stack, sled, files or
 //! clocks: time comes in as a parameter, and the shell (`nuwa-node`)
 //! performs what the core decides.
 
+pub mod announce;
 pub mod api;
 pub mod devices;
 pub mod lifecycle;

@@ -1,4 +1,5 @@
-//! The mDNS runtime: publish our announcement, browse for everyone else's.
+//! The mDNS runtime: publish the TXT record we are given, browse for
+//! everyone else's.
 //!
 //! [`Mdns`] is a handle to two threads: mdns-sd's own daemon thread, which owns
 //! the sockets, and a small private event thread that turns mdns-sd's service
@@ -8,9 +9,12 @@
 //! ([`MdnsConfig::refresh_secs`]) re-reports every peer still present, which
 //! heals such losses.
 //!
-//! This module does not verify announcements, decide which peers to dial, or
-//! remember peers across restarts: events carry parsed, unverified
-//! announcements and the caller does the rest.
+//! This module does not know what a TXT record says: it checks only that ours
+//! can be encoded as given (see [`MdnsConfig::txt`]) and bounds what it passes
+//! on of others'. Parsing and verifying announcements (the format is
+//! `nuwa_agent::announce`'s), checking that the SRV port is the announced
+//! one, deciding which peers to dial and remembering peers across restarts
+//! are the caller's.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -24,10 +28,15 @@ use mdns_sd::{DaemonEvent, IfKind, ResolvedService, ServiceDaemon, ServiceEvent,
 use tracing::{debug, info, trace, warn};
 
 use crate::SERVICE_TYPE;
-use crate::announce::{AnnounceError, Announcement};
 
 /// Capacity of the [`DiscoveryEvent`] channel handed out by [`Mdns::start`].
 pub const EVENT_CHANNEL_CAPACITY: usize = 256;
+/// Most TXT entries we publish, and pass on of a record we see. Seven are
+/// used today; the rest is room for the format to grow.
+pub const MAX_TXT_ENTRIES: usize = 16;
+/// Longest TXT entry, `key=value`, in bytes: DNS-SD prefixes each one with a
+/// single length byte (RFC 6763 §6.1).
+pub const MAX_TXT_ENTRY_LEN: usize = 255;
 
 /// DNS label limit; the instance name is also the host label.
 const MAX_INSTANCE_NAME_LEN: usize = 63;
@@ -43,14 +52,21 @@ pub struct MdnsConfig {
     /// or `\`. Use the PeerId, so several daemons on one host never collide;
     /// the mDNS host name is derived from it too.
     pub instance_name: String,
-    /// TCP port of the libp2p listener; must equal `announcement.port`.
+    /// TCP port of the libp2p listener, published in our SRV record (not
+    /// zero). A reader that also finds a port in the TXT record must check
+    /// the two agree; this crate does not look.
     pub port: u16,
     /// Interface names to use (for example `["lo"]`, `["eth0", "wlan0"]`).
     /// Empty means every non-loopback interface. Loopback addresses of peers
     /// are reported only when a loopback interface is listed here.
     pub interfaces: Vec<String>,
-    /// The signed announcement to publish in our TXT record.
-    pub announcement: Announcement,
+    /// Our TXT record, published in this order: at most [`MAX_TXT_ENTRIES`]
+    /// entries, each `key=value` at most [`MAX_TXT_ENTRY_LEN`] bytes, keys
+    /// non-empty printable ASCII without `=` and distinct ignoring ASCII case
+    /// (RFC 6763 §6.4). Anything else is refused by [`Mdns::start`], since
+    /// peers would read back something other than what was given. Build it
+    /// with `nuwa_agent::announce::Announcement::to_txt`.
+    pub txt: Vec<(String, String)>,
     /// Every this many seconds, browse afresh: the query goes out again and
     /// every peer still present is reported again, healing dropped events.
     /// `0` disables it. Tens of seconds to a few minutes is sensible.
@@ -60,25 +76,27 @@ pub struct MdnsConfig {
 /// What the browser saw on the network.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DiscoveryEvent {
-    /// A device published a well-formed announcement. It is parsed but **not
-    /// verified**: check [`Announcement::matches_agent`] and
-    /// [`Announcement::verify`] before trusting it. Repeats as addresses
-    /// accumulate, on every re-browse, and when the peer re-announces.
+    /// Another instance of our service type, with its TXT record as it came:
+    /// **nothing in it is parsed or verified** (that is
+    /// `nuwa_agent::announce::Announcement::from_txt` and `verify`, and the
+    /// check that the announced port is the port in `addrs`). Repeats as
+    /// addresses accumulate, on every re-browse, and when the peer
+    /// re-announces.
     Discovered {
-        /// The announcement from the TXT record.
-        announcement: Announcement,
-        /// Usable addresses with the announced port: link-local addresses are
-        /// dropped, loopback ones too unless a loopback interface is selected.
-        /// Sorted, without duplicates, never empty.
-        addrs: Vec<SocketAddr>,
-    },
-    /// A service of our type whose TXT record does not decode (count it; it
-    /// may be a newer protocol version or someone misbehaving).
-    Malformed {
         /// The DNS-SD instance label (by convention the announcer's PeerId).
         instance: String,
-        /// Why it was rejected.
-        reason: String,
+        /// The TXT entries in the order received, bounded: at most
+        /// [`MAX_TXT_ENTRIES`], the first ones; entries over
+        /// [`MAX_TXT_ENTRY_LEN`] bytes are skipped. mdns-sd keeps only the
+        /// first of entries whose keys differ in ASCII case only; an entry
+        /// without `=` has an empty value; bytes that are not UTF-8 become
+        /// U+FFFD.
+        txt: Vec<(String, String)>,
+        /// Usable addresses with the SRV record's port (never zero):
+        /// link-local addresses are dropped, loopback ones too unless a
+        /// loopback interface is selected. Sorted, without duplicates, never
+        /// empty.
+        addrs: Vec<SocketAddr>,
     },
     /// A device said goodbye or its records expired.
     Expired {
@@ -99,25 +117,26 @@ pub enum DiscoveryError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// The announcement would not survive its own TXT encoding.
-    #[error("announcement for mdns instance {instance:?} cannot be published")]
-    InvalidAnnouncement {
+    /// The TXT record to publish breaks DNS-SD's rules or our bounds, so
+    /// peers would not read back what was given.
+    #[error(
+        "txt record for mdns instance {instance:?} cannot be published: {reason}; \
+         publish at most {MAX_TXT_ENTRIES} entries of at most {MAX_TXT_ENTRY_LEN} bytes \
+         (`key=value`) with distinct printable-ascii keys"
+    )]
+    InvalidTxt {
         /// Our instance name.
         instance: String,
-        /// What the TXT decoder rejected.
-        #[source]
-        source: AnnounceError,
+        /// Which entry is wrong and how.
+        reason: String,
     },
-    /// The announcement advertises another port than the one configured.
+    /// Port zero cannot be dialled, so it is never published.
     #[error(
-        "announcement port {announced} differs from the configured mdns port {configured}; \
-         sign the announcement for the port the node listens on"
+        "mdns instance {instance:?} would publish tcp port 0; start the listener first and publish the port it got"
     )]
-    PortMismatch {
-        /// Port inside the signed announcement.
-        announced: u16,
-        /// Port in [`MdnsConfig::port`].
-        configured: u16,
+    ZeroPort {
+        /// Our instance name.
+        instance: String,
     },
     /// The mdns-sd daemon refused a command.
     #[error("mdns daemon failed to {action}")]
@@ -172,8 +191,8 @@ impl std::fmt::Debug for Mdns {
 
 impl Mdns {
     /// Starts the mdns-sd daemon on the selected interfaces, publishes
-    /// `config.announcement` under [`SERVICE_TYPE`], and browses for other
-    /// instances of it.
+    /// `config.txt` and `config.port` under [`SERVICE_TYPE`], and browses for
+    /// other instances of it.
     ///
     /// When `config.interfaces` is non-empty, every interface is disabled
     /// before the named ones are enabled, and both commands are queued before
@@ -188,11 +207,16 @@ impl Mdns {
             instance_name,
             port,
             interfaces,
-            announcement,
+            txt,
             refresh_secs,
         } = config;
         check_instance_name(&instance_name)?;
-        check_publishable(&instance_name, port, &announcement)?;
+        if port == 0 {
+            return Err(DiscoveryError::ZeroPort {
+                instance: instance_name,
+            });
+        }
+        check_txt(&instance_name, &txt)?;
         let keep_loopback = selects_loopback(&interfaces);
 
         let daemon = ServiceDaemon::new().map_err(daemon_error("start"))?;
@@ -222,7 +246,7 @@ impl Mdns {
                 .map_err(daemon_error("enable the configured interfaces"))?;
         }
         let monitor = mdns.daemon.monitor().map_err(daemon_error("monitor"))?;
-        let service = mdns.service_info(&announcement)?;
+        let service = mdns.service_info(&txt)?;
         mdns.fullname = service.get_fullname().to_owned();
         mdns.daemon
             .register(service)
@@ -244,7 +268,7 @@ impl Mdns {
                 dropped: Arc::clone(&mdns.dropped),
             },
             own_fullname: mdns.fullname.clone(),
-            own_peer_id: announcement.peer_id.clone(),
+            own_instance: mdns.instance_name.clone(),
             keep_loopback,
             refresh: (refresh_secs > 0).then(|| Duration::from_secs(refresh_secs)),
         };
@@ -274,20 +298,19 @@ impl Mdns {
         Ok((mdns, events_rx))
     }
 
-    /// Publishes `announcement` in place of the current one (the caller
-    /// re-signs periodically, since verifiers reject old timestamps). Peers
-    /// see it as a fresh [`DiscoveryEvent::Discovered`].
-    pub fn update_announcement(&self, announcement: Announcement) -> Result<(), DiscoveryError> {
-        check_publishable(&self.instance_name, self.port, &announcement)?;
-        let service = self.service_info(&announcement)?;
+    /// Publishes `txt` in place of our current TXT record (the caller
+    /// re-signs its announcement periodically, since verifiers reject old
+    /// timestamps), under the same rules as [`MdnsConfig::txt`]; a refused
+    /// record leaves the current one published. Peers see it as a fresh
+    /// [`DiscoveryEvent::Discovered`].
+    pub fn update_txt(&self, txt: Vec<(String, String)>) -> Result<(), DiscoveryError> {
+        check_txt(&self.instance_name, &txt)?;
+        let service = self.service_info(&txt)?;
         // mdns-sd re-announces a registered name when it is registered again.
         self.daemon
             .register(service)
             .map_err(daemon_error("re-register our service"))?;
-        debug!(
-            ts = announcement.timestamp_unix_secs,
-            "mdns announcement updated"
-        );
+        debug!(entries = txt.len(), "mdns txt record updated");
         Ok(())
     }
 
@@ -355,15 +378,14 @@ impl Mdns {
             .collect()
     }
 
-    fn service_info(&self, announcement: &Announcement) -> Result<ServiceInfo, DiscoveryError> {
-        let txt = announcement.to_txt();
+    fn service_info(&self, txt: &[(String, String)]) -> Result<ServiceInfo, DiscoveryError> {
         let mut service = ServiceInfo::new(
             SERVICE_TYPE,
             &self.instance_name,
             &self.host_name,
             (),
             self.port,
-            &txt[..],
+            txt,
         )
         .map_err(daemon_error("build our service record"))?
         // Addresses follow the enabled interfaces, including later changes.
@@ -409,30 +431,77 @@ fn check_instance_name(name: &str) -> Result<(), DiscoveryError> {
     }
 }
 
-/// Refuses announcements peers would reject as malformed, so a bad field
-/// shows up as an error here instead of silence on the network.
-fn check_publishable(
-    instance: &str,
-    port: u16,
-    announcement: &Announcement,
-) -> Result<(), DiscoveryError> {
-    let invalid = |source| DiscoveryError::InvalidAnnouncement {
-        instance: instance.to_owned(),
-        source,
-    };
-    let decoded = Announcement::from_txt(announcement.to_txt()).map_err(invalid)?;
-    if decoded != *announcement {
-        return Err(invalid(AnnounceError::Malformed {
-            reason: "announcement does not survive its txt encoding".into(),
-        }));
+/// Refuses a TXT record peers would not read back as given, so a bad entry
+/// shows up as an error here instead of silence on the network (mdns-sd
+/// would drop a duplicate key without a word).
+fn check_txt(instance: &str, txt: &[(String, String)]) -> Result<(), DiscoveryError> {
+    match txt_problem(txt) {
+        Some(reason) => Err(DiscoveryError::InvalidTxt {
+            instance: instance.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
     }
-    if announcement.port != port {
-        return Err(DiscoveryError::PortMismatch {
-            announced: announcement.port,
-            configured: port,
-        });
+}
+
+fn txt_problem(txt: &[(String, String)]) -> Option<String> {
+    if txt.len() > MAX_TXT_ENTRIES {
+        return Some(format!(
+            "it has {} entries, at most {MAX_TXT_ENTRIES} allowed",
+            txt.len()
+        ));
     }
-    Ok(())
+    for (index, (key, value)) in txt.iter().enumerate() {
+        // A key can be as long as the entry; name it briefly in errors.
+        let name = if key.len() <= 32 {
+            format!("`{}`", key.escape_debug())
+        } else {
+            format!("number {index}")
+        };
+        if key.is_empty() {
+            return Some(format!("entry number {index} has an empty key"));
+        }
+        if !key.bytes().all(|b| (0x20..=0x7e).contains(&b) && b != b'=') {
+            return Some(format!(
+                "key {name} has characters other than printable ascii, or '='"
+            ));
+        }
+        let len = key.len() + 1 + value.len();
+        if len > MAX_TXT_ENTRY_LEN {
+            return Some(format!(
+                "entry {name} is {len} bytes, at most {MAX_TXT_ENTRY_LEN} allowed"
+            ));
+        }
+        if txt[..index]
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case(key))
+        {
+            return Some(format!("key {name} appears twice (ignoring ascii case)"));
+        }
+    }
+    None
+}
+
+/// What we pass on of a TXT record we see: the first [`MAX_TXT_ENTRIES`]
+/// entries no longer than [`MAX_TXT_ENTRY_LEN`] bytes, and how many others
+/// were left out. mdns-sd has already split the entries and dropped repeated
+/// keys.
+fn bounded_txt<'a>(
+    props: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+) -> (Vec<(String, String)>, usize) {
+    let mut kept = Vec::new();
+    let mut skipped = 0;
+    for (key, value) in props {
+        // A wire entry is at most 255 bytes, but lossy decoding can grow it
+        // (one bad byte becomes three); bound what we hand on.
+        let value = String::from_utf8_lossy(value);
+        if kept.len() >= MAX_TXT_ENTRIES || key.len() + 1 + value.len() > MAX_TXT_ENTRY_LEN {
+            skipped += 1;
+            continue;
+        }
+        kept.push((key.to_owned(), value.into_owned()));
+    }
+    (kept, skipped)
 }
 
 /// Host names allow only letters, digits and `-`.
@@ -523,6 +592,13 @@ fn instance_label(fullname: &str) -> String {
     }
 }
 
+/// Whether a record seen is ours: our full name, or another record under
+/// our instance label (a name conflict, or ourselves under a renamed full
+/// name, never a peer). DNS names compare ignoring ASCII case.
+fn is_own_record(own_fullname: &str, own_instance: &str, fullname: &str, instance: &str) -> bool {
+    fullname.eq_ignore_ascii_case(own_fullname) || instance.eq_ignore_ascii_case(own_instance)
+}
+
 /// What woke the event thread.
 enum Wake {
     Stop,
@@ -541,7 +617,7 @@ struct Worker {
     stop: flume::Receiver<()>,
     sink: EventSink,
     own_fullname: String,
-    own_peer_id: String,
+    own_instance: String,
     keep_loopback: bool,
     refresh: Option<Duration>,
 }
@@ -607,50 +683,30 @@ impl Worker {
         match event {
             ServiceEvent::ServiceResolved(service) => self.on_resolved(&service),
             ServiceEvent::ServiceRemoved(_, fullname) => {
-                if !fullname.eq_ignore_ascii_case(&self.own_fullname) {
+                let instance = instance_label(&fullname);
+                if !self.is_own(&fullname, &instance) {
                     debug!(%fullname, "mdns peer expired");
-                    self.emit(DiscoveryEvent::Expired {
-                        instance: instance_label(&fullname),
-                    });
+                    self.emit(DiscoveryEvent::Expired { instance });
                 }
             }
             other => trace!(event = ?other, "mdns browse event"),
         }
     }
 
+    fn is_own(&self, fullname: &str, instance: &str) -> bool {
+        is_own_record(&self.own_fullname, &self.own_instance, fullname, instance)
+    }
+
     fn on_resolved(&self, service: &ResolvedService) {
         let fullname = service.get_fullname();
-        if fullname.eq_ignore_ascii_case(&self.own_fullname) {
-            return;
-        }
         let instance = instance_label(fullname);
-        let props = service
-            .get_properties()
-            .iter()
-            .map(|p| (p.key(), p.val().unwrap_or_default()));
-        let announcement = match Announcement::from_txt(props) {
-            Ok(announcement) => announcement,
-            Err(e) => {
-                debug!(%instance, error = %e, "malformed mdns announcement");
-                self.emit(DiscoveryEvent::Malformed {
-                    instance,
-                    reason: e.to_string(),
-                });
-                return;
-            }
-        };
-        if announcement.peer_id == self.own_peer_id {
-            trace!(%instance, "mdns announcement with our own peer id ignored");
+        if self.is_own(fullname, &instance) {
+            trace!(%fullname, "mdns record under our own name ignored");
             return;
         }
-        if service.get_port() != announcement.port {
-            let reason = format!(
-                "srv port {} differs from the announced port {}",
-                service.get_port(),
-                announcement.port
-            );
-            debug!(%instance, %reason, "malformed mdns announcement");
-            self.emit(DiscoveryEvent::Malformed { instance, reason });
+        let port = service.get_port();
+        if port == 0 {
+            debug!(%instance, "mdns peer publishes tcp port 0; ignored");
             return;
         }
         let addrs: BTreeSet<SocketAddr> = service
@@ -658,15 +714,25 @@ impl Worker {
             .iter()
             .map(|ip| ip.to_ip_addr())
             .filter(|ip| usable_addr(*ip, self.keep_loopback))
-            .map(|ip| SocketAddr::new(ip, announcement.port))
+            .map(|ip| SocketAddr::new(ip, port))
             .collect();
         if addrs.is_empty() {
             trace!(%instance, "mdns peer has no usable address yet");
             return;
         }
-        debug!(%instance, peer = %announcement.peer_id, ?addrs, "mdns peer discovered");
+        let (txt, skipped) = bounded_txt(
+            service
+                .get_properties()
+                .iter()
+                .map(|p| (p.key(), p.val().unwrap_or_default())),
+        );
+        if skipped > 0 {
+            debug!(%instance, skipped, "mdns txt entries over our bounds left out");
+        }
+        debug!(%instance, ?addrs, entries = txt.len(), "mdns peer discovered");
         self.emit(DiscoveryEvent::Discovered {
-            announcement,
+            instance,
+            txt,
             addrs: addrs.into_iter().collect(),
         });
     }
@@ -787,5 +853,119 @@ mod tests {
             "other._http._tcp.local."
         );
         assert_eq!(instance_label("x"), "x");
+
+        let own = format!("{peer}.{SERVICE_TYPE}");
+        let other = "12D3KooWAgvKBtKXVG2bN1FQSXeoJJRsTaWtfAtAifC5YkzeAYwK";
+        let seen: [(&str, &str, bool); 4] = [
+            (&own, peer, true),
+            (&own.to_ascii_uppercase(), "renamed", true),
+            (
+                "x (2)._nuwa-agent-sync._tcp.local.",
+                &peer.to_ascii_lowercase(),
+                true,
+            ),
+            ("y._nuwa-agent-sync._tcp.local.", other, false),
+        ];
+        for (fullname, instance, ours) in seen {
+            assert_eq!(
+                is_own_record(&own, peer, fullname, instance),
+                ours,
+                "{fullname}"
+            );
+        }
+    }
+
+    type Txt = Vec<(String, String)>;
+
+    fn entry(key: &str, value: &str) -> (String, String) {
+        (key.to_owned(), value.to_owned())
+    }
+
+    #[test]
+    fn txt_records_we_publish() {
+        // Goal: a record is published only if peers read back exactly what
+        // was given; method: a table of records, each broken in one way,
+        // with the words the refusal must contain.
+        let valid = vec![entry("v", "1"), entry("peer", "12D3KooW")];
+        let at_limit = vec![entry("k", &"x".repeat(MAX_TXT_ENTRY_LEN - 2))];
+        let over_limit = vec![entry("k", &"x".repeat(MAX_TXT_ENTRY_LEN - 1))];
+        let full: Vec<_> = (0..MAX_TXT_ENTRIES)
+            .map(|i| entry(&format!("k{i}"), "1"))
+            .collect();
+        let mut crowded = full.clone();
+        crowded.push(entry("one-more", "1"));
+        let long_key = vec![entry(&"k".repeat(MAX_TXT_ENTRY_LEN), "")];
+        let cases: Vec<(&str, Txt, Option<&str>)> = vec![
+            ("valid", valid, None),
+            ("empty record", vec![], None),
+            ("empty value", vec![entry("flag", "")], None),
+            ("entry at 255 bytes", at_limit, None),
+            ("16 entries", full, None),
+            (
+                "entry at 256 bytes",
+                over_limit,
+                Some("entry `k` is 256 bytes"),
+            ),
+            ("17 entries", crowded, Some("it has 17 entries")),
+            ("long key", long_key, Some("entry number 0 is 256 bytes")),
+            ("empty key", vec![entry("", "x")], Some("empty key")),
+            ("key with =", vec![entry("a=b", "x")], Some("or '='")),
+            (
+                "key with control",
+                vec![entry("a\tb", "x")],
+                Some("printable"),
+            ),
+            ("non-ascii key", vec![entry("clé", "x")], Some("printable")),
+            (
+                "duplicate key in other case",
+                vec![entry("peer", "a"), entry("PEER", "b")],
+                Some("key `PEER` appears twice"),
+            ),
+        ];
+        for (name, txt, refusal) in cases {
+            match (check_txt("me", &txt), refusal) {
+                (Ok(()), None) => {}
+                (Err(DiscoveryError::InvalidTxt { instance, reason }), Some(needle)) => {
+                    assert_eq!(instance, "me", "{name}");
+                    assert!(
+                        reason.contains(needle),
+                        "{name}: {reason:?} lacks {needle:?}"
+                    );
+                }
+                (got, _) => panic!("{name}: unexpected {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn txt_records_we_pass_on() {
+        // Goal: whatever a peer publishes, what we hand on is bounded and in
+        // order; method: feed the bounding step records over each bound.
+        let long = vec![b'x'; MAX_TXT_ENTRY_LEN];
+        let bad_utf8 = [b'o', b'k', 0xff];
+        let props: Vec<(String, Vec<u8>)> = [
+            ("a", b"1".as_slice()),
+            ("too-long", long.as_slice()),
+            ("b", bad_utf8.as_slice()),
+            ("flag", b"".as_slice()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_vec()))
+        .chain((0..20).map(|i| (format!("x{i}"), b"1".to_vec())))
+        .collect();
+        let (txt, skipped) = bounded_txt(props.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
+        assert_eq!(txt.len(), MAX_TXT_ENTRIES);
+        assert_eq!(skipped, props.len() - MAX_TXT_ENTRIES);
+        assert_eq!(txt[0], entry("a", "1"));
+        assert_eq!(txt[1], entry("b", "ok\u{fffd}"));
+        assert_eq!(txt[2], entry("flag", ""));
+        assert_eq!(txt[3], entry("x0", "1"));
+        assert_eq!(txt[15], entry("x12", "1"));
+
+        // An entry that fits on the wire but grows past the bound when
+        // decoded is left out too.
+        let grows = vec![0xffu8; 200];
+        let (txt, skipped) = bounded_txt([("k", grows.as_slice())]);
+        assert!(txt.is_empty() && skipped == 1, "{txt:?}");
     }
 }

@@ -11,6 +11,10 @@
 //! needed, and skip the one test that needs non-loopback interfaces. Either
 //! way every instance is confined to `lo` by `MdnsConfig::interfaces`, except
 //! in that namespace-only test.
+//!
+//! Discovery only carries TXT records; the records here are real signed
+//! announcements (`nuwa_agent::announce`), and the tests check what a caller
+//! would: that what arrives parses, verifies and names the SRV port.
 
 use std::io::{BufRead as _, BufReader, Read as _};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -19,8 +23,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ed25519_dalek::{Signer as _, SigningKey};
+use nuwa_agent::announce::Announcement;
 use nuwa_discovery::{
-    AnnounceError, Announcement, DiscoveryError, DiscoveryEvent, Mdns, MdnsConfig, flume,
+    DiscoveryError, DiscoveryEvent, MAX_TXT_ENTRIES, MAX_TXT_ENTRY_LEN, Mdns, MdnsConfig, flume,
 };
 
 /// Set in the re-run inside the private namespace.
@@ -33,6 +38,9 @@ const CHILD_ENV: &str = "NUWA_DISCOVERY_TEST_CHILD_EXPECTS";
 const DEADLINE: Duration = Duration::from_secs(20);
 const MAX_AGE_SECS: i64 = 600;
 const AGENT_DID: &str = "did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLGpbnnEGta2doK";
+/// A record discovery lets a device publish is never refused by a peer's
+/// agent for its number of entries.
+const _: () = assert!(MAX_TXT_ENTRIES <= nuwa_agent::announce::MAX_TXT_ENTRIES);
 /// IFF_MULTICAST in `/sys/class/net/*/flags`.
 const IFF_MULTICAST: u32 = 0x1000;
 const IFF_UP: u32 = 0x1;
@@ -110,7 +118,7 @@ impl Device {
             instance_name: self.peer_id.to_owned(),
             port: self.port,
             interfaces: vec!["lo".to_owned()],
-            announcement: self.announcement(ts),
+            txt: self.announcement(ts).to_txt(),
             refresh_secs: 0,
         }
     }
@@ -169,57 +177,81 @@ impl Net {
     }
 }
 
+/// What a caller makes of a [`DiscoveryEvent::Discovered`].
+struct Found {
+    announcement: Announcement,
+    txt: Vec<(String, String)>,
+    addrs: Vec<SocketAddr>,
+}
+
 /// Waits for `from`'s announcement (optionally with timestamp `ts`), checks
-/// that it verifies and carries exactly the addresses `net` allows, with its
-/// port, and returns it.
+/// that every record on the way parses, that `from`'s verifies, and that it
+/// carries exactly the addresses `net` allows, with the announced port.
 fn wait_discovered(
     rx: &flume::Receiver<DiscoveryEvent>,
     own: &Device,
     from: &Device,
     ts: Option<i64>,
     net: Net,
-) -> (Announcement, Vec<SocketAddr>) {
+) -> Found {
     let found = wait_for(
         rx,
         &format!("Discovered({}) at {}", from.peer_id, own.peer_id),
         |event| {
-            match event {
-                DiscoveryEvent::Discovered { announcement, .. } => {
-                    assert_ne!(
-                        announcement.peer_id, own.peer_id,
-                        "an instance reported itself"
-                    );
-                }
-                DiscoveryEvent::Malformed { instance, reason } => {
-                    panic!("malformed announcement from {instance}: {reason}")
-                }
-                DiscoveryEvent::Expired { .. } => {}
-            }
-            match event {
-                DiscoveryEvent::Discovered {
-                    announcement,
-                    addrs,
-                } if announcement.peer_id == from.peer_id
-                    && ts.is_none_or(|ts| announcement.timestamp_unix_secs == ts)
-                    && addrs.contains(&net.expected(from.port)) =>
-                {
-                    Some((announcement.clone(), addrs.clone()))
-                }
-                _ => None,
-            }
+            let DiscoveryEvent::Discovered {
+                instance,
+                txt,
+                addrs,
+            } = event
+            else {
+                return None;
+            };
+            assert_ne!(instance, own.peer_id, "an instance reported itself");
+            let announcement = Announcement::from_txt(txt.clone())
+                .unwrap_or_else(|e| panic!("malformed announcement from {instance}: {e}"));
+            assert_eq!(
+                &announcement.peer_id, instance,
+                "the instance label is the announced PeerId"
+            );
+            let wanted = announcement.peer_id == from.peer_id
+                && ts.is_none_or(|ts| announcement.timestamp_unix_secs == ts)
+                && addrs.contains(&net.expected(from.port));
+            wanted.then(|| Found {
+                announcement,
+                txt: txt.clone(),
+                addrs: addrs.clone(),
+            })
         },
     );
-    let (announcement, addrs) = &found;
+    let Found {
+        announcement,
+        addrs,
+        ..
+    } = &found;
     announcement
         .verify(&from.public(), now_unix_secs(), MAX_AGE_SECS)
         .unwrap_or_else(|e| panic!("announcement of {} does not verify: {e}", from.peer_id));
     assert!(announcement.matches_agent(AGENT_DID));
     assert_eq!(announcement.port, from.port);
+    // The SRV port travels outside the signature; it must be the signed one.
     assert!(
-        addrs.iter().all(|a| net.allows(a) && a.port() == from.port),
+        addrs
+            .iter()
+            .all(|a| net.allows(a) && a.port() == announcement.port),
         "unexpected address in {addrs:?}"
     );
     found
+}
+
+/// `txt` grown to [`MAX_TXT_ENTRIES`] entries with unknown keys, one of them
+/// exactly [`MAX_TXT_ENTRY_LEN`] bytes: the largest record we publish.
+fn fill_to_bounds(mut txt: Vec<(String, String)>) -> Vec<(String, String)> {
+    let long_value = "n".repeat(MAX_TXT_ENTRY_LEN - "note=".len());
+    txt.push(("note".to_owned(), long_value));
+    while txt.len() < MAX_TXT_ENTRIES {
+        txt.push((format!("x{}", txt.len()), "1".to_owned()));
+    }
+    txt
 }
 
 fn wait_expired(rx: &flume::Receiver<DiscoveryEvent>, gone: &Device) {
@@ -247,12 +279,24 @@ fn two_instances_discover_each_other_on_lo() {
         wait_discovered(&rx_a, &a, &b, Some(ts), Net::Loopback);
         wait_discovered(&rx_b, &b, &a, Some(ts), Net::Loopback);
 
-        // A re-signed announcement reaches the peer as a fresh event.
+        // A re-signed announcement reaches the peer as a fresh event, and a
+        // record at every bound arrives whole: each entry, in order.
         let later = ts + 5;
+        let published = fill_to_bounds(b.announcement(later).to_txt());
         mdns_b
-            .update_announcement(b.announcement(later))
-            .expect("update announcement");
-        wait_discovered(&rx_a, &a, &b, Some(later), Net::Loopback);
+            .update_txt(published.clone())
+            .expect("update txt record");
+        let found = wait_discovered(&rx_a, &a, &b, Some(later), Net::Loopback);
+        assert_eq!(found.txt, published);
+
+        // A record over the bounds is refused, and the last one stays.
+        let mut crowded = published.clone();
+        crowded.push(("one-more".to_owned(), "1".to_owned()));
+        let refused = mdns_b.update_txt(crowded);
+        assert!(
+            matches!(refused, Err(DiscoveryError::InvalidTxt { .. })),
+            "{refused:?}"
+        );
 
         // Goodbye: a's browser learns b left, and b's event channel closes.
         mdns_b.shutdown().expect("clean shutdown");
@@ -363,8 +407,8 @@ fn refresh_re_reports_present_peers() {
             &rx_a,
             &format!("{wanted} reports of {}", b.peer_id),
             |event| {
-                if let DiscoveryEvent::Discovered { announcement, .. } = event
-                    && announcement.peer_id == b.peer_id
+                if let DiscoveryEvent::Discovered { instance, .. } = event
+                    && instance == b.peer_id
                 {
                     reports += 1;
                 }
@@ -397,34 +441,44 @@ fn child_announcer(expected_peer: &str) {
 
 #[test]
 fn start_rejects_bad_config() {
-    // Goal: configuration errors surface before any socket opens; method: one
-    // broken field per case (validation runs before the daemon starts).
+    // Goal: configuration errors, a TXT record peers would not read back as
+    // given among them, surface before any socket opens; method: one broken
+    // field per case (validation runs before the daemon starts).
     let device = Device::new(0);
     let ts = now_unix_secs();
-    let mut wrong_port = device.config(ts);
-    wrong_port.port += 1;
+    let with_txt = |edit: fn(&mut Vec<(String, String)>)| {
+        let mut config = device.config(ts);
+        edit(&mut config.txt);
+        config
+    };
     let mut dotted = device.config(ts);
     dotted.instance_name = "a.b".into();
-    let mut empty_ctx = device.config(ts);
-    empty_ctx.announcement.context_id.clear();
+    let mut zero_port = device.config(ts);
+    zero_port.port = 0;
+    let crowded = with_txt(|txt| {
+        *txt = fill_to_bounds(std::mem::take(txt));
+        txt.push(("one-more".into(), "1".into()));
+    });
+    let over_long = with_txt(|txt| {
+        // `note=` plus 251 bytes: one byte over.
+        txt.push(("note".into(), "n".repeat(MAX_TXT_ENTRY_LEN - 4)));
+    });
+    let duplicate = with_txt(|txt| txt.push(("PEER".into(), "12D3KooW".into())));
+    let equals_in_key = with_txt(|txt| txt.push(("a=b".into(), "1".into())));
 
     type IsExpected = fn(&DiscoveryError) -> bool;
-    let cases: [(&str, MdnsConfig, IsExpected); 3] = [
-        ("port mismatch", wrong_port, |e| {
-            matches!(e, DiscoveryError::PortMismatch { .. })
-        }),
+    let invalid_txt: IsExpected = |e| matches!(e, DiscoveryError::InvalidTxt { .. });
+    let cases: [(&str, MdnsConfig, IsExpected); 6] = [
         ("dotted instance", dotted, |e| {
             matches!(e, DiscoveryError::InvalidInstanceName { .. })
         }),
-        ("empty context id", empty_ctx, |e| {
-            matches!(
-                e,
-                DiscoveryError::InvalidAnnouncement {
-                    source: AnnounceError::Malformed { .. },
-                    ..
-                }
-            )
+        ("port zero", zero_port, |e| {
+            matches!(e, DiscoveryError::ZeroPort { .. })
         }),
+        ("17 txt entries", crowded, invalid_txt),
+        ("256-byte txt entry", over_long, invalid_txt),
+        ("duplicate key", duplicate, invalid_txt),
+        ("'=' in a key", equals_in_key, invalid_txt),
     ];
     for (name, config, expected) in cases {
         match Mdns::start(config) {

@@ -1,11 +1,23 @@
-//! Signed device announcements and their TXT-record encoding.
+//! Signed device announcements: the format of the mDNS TXT record every
+//! device of an agent publishes, and the checks a browser makes on one.
 //!
 //! An [`Announcement`] is NIP-6's `(OperationalContextID, ConnectionInfo,
 //! Timestamp, Signature)` tuple plus the agent it belongs to. This module
 //! builds, signs (through a caller-supplied callback), verifies and
-//! encodes/decodes it. It does not decide *which* key may announce for an
-//! agent: the caller resolves `context_id` in the agent's DID document and hands
-//! the raw Ed25519 public key to [`Announcement::verify`].
+//! encodes/decodes it.
+//!
+//! What it leaves to others:
+//! - **Which key may announce for an agent.** The caller resolves
+//!   `context_id` in the agent's DID document and hands the raw Ed25519
+//!   public key to [`Announcement::verify`].
+//! - **The SRV record's port.** The transport (`nuwa-discovery`) reports the
+//!   TXT entries and the addresses with the SRV port as they came; the caller
+//!   checks that the SRV port equals the signed [`Announcement::port`] (only
+//!   the TXT record is signed).
+//! - **Secret keys and clocks.** Signing goes through a callback, and `now`
+//!   is a parameter.
+//! - **mDNS itself.** Publishing and browsing are `nuwa-discovery`'s, which
+//!   knows nothing of this format.
 //!
 //! TXT layout (keys are short because a TXT record should stay well under
 //! 1300 bytes and each `key=value` entry under 255 bytes):
@@ -28,7 +40,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ed25519_dalek::{Signature, VerifyingKey};
 use sha2::{Digest as _, Sha256};
 
-use crate::PROTOCOL_VERSION;
+/// Version of the announcement format and of the sync protocol it advertises.
+pub const PROTOCOL_VERSION: u32 = 1;
 
 /// DIDs up to this many bytes travel inline (`did=`); longer ones travel as
 /// their SHA-256 (`didh=`), so the `did=` entry always fits in 255 bytes.
@@ -321,8 +334,8 @@ impl Announcement {
     /// The TXT record entries for this announcement, in a fixed order.
     ///
     /// Use [`Announcement::from_txt`] on the result to check that an
-    /// announcement built from outside input is publishable; [`crate::Mdns`]
-    /// does so before registering.
+    /// announcement built from outside input is publishable: peers decode it
+    /// with the same function.
     pub fn to_txt(&self) -> Vec<(String, String)> {
         let agent = match &self.agent {
             AgentRef::Did(did) => (KEY_DID.to_owned(), did.clone()),
