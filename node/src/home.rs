@@ -305,15 +305,6 @@ pub fn write_new_home(
     write_device(out, device, name, keys)
 }
 
-/// Adds `device` to the log, signed by an admin key.
-pub fn add_device_key(
-    log: &mut DidChain,
-    admin: &nuwa_agent::lifecycle::Admin,
-    device: &DeviceKey,
-) -> Result<String> {
-    add_device(log, admin, device)
-}
-
 /// An exclusive lock on a home: the daemon holds it for its whole life, and
 /// `init`, `device provision`, `device revoke` and `pair` hold it while
 /// they change the home's files. (An advisory `flock` on `daemon.lock`; it

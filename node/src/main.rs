@@ -329,27 +329,57 @@ fn parse_addrs(what: &str, list: &[String]) -> Result<Vec<Multiaddr>> {
         .collect()
 }
 
+/// Addresses that must name their peer (`/p2p/...`): infrastructure nodes.
+fn with_peers(what: &str, list: &[String]) -> Result<Vec<(nuwa_net::PeerId, Multiaddr)>> {
+    parse_addrs(what, list)?
+        .into_iter()
+        .map(|a| {
+            nuwa_net::peer_of(&a)
+                .map(|p| (p, a.clone()))
+                .with_context(|| format!("{what} {a} names no peer (/p2p/PEER_ID)"))
+        })
+        .collect()
+}
+
 fn run_options(
     home: &std::path::Path,
     net: config::Settings,
     once: Option<std::time::Duration>,
 ) -> Result<daemon::RunOptions> {
     let eff = config::resolve(config::load(home)?, net)?;
-    Ok(daemon::RunOptions {
-        listen: parse_addrs("--listen", &eff.listen)?,
-        peers: parse_addrs("--peer", &eff.peers)?,
+    let peers = parse_addrs("--peer", &eff.peers)?;
+    let agent = nuwa_agent::Config {
         known_peers: eff.known_peers,
         mdns: eff.mdns,
-        mdns_interfaces: eff.mdns_interfaces,
         dht: eff.dht,
-        bootstrap: parse_addrs("--bootstrap", &eff.bootstrap)?,
+        bootstrap: if eff.dht {
+            with_peers("--bootstrap", &eff.bootstrap)?
+        } else {
+            Vec::new()
+        },
         rendezvous: eff.rendezvous,
-        rendezvous_servers: parse_addrs("--rendezvous", &eff.rendezvous_servers)?,
-        keepers: parse_addrs("--keeper", &eff.keepers)?,
+        rendezvous_servers: if eff.rendezvous {
+            with_peers("--rendezvous", &eff.rendezvous_servers)?
+        } else {
+            Vec::new()
+        },
+        keepers: with_peers("--keeper", &eff.keepers)?,
+        static_peers: peers
+            .into_iter()
+            .map(|a| (nuwa_net::peer_of(&a), a))
+            .collect(),
+        memory_budget_bytes: eff.memory_budget_mb.saturating_mul(1_000_000),
+        once_ms: once.map(|t| t.as_millis() as u64),
+        once_tty: once.is_some() && daemon::stderr_is_tty(),
+        lifecycle_every_ms: nuwa_agent::asm::LIFECYCLE_EVERY_MS,
+        api_url: String::new(),
+        session: nuwa_sync::SessionConfig::default(),
+    };
+    Ok(daemon::RunOptions {
+        listen: parse_addrs("--listen", &eff.listen)?,
         api_listen: eff.api_listen,
-        memory_budget_mb: eff.memory_budget_mb,
-        once,
-        lifecycle_every: std::time::Duration::from_millis(crate::daemon::LIFECYCLE_EVERY_MS),
+        mdns_interfaces: eff.mdns_interfaces,
+        agent,
     })
 }
 
@@ -868,7 +898,9 @@ fn real_main(cli: Cli) -> Result<()> {
             // Held until `run` returns, so that queued file logs are flushed.
             let _log = init_tracing(&log)?;
             let mut opts = run_options(&home_dir, net, None)?;
-            opts.lifecycle_every = lifecycle_every.max(std::time::Duration::from_millis(100));
+            opts.agent.lifecycle_every_ms = lifecycle_every
+                .max(std::time::Duration::from_millis(100))
+                .as_millis() as u64;
             let h = home::load(&home_dir)?;
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             let ran = rt.block_on(daemon::run(h, opts));

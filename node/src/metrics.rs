@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use nuwa_counters::Table;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -40,53 +41,9 @@ macro_rules! events {
 }
 
 events! {
-    BytesSent => "bytes_sent", "Sealed bytes handed to the network (frames and gossip publishes)";
-    FramesSent => "frames_sent", "Sealed frames sent over direct streams";
-    FrameTooLarge => "frame_too_large", "Payloads over the frame cap, left to the sync protocol";
-    GossipDeltasPublished => "gossip_deltas_published", "Live deltas published on the agent's gossip topic";
-    DeltasOverStream => "deltas_over_stream", "Live deltas too large for gossip, sent over direct streams";
-    SendFailed => "send_failed", "Frames the network could not deliver";
-    InboundFrameError => "inbound_frame_error", "Unreadable inbound frames";
-    MalformedFrame => "malformed_frame", "Frames that did not decode";
-    DialFailed => "dial_failed", "Failed dials";
-    ClockSkewDetected => "clock_skew_detected", "Genuine Hellos refused because the peer's clock is beyond the replay window";
     ContainersQuarantined => "containers_quarantined", "Containers moved aside at start because their records could not be read";
-    ContainersPoisoned => "containers_poisoned", "Containers reloaded from the store after Automerge panicked on peer input";
-    ContainersEvicted => "containers_evicted", "Containers whose document left memory (idle, or over the memory budget); they load again on use";
     ContainersLoaded => "containers_loaded", "Evicted containers loaded back into memory on use";
     CatchUpsOffLoop => "catch_ups_off_loop", "Big sync messages (a whole document, a long partition) applied on a worker thread instead of the daemon loop";
-    DevicesRevoked => "devices_revoked", "Devices revoked from this device";
-    DidLogForksLost => "did_log_forks_lost", "DID log forks (two admins' concurrent updates) this device resolved for the other branch (the fork rule)";
-    DidLogUpdatesRebased => "did_log_updates_rebased", "This device's DID updates of a branch that lost a fork, signed again on top of the winner";
-    DhtBootstrapFailed => "dht_bootstrap_failed", "Failed DHT bootstraps";
-    DhtPointerTopicMismatch => "dht_pointer_topic_mismatch", "Verified DHT pointers naming another topic";
-    DhtPointersVerified => "dht_pointers_verified", "DHT pointers of this agent that verified";
-    DhtRecordsStored => "dht_records_stored", "Inbound DHT records stored after verification";
-    DhtPeersFound => "dht_peers_found", "Devices of this agent found through the DHT";
-    RendezvousPeersFound => "rendezvous_peers_found", "Devices of this agent found through rendezvous";
-    RendezvousFailed => "rendezvous_failed", "Failed rendezvous requests";
-    MdnsAnnouncementsVerified => "mdns_announcements_verified", "mDNS announcements of this agent that verified";
-    LifecycleItemsRemoved => "lifecycle_items_removed", "Lifecycle passes that removed expired items";
-    SchemasRefusedFromPeers => "schemas_refused_from_peers", "Replicated schemas that did not register";
-    PairingAnnouncementsRejected => "pairing_announcements_rejected", "Pairing announcements refused";
-    PairingApprovalsStarted => "pairing_approvals_started", "Approvals started";
-    PairingApprovalsSucceeded => "pairing_approvals_succeeded", "Approvals that paired a device";
-    PairingApprovalsFailed => "pairing_approvals_failed", "Approvals that failed";
-    PairingFramesUnexpected => "pairing_frames_unexpected", "Pairing frames outside an approval";
-    PeersVerified => "peers_verified", "Peers whose Hello verified";
-    HelloRefreshed => "hello_refreshed", "Repeated Hellos of verified peers that verified";
-    HelloRefreshSent => "hello_refresh_sent", "Hellos pushed after the DID log grew";
-    FrameFromUnverifiedPeer => "frame_from_unverified_peer", "State frames from peers whose Hello has not verified (dropped)";
-    PayloadRejected => "payload_rejected", "Opened payloads the sync engine refused";
-    EnvelopesHeldForEpoch => "envelopes_held_for_epoch", "Envelopes held until their key epoch's grant arrives";
-    HeldEnvelopesDropped => "held_envelopes_dropped", "Held envelopes dropped because the hold was full";
-    HeldEnvelopesExpired => "held_envelopes_expired", "Held envelopes whose grant never came";
-    EpochGrantsAdopted => "epoch_grants_adopted", "Key epochs adopted from forwarded grants";
-    EpochGrantRejected => "epoch_grant_rejected", "Forwarded epoch grants refused";
-    GossipDeltasApplied => "gossip_deltas_applied", "Gossip deltas opened and applied";
-    DidEntriesRequested => "did_entries_requested", "Pages of DID chain entries asked of a peer whose Hello proved a head this device did not hold";
-    DidEntriesServed => "did_entries_served", "Pages of this device's DID chain entries sent to a peer that asked";
-    DidEntriesMerged => "did_entries_merged", "Peers' DID chains fetched in full and merged with the fork rule";
     OversizedFramesRefused => "oversized_frames_refused", "Inbound frames over the frame cap, refused before they were read";
     KadForgedProviders => "kad_forged_providers", "DHT provider records refused because the provider was not the sender";
     GossipPublishDropped => "gossip_publish_dropped", "Gossip publishes that did not go out";
@@ -95,12 +52,6 @@ events! {
     EventsDropped => "events_dropped", "Other network events dropped rather than wait on the daemon";
     OutboundFramesDropped => "outbound_frames_dropped", "Outbound frames dropped because the network was behind";
     ConnectionsRefused => "connections_refused", "Connections refused by the connection limits";
-    KeeperPushes => "keeper_pushes", "Pushes a keeper acknowledged (durable there)";
-    KeeperEnvelopesApplied => "keeper_envelopes_applied", "Envelopes pulled from a keeper and applied (or already held)";
-    KeeperEnvelopesRefused => "keeper_envelopes_refused", "Envelopes pulled from a keeper that did not verify or open";
-    KeeperRefusals => "keeper_refusals", "Requests a keeper refused";
-    KeeperCompactionsTooBig => "keeper_compactions_too_big", "Snapshots not pushed because the history exceeds one push";
-    KeeperResponsesUnexpected => "keeper_responses_unexpected", "Keeper responses nobody asked for (dropped)";
     RelayReservationsLost => "relay_reservations_lost", "Relay reservations of this device that ended or were refused";
     HolePunchesOk => "hole_punches_ok", "Relayed connections made direct by hole punching (DCUtR)";
     HolePunchesFailed => "hole_punches_failed", "Hole punches that failed (the relay carries the link)";
@@ -120,28 +71,6 @@ events! {
     ApiConnectionsIdleClosed => "api_connections_idle_closed", "API connections closed after the idle timeout";
     ApiSocketConnections => "api_socket_connections", "Connections accepted on the local API socket (HOME/api.sock) from the daemon's own user";
     ApiSocketRefused => "api_socket_refused", "Connections on the local API socket refused because the peer runs as another user";
-}
-
-impl From<nuwa_sync::Count> for Event {
-    fn from(c: nuwa_sync::Count) -> Self {
-        use nuwa_sync::Count as C;
-        match c {
-            C::PeersVerified => Event::PeersVerified,
-            C::HelloRefreshed => Event::HelloRefreshed,
-            C::HelloRefreshSent => Event::HelloRefreshSent,
-            C::FrameFromUnverifiedPeer => Event::FrameFromUnverifiedPeer,
-            C::PayloadRejected => Event::PayloadRejected,
-            C::EnvelopesHeldForEpoch => Event::EnvelopesHeldForEpoch,
-            C::HeldEnvelopesDropped => Event::HeldEnvelopesDropped,
-            C::HeldEnvelopesExpired => Event::HeldEnvelopesExpired,
-            C::EpochGrantsAdopted => Event::EpochGrantsAdopted,
-            C::EpochGrantRejected => Event::EpochGrantRejected,
-            C::GossipDeltasApplied => Event::GossipDeltasApplied,
-            C::DidEntriesRequested => Event::DidEntriesRequested,
-            C::DidEntriesServed => Event::DidEntriesServed,
-            C::DidEntriesMerged => Event::DidEntriesMerged,
-        }
-    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
@@ -170,10 +99,27 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
 }
 
+/// Registers one crate's counter table, each counter under its declared
+/// name and help.
+fn register_table<T: Table>(registry: &mut Registry) -> Vec<Counter> {
+    T::ALL
+        .iter()
+        .map(|c| {
+            let counter = Counter::default();
+            registry.register(c.name(), c.help(), counter.clone());
+            counter
+        })
+        .collect()
+}
+
 /// The registry and every metric in it.
 pub struct Metrics {
     registry: Registry,
     counters: Vec<Counter>,
+    /// The agent's table (`nuwa_agent::Count`) and the sync session's
+    /// (`nuwa_sync::Count`), in their declaration order.
+    agent: Vec<Counter>,
+    sync: Vec<Counter>,
     rejections: Family<RejectionLabels, Counter>,
     envelopes_rejected: Family<ReasonLabels, Counter>,
     /// Label sets seen so far (families cannot be iterated), for `status`.
@@ -215,6 +161,8 @@ impl Metrics {
                 c
             })
             .collect();
+        let agent = register_table::<nuwa_agent::Count>(&mut registry);
+        let sync = register_table::<nuwa_sync::Count>(&mut registry);
         let rejections = Family::<RejectionLabels, Counter>::default();
         registry.register(
             "rejections",
@@ -281,6 +229,8 @@ impl Metrics {
         Metrics {
             registry,
             counters,
+            agent,
+            sync,
             rejections,
             envelopes_rejected,
             seen: Mutex::new(Default::default()),
@@ -317,6 +267,20 @@ impl Metrics {
             .get(Self::index(e))
             .map(Counter::get)
             .unwrap_or(0)
+    }
+
+    /// Counts `n` of an agent counter.
+    pub fn agent(&self, c: nuwa_agent::Count, n: u64) {
+        if let Some(counter) = self.agent.get(c.index()) {
+            counter.inc_by(n);
+        }
+    }
+
+    /// Counts one of a sync session counter.
+    pub fn sync(&self, c: nuwa_sync::Count) {
+        if let Some(counter) = self.sync.get(c.index()) {
+            counter.inc();
+        }
     }
 
     pub fn rejected(&self, source: &str, reason: &str) {
@@ -440,6 +404,21 @@ impl Metrics {
                 out.insert(e.name().to_owned(), v);
             }
         }
+        let tables = nuwa_agent::Count::ALL
+            .iter()
+            .map(|c| c.name())
+            .zip(&self.agent)
+            .chain(
+                nuwa_sync::Count::ALL
+                    .iter()
+                    .map(|c| c.name())
+                    .zip(&self.sync),
+            );
+        for (name, counter) in tables {
+            if counter.get() > 0 {
+                out.insert(name.to_owned(), counter.get());
+            }
+        }
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         for l in &seen.0 {
             let v = self.rejections.get_or_create(l).get();
@@ -511,8 +490,8 @@ mod tests {
     #[test]
     fn export_parses_and_agrees_with_status() {
         let m = Metrics::new();
-        m.inc(Event::PeersVerified);
-        m.add(Event::BytesSent, 1234);
+        m.sync(nuwa_sync::Count::PeersVerified);
+        m.agent(nuwa_agent::Count::BytesSent, 1234);
         m.rejected("connection", "unknown_key");
         m.rejected("connection", "unknown_key");
         m.envelope_rejected("replay");

@@ -12,10 +12,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use nuwa_agent::announce::Announcement;
 use nuwa_crypto::pairing::{
     ApproverConfirm, AttemptLimiter, Grant, Joiner, JoinerOutcome, JoinerPublicKeys, PairingCode,
 };
-use nuwa_discovery::{Announcement, Mdns, MdnsConfig};
+use nuwa_discovery::{Mdns, MdnsConfig};
 use nuwa_identity::keys::{DeviceKey, context_id_for};
 use nuwa_net::{Multiaddr, NetConfig, NetEvent, PeerId, peer_of};
 use nuwa_proto::{Frame, PairingStep};
@@ -25,7 +26,7 @@ use crate::home;
 use nuwa_agent::pairing::{GrantPlaintext, mdns_agent, rendezvous_namespace};
 
 /// Registration TTL at rendezvous servers (their minimum is two hours).
-use crate::daemon::RENDEZVOUS_TTL_SECS;
+use nuwa_agent::RENDEZVOUS_TTL_SECS;
 /// Re-sign the mDNS announcement this often (accepted for 10 minutes).
 const ANNOUNCE_REFRESH: Duration = Duration::from_secs(120);
 /// An exchange that stalls this long is abandoned (the code stays usable).
@@ -157,7 +158,7 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
             instance_name: local.to_string(),
             port,
             interfaces: opts.mdns_interfaces.clone(),
-            announcement: sign_announcement(&device),
+            txt: sign_announcement(&device).to_txt(),
             refresh_secs: 0,
         }) {
             // Browse events are not needed: the approver dials us.
@@ -212,7 +213,7 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
             _ = &mut shutdown => outcome = Some(Err(anyhow::anyhow!("pairing cancelled; nothing was written"))),
             _ = announce.tick() => {
                 if let Some(m) = &mdns {
-                    let _ = m.update_announcement(sign_announcement(&device));
+                    let _ = m.update_txt(sign_announcement(&device).to_txt());
                 }
             }
             _ = tick.tick() => {
@@ -323,7 +324,9 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
         } else {
             a.clone().with(nuwa_net::Protocol::P2p(paired.approver))
         };
-        sync.peers.push(with_p2p);
+        sync.agent
+            .static_peers
+            .push((Some(paired.approver), with_p2p));
     }
     println!("initial sync...");
     std::io::stdout().flush().ok();

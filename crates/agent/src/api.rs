@@ -565,6 +565,99 @@ impl Tool {
     }
 }
 
+/// A request of the local API that the agent decides. (Reads and exports
+/// go to the shell's reader, off the agent's loop.)
+#[derive(Debug)]
+pub enum Request {
+    Status,
+    Devices,
+    Put(PutBody),
+    Revoke(RevokeBody),
+    Admin(AdminChange),
+    Approve(ApproveBody),
+    /// `device provision`: the shell made the new home's directory and its
+    /// device key; the agent lists the key and asks the shell to write the
+    /// home.
+    Provision {
+        body: ProvisionBody,
+        device: nuwa_identity::keys::DeviceKey,
+    },
+    Tool(Tool),
+    Batch(BatchBody),
+}
+
+impl Request {
+    /// Whether it writes state that syncs (refused on a revoked device).
+    pub fn writes(&self) -> bool {
+        match self {
+            Request::Put(_) | Request::Batch(_) => true,
+            Request::Tool(t) => t.writes(),
+            _ => false,
+        }
+    }
+}
+
+/// The agent's answer to a [`Request`].
+#[derive(Debug)]
+pub enum Reply {
+    Status(Box<crate::status::Status>),
+    Devices(Vec<crate::devices::DeviceEntry>),
+    Put(PutReply),
+    Revoke(RevokeReply),
+    Approve(ApproveReply),
+    Value(Value),
+    Batch(BatchReply),
+}
+
+/// A reply that waits for the rest of its batch, to carry the heads as
+/// they are once every write of the batch is in.
+pub(crate) enum Pending {
+    Put { container: String, key: String },
+    Batch(BatchReply),
+    Ready(Reply),
+}
+
+impl Pending {
+    pub(crate) fn finish(self, heads: impl Fn(&str) -> Vec<String>) -> Reply {
+        match self {
+            Pending::Put { container, key } => Reply::Put(PutReply {
+                heads: heads(&container),
+                container,
+                key,
+                durable: true,
+            }),
+            Pending::Batch(mut r) => {
+                for c in &mut r.containers {
+                    c.heads = heads(&c.container);
+                }
+                Reply::Batch(r)
+            }
+            Pending::Ready(r) => r,
+        }
+    }
+}
+
+impl ProvisionBody {
+    /// The checks that need nothing but the body: the shell runs them
+    /// before it makes the new home's directory.
+    pub fn check(&self) -> Result<(), ApiError> {
+        if !std::path::Path::new(&self.out).is_absolute() {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                "`out` must be an absolute path",
+            ));
+        }
+        let name = self.name.trim();
+        if name.is_empty() || name.len() > nuwa_proto::MAX_DEVICE_NAME_BYTES {
+            return Err(ApiError::new(
+                ErrorCode::BadName,
+                "a device name is 1 to 64 bytes",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// One durable change batch of a container, for `/v1/state.events`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChangeEvent {

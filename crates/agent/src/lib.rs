@@ -1,24 +1,64 @@
 //! The agent core: every decision one device of an agent makes, free of IO.
 //!
+//! One entry point, [`Agent::handle`]: an [`Input`] (what the network,
+//! mDNS, the local API, the clock or a worker brought) and the time in,
+//! [`Effect`]s out, which the shell performs in phases (persist,
+//! acknowledge, send, the rest; see [`effect`]). On top of the IO-free
+//! sync session (`nuwa_sync::Session`: admission, envelopes, key epochs,
+//! the sync engine) it decides:
+//!
 //! - [`lifecycle`]: the signed DID updates that add, remove, promote, demote
-//!   and rotate devices, recovery, and the epoch grants they issue.
-//! - [`pairing`]: what both ends of pairing share (where a waiting device is
-//!   published, the grant and the recovery handover it receives).
-//! - [`api`]: the requests and replies of the local API, and its errors.
-//! - [`status`]: the `status` report; [`devices`]: `device list`.
-//! - [`announce`]: the signed mDNS announcement, its TXT format and checks.
+//!   and rotate devices, recovery, and the epoch grants they issue; and,
+//!   while the agent runs, revocation, provisioning and admin changes, the
+//!   rebase of a lost fork and the revoked-write gate;
+//! - [`pairing`]: what both ends of pairing share, and the approving side;
+//! - discovery: which peers to dial (known peers, mDNS announcements, DHT
+//!   and rendezvous hints, all checked against the DID document first),
+//!   relay reservations, registrations and the DHT pointer;
+//! - the keeper client: what to push, pull and compact;
+//! - typed state ([`asm`]): the schema registry, the `state.*` tools,
+//!   batches, the lifecycle of items;
+//! - what `status`, `device list` and `sync --once` report.
+//!
+//! [`api`] holds the local API's requests, replies and errors; [`peer`]
+//! the peer and address types; [`status`] and [`devices`] the reports;
+//! [`announce`] the signed mDNS announcement, its TXT format and checks.
 //!
 //! Nothing here knows tokio, libp2p's network stack, sled, files or
-//! clocks: time comes in as a parameter, and the shell (`nuwa-node`)
-//! performs what the core decides.
+//! clocks: time comes in as a parameter, randomness from `nuwa-entropy`
+//! (seeded in simulations), and the shell (`nuwa-node`) performs what the
+//! core decides.
 
+mod agent;
 pub mod announce;
 pub mod api;
+mod approve;
+pub mod asm;
+mod batch;
+mod book;
+pub mod constants;
+pub mod count;
 pub mod devices;
+mod discovery;
+pub mod effect;
+mod glue;
+pub mod input;
+mod keeper;
 pub mod lifecycle;
 pub mod pairing;
 pub mod peer;
+mod report;
+mod standing;
 pub mod status;
+
+pub use agent::{Agent, Boot, Config};
+pub use count::Count;
+pub use discovery::{
+    ANNOUNCE_MAX_AGE_SECS, ANNOUNCE_REFRESH_MS, KNOWN_PEERS_META, Nat, RENDEZVOUS_TTL_SECS,
+};
+pub use effect::{Effect, KadOp, NewHome, Phase};
+pub use input::{Input, MdnsEvent, NetEvent, Registration, RequestId};
+pub use keeper::meta_key as keeper_meta_key;
 
 /// An error and every source below it, joined with ": " (what a person
 /// reads in a reply or a log line).

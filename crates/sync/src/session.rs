@@ -102,44 +102,24 @@ pub enum Stored {
     Refused,
 }
 
-/// Plain events the runtime counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Count {
-    PeersVerified,
-    HelloRefreshed,
-    HelloRefreshSent,
-    FrameFromUnverifiedPeer,
-    PayloadRejected,
-    EnvelopesHeldForEpoch,
-    HeldEnvelopesDropped,
-    HeldEnvelopesExpired,
-    EpochGrantsAdopted,
-    EpochGrantRejected,
-    GossipDeltasApplied,
-    DidEntriesRequested,
-    DidEntriesServed,
-    DidEntriesMerged,
-}
-
-impl Count {
-    /// The counter's stable name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Count::PeersVerified => "peers_verified",
-            Count::HelloRefreshed => "hello_refreshed",
-            Count::HelloRefreshSent => "hello_refresh_sent",
-            Count::FrameFromUnverifiedPeer => "frame_from_unverified_peer",
-            Count::PayloadRejected => "payload_rejected",
-            Count::EnvelopesHeldForEpoch => "envelopes_held_for_epoch",
-            Count::HeldEnvelopesDropped => "held_envelopes_dropped",
-            Count::HeldEnvelopesExpired => "held_envelopes_expired",
-            Count::EpochGrantsAdopted => "epoch_grants_adopted",
-            Count::EpochGrantRejected => "epoch_grant_rejected",
-            Count::GossipDeltasApplied => "gossip_deltas_applied",
-            Count::DidEntriesRequested => "did_entries_requested",
-            Count::DidEntriesServed => "did_entries_served",
-            Count::DidEntriesMerged => "did_entries_merged",
-        }
+nuwa_counters::table! {
+    /// Plain events the runtime counts: each counter's stable name and help,
+    /// declared once.
+    pub enum Count {
+        PeersVerified => "peers_verified", "Peers whose Hello verified";
+        HelloRefreshed => "hello_refreshed", "Repeated Hellos of verified peers that verified";
+        HelloRefreshSent => "hello_refresh_sent", "Hellos pushed after the DID log grew";
+        FrameFromUnverifiedPeer => "frame_from_unverified_peer", "State frames from peers whose Hello has not verified (dropped)";
+        PayloadRejected => "payload_rejected", "Opened payloads the sync engine refused";
+        EnvelopesHeldForEpoch => "envelopes_held_for_epoch", "Envelopes held until their key epoch's grant arrives";
+        HeldEnvelopesDropped => "held_envelopes_dropped", "Held envelopes dropped because the hold was full";
+        HeldEnvelopesExpired => "held_envelopes_expired", "Held envelopes whose grant never came";
+        EpochGrantsAdopted => "epoch_grants_adopted", "Key epochs adopted from forwarded grants";
+        EpochGrantRejected => "epoch_grant_rejected", "Forwarded epoch grants refused";
+        GossipDeltasApplied => "gossip_deltas_applied", "Gossip deltas opened and applied";
+        DidEntriesRequested => "did_entries_requested", "Pages of DID chain entries asked of a peer whose Hello proved a head this device did not hold";
+        DidEntriesServed => "did_entries_served", "Pages of this device's DID chain entries sent to a peer that asked";
+        DidEntriesMerged => "did_entries_merged", "Peers' DID chains fetched in full and merged with the fork rule";
     }
 }
 

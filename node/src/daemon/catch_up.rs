@@ -12,9 +12,9 @@ use nuwa_sync::{CatchUp, CaughtUp};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::{COMPACT_AFTER_CHANGES, Daemon};
-use crate::home;
-use crate::metrics::Event;
+use super::exec::COMPACT_AFTER_CHANGES;
+use crate::metrics::{Event, Metrics};
+use nuwa_agent::{Agent, Input};
 
 /// Catch-ups whose results may wait in the channel at once; a worker
 /// blocks when it is full (the loop drains it every turn).
@@ -69,51 +69,40 @@ impl CatchUps {
     }
 }
 
-impl Daemon {
-    /// Sends every catch-up the session set aside to a blocking thread.
-    pub(super) fn start_catch_ups(&mut self) {
-        for job in self.session.take_catch_ups() {
-            self.count(Event::CatchUpsOffLoop);
-            let container = job.container().to_owned();
-            let compression = self
-                .asm
-                .registry
-                .get(&container)
-                .and_then(|s| s.compression);
-            debug!(container, "catch-up off the loop");
-            self.catch_up_started
-                .entry(container.clone())
-                .or_insert_with(home::now_ms);
-            let tx = self.catch_ups.tx.clone();
-            tokio::task::spawn_blocking(move || {
-                let finished = run(job, compression);
-                // The loop is gone only at shutdown, and then nothing waits
-                // for this result: the peer sends it again next time.
-                let _ = tx.blocking_send(finished);
-            });
-        }
+impl CatchUps {
+    /// Runs a catch-up the agent set aside on a blocking thread.
+    pub(super) fn start(&mut self, job: CatchUp, agent: &Agent, metrics: &Metrics) {
+        metrics.add(Event::CatchUpsOffLoop, 1);
+        let container = job.container().to_owned();
+        let compression = agent.compression_of(&container);
+        debug!(container, "catch-up off the loop");
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let finished = run(job, compression);
+            // The loop is gone only at shutdown, and then nothing waits
+            // for this result: the peer sends it again next time.
+            let _ = tx.blocking_send(finished);
+        });
     }
 
-    /// Takes a finished catch-up back into the session and executes what
-    /// follows (persist, answer the peer).
-    pub(super) async fn on_caught_up(&mut self, f: Finished) {
+    /// A catch-up came back: its snapshot waits for the compaction that
+    /// persists it; the agent gets the caught-up document.
+    pub(super) fn returned(&mut self, f: Finished) -> (String, Input) {
         let container = f.done.container().to_owned();
         debug!(done = ?f.done, "catch-up back");
         if let Some(snapshot) = f.snapshot {
-            self.catch_ups
-                .snapshots
+            self.snapshots
                 .insert(container.clone(), (f.done.doc().heads(), snapshot));
         }
-        let effects = self.session.finish_catch_up(f.done, home::now_ms());
-        self.execute(effects, Vec::new()).await;
-        if !self.session.engine().catching_up(&container) {
-            self.catch_up_started.remove(&container);
-        }
-        // Not taken: the container moved meanwhile (another round runs).
-        if self.catch_ups.snapshots.remove(&container).is_some() {
+        (container, Input::CaughtUp(Box::new(f.done)))
+    }
+
+    /// After the agent took a catch-up back: a snapshot nobody wrote was
+    /// superseded (the container moved meanwhile; another round runs).
+    pub(super) fn forget_snapshot(&mut self, container: &str) {
+        if self.snapshots.remove(container).is_some() {
             debug!(container, "catch-up snapshot superseded");
         }
-        self.start_catch_ups();
     }
 }
 

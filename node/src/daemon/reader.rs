@@ -30,12 +30,12 @@ use nuwa_store::Storage;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::asm::{self, Containers};
-use super::load_container;
+use super::exec::open::load_container;
 use crate::api::{ApiError, ApiRequest, ErrorCode, Tool};
+use nuwa_agent::asm::{self, Containers};
 
 /// Messages waiting for the reader.
-pub(super) const QUEUE: usize = 4096;
+pub(in crate::daemon) const QUEUE: usize = 4096;
 /// Messages taken per turn: their change batches are applied together.
 const TURN: usize = 1024;
 
@@ -63,7 +63,7 @@ pub(crate) enum ReadMsg {
 const REPLICA_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the reader tells the loop.
-pub(super) enum ReaderEvent {
+pub(in crate::daemon) enum ReaderEvent {
     /// Items of `container` past their TTL or retention.
     Expired { container: String, ids: Vec<String> },
 }
@@ -78,7 +78,7 @@ pub(crate) struct ReaderHandle {
 impl ReaderHandle {
     /// Hands over a persisted batch without waiting; a full queue marks the
     /// container stale instead.
-    pub(super) fn changes(&self, container: &str, changes: &[Vec<u8>]) {
+    pub(in crate::daemon) fn changes(&self, container: &str, changes: &[Vec<u8>]) {
         let msg = ReadMsg::Changes {
             container: container.to_owned(),
             changes: changes.to_vec(),
@@ -88,7 +88,7 @@ impl ReaderHandle {
         }
     }
 
-    pub(super) fn reset(&self, container: &str) {
+    pub(in crate::daemon) fn reset(&self, container: &str) {
         if self
             .tx
             .try_send(ReadMsg::Reset {
@@ -108,18 +108,18 @@ impl ReaderHandle {
     /// Never waits: a registry update lost to a full queue is sent again
     /// with the next change of the registry, and the loop serves schema
     /// lookups itself.
-    pub(super) fn registry(&self, registry: &Registry) {
+    pub(in crate::daemon) fn registry(&self, registry: &Registry) {
         let _ = self
             .tx
             .try_send(ReadMsg::Registry(Box::new(registry.clone())));
     }
 
     /// Asks the reader to drop replicas it has not read for a minute.
-    pub(super) fn trim(&self) {
+    pub(in crate::daemon) fn trim(&self) {
         let _ = self.tx.try_send(ReadMsg::Trim);
     }
 
-    pub(super) fn scan(&self, schemas: Vec<nuwa_asm::schema::AsmSchema>, now_secs: i64) {
+    pub(in crate::daemon) fn scan(&self, schemas: Vec<nuwa_asm::schema::AsmSchema>, now_secs: i64) {
         let _ = self.tx.try_send(ReadMsg::Scan { schemas, now_secs });
     }
 }
@@ -144,7 +144,7 @@ impl Containers for Reader {
 
 /// Starts the reader thread. It stops when every handle is dropped. The
 /// returned sender is the API's lane for reads.
-pub(super) fn spawn(
+pub(in crate::daemon) fn spawn(
     store: Arc<dyn Storage>,
     actor: Vec<u8>,
     registry: Registry,

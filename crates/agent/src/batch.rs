@@ -24,12 +24,12 @@ use nuwa_state::Container;
 use nuwa_state::automerge::transaction::Transaction;
 use serde_json::Value;
 
-use super::Daemon;
-use super::asm::{
-    check_object_size, doc_error, new_uuid, schema_has_id, validation_error, without_id,
-};
+use crate::agent::{Agent, Out};
 use crate::api::{
     ApiError, BatchBody, BatchContainer, BatchOp, BatchOpResult, BatchReply, DeleteMode, ErrorCode,
+};
+use crate::asm::{
+    check_object_size, doc_error, new_uuid, schema_has_id, validation_error, without_id,
 };
 
 /// An operation after the checks that need no document.
@@ -161,11 +161,11 @@ fn step_id(step: &Step) -> Option<String> {
     }
 }
 
-impl Daemon {
+impl Agent {
     /// `POST /v1/state.batch`. Answered (by the executor) once every
     /// applied change is durable.
-    pub(super) async fn on_batch(&mut self, body: BatchBody) -> BatchReply {
-        self.refresh_registry();
+    pub(crate) fn on_batch(&mut self, body: BatchBody, out: &mut Out) -> BatchReply {
+        self.refresh_registry(out);
         let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         let mut order: Vec<&str> = Vec::new();
         for (i, op) in body.ops.iter().enumerate() {
@@ -188,7 +188,7 @@ impl Daemon {
         for name in order {
             let idx = &groups[name];
             let ops: Vec<&BatchOp> = idx.iter().map(|&i| &body.ops[i]).collect();
-            let outcome = self.transact_ops(name, &ops).await;
+            let outcome = self.transact_ops(name, &ops, out);
             let ok = outcome.is_ok();
             match outcome {
                 Ok(ids) => {
@@ -234,10 +234,11 @@ impl Daemon {
     /// Applies `ops`, all on `container`, as one transaction: all or
     /// nothing. Returns each operation's object id (none for puts), or
     /// every failure by position in `ops`.
-    pub(super) async fn transact_ops(
+    pub(crate) fn transact_ops(
         &mut self,
         container: &str,
         ops: &[&BatchOp],
+        out: &mut Out,
     ) -> Result<Vec<Option<String>>, Failures> {
         if let Err(e) = nuwa_state::check_container_name(container) {
             return Err(all_fail(
@@ -304,8 +305,7 @@ impl Daemon {
                 failures.sort_by_key(|(i, _)| *i);
                 return Err(failures);
             }
-            self.ensure_container(container, &schema.layout)
-                .await
+            self.ensure_container(container, &schema.layout, out)
                 .map_err(|e| all_fail(ops.len(), e))?;
         }
         // Raw puts into a container that does not exist create it (a map).
@@ -314,7 +314,7 @@ impl Daemon {
             .local_transact(container, |tx| run_steps(tx, schema, &steps, &mut failures))
         {
             Ok(change) => {
-                self.stage(container, change);
+                self.stage(container, change, out);
                 Ok(ids)
             }
             Err(nuwa_sync::LocalEditError::Rejected(())) => {
@@ -327,13 +327,13 @@ impl Daemon {
 
     /// One `state.create`, `state.update` or `state.delete`: a batch of one,
     /// answered with the object's id and the container's heads.
-    pub(super) async fn tool_write(&mut self, op: BatchOp) -> Result<Value, ApiError> {
+    pub(crate) fn tool_write(&mut self, op: BatchOp, out: &mut Out) -> Result<Value, ApiError> {
         let container = op.container().to_owned();
         let mode = match &op {
             BatchOp::Delete { mode, .. } => Some(*mode),
             _ => None,
         };
-        match self.transact_ops(&container, &[&op]).await {
+        match self.transact_ops(&container, &[&op], out) {
             Ok(ids) => {
                 let mut reply = serde_json::json!({
                     "id": ids.into_iter().next().flatten(),

@@ -1,27 +1,30 @@
-//! `device approve CODE`: the approving side of pairing, inside the daemon.
+//! `device approve CODE`: the approving side of pairing.
 //!
 //! Find the new device by its code's nameplate (mDNS first, then the
 //! configured rendezvous servers), dial it, run SPAKE2 on the code, sign the
-//! DID update adding its keys, and send the DID log and key ring sealed under
-//! the PAKE session key. One approval at a time; failures are counted
-//! against the code by an attempt limiter.
+//! DID update adding its keys, and send the DID chain and key ring sealed
+//! under the PAKE session key. With `--recovery`, hand over the chain and
+//! the keys sealed to the recovery key instead. One approval at a time;
+//! failures are counted against the code by an attempt limiter.
 
-use crate::metrics::Event;
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 
 use nuwa_crypto::pairing::{
     Approver, AttemptLimiter, JoinRequest, JoinerConfirm, PairingCode, PairingError,
 };
-use nuwa_net::{Multiaddr, PeerId, public_from_peer_id};
 use nuwa_proto::{Frame, PairingStep};
-use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
-use super::Daemon;
-use crate::api::{ApiError, ApproveBody, ApproveReply, ErrorCode};
-use crate::home;
-use nuwa_agent::lifecycle;
-use nuwa_agent::pairing::{GrantPlaintext, PAIR_AGENT_PREFIX, rendezvous_namespace};
+use crate::agent::{Agent, Out};
+use crate::announce::{AgentRef, Announcement};
+use crate::api::{ApiError, ApproveBody, ApproveReply, ErrorCode, Reply};
+use crate::count::Count;
+use crate::effect::Effect;
+use crate::input::RequestId;
+use crate::lifecycle;
+use crate::pairing::{GrantPlaintext, PAIR_AGENT_PREFIX, rendezvous_namespace};
+use crate::peer::{self, Multiaddr, PeerId};
 
 /// How long one approval may take in total, unless the request says.
 const APPROVE_TIMEOUT_MS: u64 = 60_000;
@@ -35,20 +38,24 @@ const MAX_CANDIDATES: usize = 64;
 const CANDIDATE_TTL_MS: u64 = 15 * 60_000;
 /// Longest abort reason accepted or sent.
 const MAX_REASON_BYTES: usize = 256;
+/// Longest nameplate taken from a candidate (codes have two symbols).
+const MAX_NAMEPLATE_BYTES: usize = 8;
+/// Addresses kept per candidate.
+const MAX_CANDIDATE_ADDRS: usize = 16;
 
-pub(super) struct Candidate {
+struct Candidate {
     nameplate: String,
     addrs: Vec<Multiaddr>,
     seen_ms: u64,
 }
 
-pub(super) struct Approval {
+struct Approval {
     code: PairingCode,
     name: Option<String>,
-    /// A recovery handover (`approve --recovery`): hand over the log and the
-    /// keys sealed to the recovery key instead of adding the device.
+    /// A recovery handover (`approve --recovery`): hand over the chain and
+    /// the keys sealed to the recovery key instead of adding the device.
     recovery: bool,
-    reply: oneshot::Sender<Result<ApproveReply, ApiError>>,
+    reply: RequestId,
     timeout_ms: u64,
     deadline_ms: u64,
     /// The candidate being talked to, and since when.
@@ -61,7 +68,7 @@ pub(super) struct Approval {
 }
 
 #[derive(Default)]
-pub(super) struct Pairing {
+pub(crate) struct Pairing {
     candidates: BTreeMap<PeerId, Candidate>,
     approval: Option<Approval>,
     limiter: AttemptLimiter,
@@ -86,63 +93,68 @@ fn clip(mut s: String) -> String {
     s
 }
 
-impl Daemon {
-    pub(super) async fn on_approve(
-        &mut self,
-        body: ApproveBody,
-        reply: oneshot::Sender<Result<ApproveReply, ApiError>>,
-    ) {
+fn step(step: PairingStep, body: Vec<u8>) -> Frame {
+    Frame::Pairing { step, body }
+}
+
+impl Agent {
+    /// Why an approval cannot start, if it cannot.
+    fn approval_refused(&self, body: &ApproveBody, now_ms: u64) -> Option<ApiError> {
         if self.pairing.approval.is_some() {
-            let _ = reply.send(Err(ApiError::new(
+            return Some(ApiError::new(
                 ErrorCode::Busy,
                 "another approval is in progress on this device; wait for it to finish",
-            )));
-            return;
+            ));
         }
-        let code = match PairingCode::parse(&body.code) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = reply.send(Err(pairing_error(&e)));
-                return;
-            }
-        };
         if let Some(name) = &body.name {
             if name.is_empty() || name.len() > nuwa_proto::MAX_DEVICE_NAME_BYTES {
-                let _ = reply.send(Err(ApiError::new(
+                return Some(ApiError::new(
                     ErrorCode::BadName,
                     "a device name must be 1 to 64 bytes",
-                )));
-                return;
+                ));
             }
         }
         if body.recovery {
             // Any device of the agent may hand over: what it sends opens
             // only with the recovery words.
             if lifecycle::recovery_keys(self.session.log().current()).is_empty() {
-                let _ = reply.send(Err(ApiError::new(
+                return Some(ApiError::new(
                     ErrorCode::CannotChangeDevices,
                     "this agent has no recovery key, so there is nothing to recover with (an \
                      admin device adds one with `nuwa-node recovery create`)",
-                )));
-                return;
+                ));
             }
-        } else if let Err(e) = self.admin_key(home::now_unix_secs()) {
-            let _ = reply.send(Err(e));
-            return;
+        } else if let Err(e) = self.standing.admin(&self.session, (now_ms / 1000) as i64) {
+            return Some(e);
         }
-        if !self.mdns_on && self.wide.rv_servers().is_empty() {
-            let _ = reply.send(Err(ApiError::new(ErrorCode::NoDiscovery,
+        if !self.discovery.mdns_on() && self.discovery.rendezvous_servers().is_empty() {
+            return Some(ApiError::new(
+                ErrorCode::NoDiscovery,
                 "mDNS is off and no rendezvous server is configured, so the new device cannot be found",
-            )));
-            return;
+            ));
         }
-        let now = home::now_ms();
-        if let Err(e) = self.pairing.limiter.begin_attempt(&code, now / 1000) {
-            let _ = reply.send(Err(pairing_error(&e)));
-            return;
+        None
+    }
+
+    pub(crate) fn on_approve(
+        &mut self,
+        id: RequestId,
+        body: ApproveBody,
+        now_ms: u64,
+        out: &mut Out,
+    ) {
+        let code = match PairingCode::parse(&body.code) {
+            Ok(c) => c,
+            Err(e) => return out.reply(id, Err(pairing_error(&e))),
+        };
+        if let Some(e) = self.approval_refused(&body, now_ms) {
+            return out.reply(id, Err(e));
+        }
+        if let Err(e) = self.pairing.limiter.begin_attempt(&code, now_ms / 1000) {
+            return out.reply(id, Err(pairing_error(&e)));
         }
         info!(nameplate = %code.nameplate(), "approving a new device");
-        self.count(Event::PairingApprovalsStarted);
+        out.count(Count::PairingApprovalsStarted);
         let timeout_ms = body
             .timeout_secs
             .map(|s| s.saturating_mul(1000).clamp(1000, MAX_APPROVE_TIMEOUT_MS))
@@ -151,89 +163,88 @@ impl Daemon {
             code,
             name: body.name,
             recovery: body.recovery,
-            reply,
+            reply: id,
             timeout_ms,
-            deadline_ms: now + timeout_ms,
+            deadline_ms: now_ms + timeout_ms,
             target: None,
             session: None,
             tried: BTreeSet::new(),
             next_rv_ms: 0,
             granted: None,
         });
-        self.pairing_tick(now).await;
+        self.pairing_tick(now_ms, out);
     }
 
     /// Ends the approval with `result`.
-    async fn finish_approval(&mut self, result: Result<ApproveReply, ApiError>) {
+    fn finish_approval(&mut self, result: Result<ApproveReply, ApiError>, out: &mut Out) {
         let Some(a) = self.pairing.approval.take() else {
             return;
         };
         match &result {
             Ok(r) => {
                 self.pairing.limiter.record_success(&a.code);
-                self.count(Event::PairingApprovalsSucceeded);
+                out.count(Count::PairingApprovalsSucceeded);
                 info!(context_id = %r.context_id, name = %r.name, "new device paired");
             }
             Err(e) => {
-                self.count(Event::PairingApprovalsFailed);
+                out.count(Count::PairingApprovalsFailed);
                 warn!(code = e.code.as_str(), reason = %e.message, "approval failed");
-                if let Some((peer, _)) = a.target {
-                    if a.granted.is_none() {
-                        let _ = self
-                            .net
-                            .send(
-                                peer,
-                                Frame::Pairing {
-                                    step: PairingStep::Abort,
-                                    body: clip(e.message.clone()).into_bytes(),
-                                }
-                                .encode(),
-                            )
-                            .await;
-                    }
+                if let (Some((peer, _)), None) = (a.target, &a.granted) {
+                    out.send(
+                        peer,
+                        &step(PairingStep::Abort, clip(e.message.clone()).into_bytes()),
+                    );
                 }
             }
         }
-        let _ = a.reply.send(result);
+        out.reply(a.reply, result.map(Reply::Approve));
+    }
+
+    /// The message of an approval that timed out.
+    fn timeout_message(&self, a: &Approval) -> String {
+        if a.granted.is_some() {
+            "the new device did not confirm the grant in time; it may still have been \
+             added: check `nuwa-node device list`"
+                .to_owned()
+        } else if a.tried.is_empty() {
+            format!(
+                "no device showing a code that starts with {}- was found within {} s \
+                 (searched: {}); is `nuwa-node pair` running and reachable?",
+                a.code.nameplate(),
+                a.timeout_ms / 1000,
+                self.search_sources()
+            )
+        } else if a.session.is_none() {
+            format!(
+                "a device showing a code that starts with {}- was found but did not answer \
+                 within {} s; is `nuwa-node pair` still running?",
+                a.code.nameplate(),
+                a.timeout_ms / 1000
+            )
+        } else {
+            "the new device did not complete pairing in time".to_owned()
+        }
     }
 
     /// Timeouts, and the search: next candidate, rendezvous lookups.
-    pub(super) async fn pairing_tick(&mut self, now: u64) {
+    pub(crate) fn pairing_tick(&mut self, now_ms: u64, out: &mut Out) {
         self.pairing
             .candidates
-            .retain(|_, c| now.saturating_sub(c.seen_ms) < CANDIDATE_TTL_MS);
+            .retain(|_, c| now_ms.saturating_sub(c.seen_ms) < CANDIDATE_TTL_MS);
+        let Some(a) = &self.pairing.approval else {
+            return;
+        };
+        if now_ms >= a.deadline_ms {
+            let msg = self.timeout_message(a);
+            self.finish_approval(Err(ApiError::new(ErrorCode::Timeout, msg)), out);
+            return;
+        }
+        let connected: BTreeSet<String> = self.session.peers().keys().cloned().collect();
         let Some(a) = &mut self.pairing.approval else {
             return;
         };
-        if now >= a.deadline_ms {
-            let msg = if a.granted.is_some() {
-                "the new device did not confirm the grant in time; it may still have been \
-                 added: check `nuwa-node device list`"
-                    .to_owned()
-            } else if a.tried.is_empty() {
-                format!(
-                    "no device showing a code that starts with {}- was found within {} s \
-                     (searched: {}); is `nuwa-node pair` running and reachable?",
-                    a.code.nameplate(),
-                    a.timeout_ms / 1000,
-                    self.search_sources()
-                )
-            } else if a.session.is_none() {
-                format!(
-                    "a device showing a code that starts with {}- was found but did not answer \
-                     within {} s; is `nuwa-node pair` still running?",
-                    a.code.nameplate(),
-                    a.timeout_ms / 1000
-                )
-            } else {
-                "the new device did not complete pairing in time".to_owned()
-            };
-            self.finish_approval(Err(ApiError::new(ErrorCode::Timeout, msg)))
-                .await;
-            return;
-        }
         if let Some((peer, since)) = a.target {
-            if a.session.is_none() && now.saturating_sub(since) > CANDIDATE_TIMEOUT_MS {
+            if a.session.is_none() && now_ms.saturating_sub(since) > CANDIDATE_TIMEOUT_MS {
                 debug!(%peer, "pairing candidate did not answer; trying the next");
                 a.target = None;
             } else {
@@ -249,37 +260,44 @@ impl Daemon {
             .map(|(p, c)| (*p, c.addrs.clone()));
         if let Some((peer, addrs)) = next {
             a.tried.insert(peer);
-            a.target = Some((peer, now));
+            a.target = Some((peer, now_ms));
             info!(%peer, "found the new device; connecting");
-            if self.is_connected(&peer) {
-                self.send_offer(peer).await;
+            if connected.contains(&peer.to_string()) {
+                out.send(peer, &step(PairingStep::Offer, Vec::new()));
             } else {
-                let _ = self.net.dial(Some(peer), addrs).await;
+                out.push(Effect::Dial {
+                    peer: Some(peer),
+                    addrs,
+                });
             }
             return;
         }
-        if now >= a.next_rv_ms {
-            a.next_rv_ms = now + RV_LOOKUP_MS;
+        if now_ms >= a.next_rv_ms {
+            a.next_rv_ms = now_ms + RV_LOOKUP_MS;
             let ns = rendezvous_namespace(&nameplate);
-            for (server, _) in self.wide.rv_servers().to_vec() {
-                let _ = self.net.rendezvous_discover(server, ns.clone()).await;
+            for (server, _) in self.discovery.rendezvous_servers() {
+                out.push(Effect::RendezvousDiscover {
+                    server: *server,
+                    namespace: ns.clone(),
+                });
             }
         }
     }
 
     fn search_sources(&self) -> String {
         let mut s = Vec::new();
-        if self.mdns_on && self.mdns_watching.is_empty() {
+        let watching = &self.book.mdns_watching;
+        if self.discovery.mdns_on() && watching.is_empty() {
             s.push(
                 "mDNS, which watches NO interface here (only loopback?): use --mdns-interface lo \
                  for a device on this host, or --rendezvous for one elsewhere; `nuwa-node doctor` \
                  explains"
                     .to_owned(),
             );
-        } else if self.mdns_on {
-            s.push(format!("mDNS on {}", self.mdns_watching.join(", ")));
+        } else if self.discovery.mdns_on() {
+            s.push(format!("mDNS on {}", watching.join(", ")));
         }
-        let n = self.wide.rv_servers().len();
+        let n = self.discovery.rendezvous_servers().len();
         if n > 0 {
             s.push(format!("{n} rendezvous server(s)"));
         }
@@ -290,64 +308,73 @@ impl Daemon {
     }
 
     /// A connection came up: if it is the candidate we dialed, offer.
-    pub(super) async fn pairing_on_connected(&mut self, peer: PeerId) {
+    pub(crate) fn pairing_on_connected(&mut self, peer: PeerId, out: &mut Out) {
         if matches!(&self.pairing.approval, Some(a) if a.target.map(|t| t.0) == Some(peer)) {
-            self.send_offer(peer).await;
+            out.send(peer, &step(PairingStep::Offer, Vec::new()));
         }
-    }
-
-    async fn send_offer(&mut self, peer: PeerId) {
-        let frame = Frame::Pairing {
-            step: PairingStep::Offer,
-            body: Vec::new(),
-        };
-        let _ = self.net.send(peer, frame.encode()).await;
     }
 
     /// An mDNS announcement of a device waiting to pair (self-signed by the
     /// key behind its PeerId).
-    pub(super) fn on_pairing_announcement(
+    pub(crate) fn on_pairing_announcement(
         &mut self,
-        ann: &nuwa_discovery::Announcement,
-        addrs: Vec<Multiaddr>,
+        ann: &Announcement,
+        addrs: &[SocketAddr],
+        now_ms: u64,
+        out: &mut Out,
     ) {
-        let nuwa_discovery::AgentRef::Did(agent) = &ann.agent else {
+        let AgentRef::Did(agent) = &ann.agent else {
             return;
         };
         let Some(nameplate) = agent.strip_prefix(PAIR_AGENT_PREFIX) else {
             return;
         };
         let Ok(peer) = ann.peer_id.parse::<PeerId>() else {
-            self.count(Event::PairingAnnouncementsRejected);
+            out.count(Count::PairingAnnouncementsRejected);
             return;
         };
-        let Some(public) = public_from_peer_id(&peer) else {
-            self.count(Event::PairingAnnouncementsRejected);
+        let Some(public) = peer::public_of(&peer) else {
+            out.count(Count::PairingAnnouncementsRejected);
             return;
         };
-        let now = home::now_ms();
-        if ann
-            .verify(&public, (now / 1000) as i64, super::ANNOUNCE_MAX_AGE_SECS)
-            .is_err()
-            || addrs.is_empty()
-        {
-            self.count(Event::PairingAnnouncementsRejected);
+        let fresh = ann
+            .verify(
+                &public,
+                (now_ms / 1000) as i64,
+                crate::discovery::ANNOUNCE_MAX_AGE_SECS,
+            )
+            .is_ok();
+        if !fresh || addrs.is_empty() {
+            out.count(Count::PairingAnnouncementsRejected);
             return;
         }
-        self.add_candidate(peer, nameplate, addrs, now);
+        let addrs = addrs
+            .iter()
+            .map(|sa| {
+                let ip = match sa.ip() {
+                    std::net::IpAddr::V4(v4) => peer::Protocol::Ip4(v4),
+                    std::net::IpAddr::V6(v6) => peer::Protocol::Ip6(v6),
+                };
+                Multiaddr::empty()
+                    .with(ip)
+                    .with(peer::Protocol::Tcp(sa.port()))
+            })
+            .collect();
+        self.add_candidate(peer, nameplate, addrs, now_ms);
     }
 
     /// mDNS says a device went away (a `pair` that ended says goodbye).
-    pub(super) fn pairing_candidate_gone(&mut self, peer: &PeerId) {
+    pub(crate) fn pairing_candidate_gone(&mut self, peer: &PeerId) {
         self.pairing.candidates.remove(peer);
     }
 
     /// A rendezvous registration under a pairing namespace.
-    pub(super) fn on_pairing_registration(
+    pub(crate) fn on_pairing_registration(
         &mut self,
         peer: PeerId,
         namespace: &str,
         addrs: Vec<Multiaddr>,
+        now_ms: u64,
     ) {
         let Some(a) = &self.pairing.approval else {
             return;
@@ -356,11 +383,11 @@ impl Daemon {
         if namespace != rendezvous_namespace(&nameplate) || addrs.is_empty() {
             return;
         }
-        self.add_candidate(peer, &nameplate, addrs, home::now_ms());
+        self.add_candidate(peer, &nameplate, addrs, now_ms);
     }
 
-    fn add_candidate(&mut self, peer: PeerId, nameplate: &str, addrs: Vec<Multiaddr>, now: u64) {
-        if peer == self.net.local_peer_id() || nameplate.len() > 8 {
+    fn add_candidate(&mut self, peer: PeerId, nameplate: &str, addrs: Vec<Multiaddr>, now_ms: u64) {
+        if peer == self.book.peer_id || nameplate.len() > MAX_NAMEPLATE_BYTES {
             return;
         }
         let c = &mut self.pairing.candidates;
@@ -374,28 +401,30 @@ impl Daemon {
             peer,
             Candidate {
                 nameplate: nameplate.to_owned(),
-                addrs: addrs.into_iter().take(16).collect(),
-                seen_ms: now,
+                addrs: addrs.into_iter().take(MAX_CANDIDATE_ADDRS).collect(),
+                seen_ms: now_ms,
             },
         );
     }
 
     /// A pairing step from `peer`.
-    pub(super) async fn on_pairing_frame(
+    pub(crate) fn on_pairing_frame(
         &mut self,
         peer: PeerId,
-        step: PairingStep,
+        kind: PairingStep,
         body: Vec<u8>,
+        now_ms: u64,
+        out: &mut Out,
     ) {
         let ours = matches!(&self.pairing.approval, Some(a) if a.target.map(|t| t.0) == Some(peer));
         if !ours {
-            self.count(Event::PairingFramesUnexpected);
-            debug!(%peer, ?step, "pairing step from a peer we are not pairing with");
+            out.count(Count::PairingFramesUnexpected);
+            debug!(%peer, step = ?kind, "pairing step from a peer we are not pairing with");
             return;
         }
-        let result = match step {
-            PairingStep::JoinRequest => self.on_join_request(peer, &body).await,
-            PairingStep::JoinerConfirm => self.on_joiner_confirm(peer, &body).await,
+        let result = match kind {
+            PairingStep::JoinRequest => self.on_join_request(peer, &body, now_ms, out),
+            PairingStep::JoinerConfirm => self.on_joiner_confirm(peer, &body, now_ms, out),
             PairingStep::Done => {
                 let granted = self
                     .pairing
@@ -403,55 +432,58 @@ impl Daemon {
                     .as_mut()
                     .and_then(|a| a.granted.take());
                 match granted {
-                    Some(r) => {
-                        self.finish_approval(Ok(r)).await;
-                        return;
-                    }
+                    Some(r) => return self.finish_approval(Ok(r), out),
                     None => Err(ApiError::new(
                         ErrorCode::PairingFailed,
                         "the new device confirmed a grant that was never sent",
                     )),
                 }
             }
-            PairingStep::Abort => {
-                let reason = clip(String::from_utf8_lossy(&body).into_owned());
-                let wrong = reason.contains("does not match");
-                if wrong {
-                    if let Some(a) = &self.pairing.approval {
-                        let code = a.code.clone();
-                        self.pairing.limiter.record_failure(&code);
-                    }
-                }
-                let code = if wrong {
-                    ErrorCode::WrongCode
-                } else {
-                    ErrorCode::PairingFailed
-                };
-                if let Some(a) = &mut self.pairing.approval {
-                    a.target = None; // do not answer an abort with an abort
-                }
-                self.finish_approval(Err(ApiError::new(
-                    code,
-                    format!("the new device refused the pairing: {reason}"),
-                )))
-                .await;
-                // Nothing more to say to it; closing lets it move on at once.
-                let effects = self.session.hang_up(&peer.to_string());
-                self.execute(effects, Vec::new()).await;
-                return;
-            }
+            PairingStep::Abort => return self.on_abort(peer, &body, now_ms, out),
             other => Err(ApiError::new(
                 ErrorCode::PairingFailed,
                 format!("unexpected pairing step {other:?} from the new device"),
             )),
         };
         if let Err(e) = result {
-            self.finish_approval(Err(e)).await;
+            self.finish_approval(Err(e), out);
         }
     }
 
-    async fn on_join_request(&mut self, peer: PeerId, body: &[u8]) -> Result<(), ApiError> {
+    /// The new device refused: a wrong code counts against it.
+    fn on_abort(&mut self, peer: PeerId, body: &[u8], now_ms: u64, out: &mut Out) {
+        let reason = clip(String::from_utf8_lossy(body).into_owned());
+        let wrong = reason.contains("does not match");
+        if wrong {
+            if let Some(a) = &self.pairing.approval {
+                let code = a.code.clone();
+                self.pairing.limiter.record_failure(&code);
+            }
+        }
+        let code = if wrong {
+            ErrorCode::WrongCode
+        } else {
+            ErrorCode::PairingFailed
+        };
+        if let Some(a) = &mut self.pairing.approval {
+            a.target = None; // do not answer an abort with an abort
+        }
+        let msg = format!("the new device refused the pairing: {reason}");
+        self.finish_approval(Err(ApiError::new(code, msg)), out);
+        // Nothing more to say to it; closing lets it move on at once.
+        let effects = self.session.hang_up(&peer.to_string());
+        self.absorb(effects, now_ms, out);
+    }
+
+    fn on_join_request(
+        &mut self,
+        peer: PeerId,
+        body: &[u8],
+        now_ms: u64,
+        out: &mut Out,
+    ) -> Result<(), ApiError> {
         let req = JoinRequest::decode(body).map_err(|e| pairing_error(&e))?;
+        let local = self.book.peer_id.to_string();
         let Some(a) = &mut self.pairing.approval else {
             return Ok(());
         };
@@ -461,22 +493,23 @@ impl Daemon {
                 "the new device restarted the exchange",
             ));
         }
-        let local = self.net.local_peer_id().to_string();
         let mut session = Approver::new(a.code.clone(), &local, &peer.to_string())
             .map_err(|e| pairing_error(&e))?;
         let confirm = session
-            .on_join_request(&req, home::now_unix_secs() as u64)
+            .on_join_request(&req, now_ms / 1000)
             .map_err(|e| pairing_error(&e))?;
         a.session = Some(session);
-        let frame = Frame::Pairing {
-            step: PairingStep::ApproverConfirm,
-            body: confirm.encode(),
-        };
-        let _ = self.net.send(peer, frame.encode()).await;
+        out.send(peer, &step(PairingStep::ApproverConfirm, confirm.encode()));
         Ok(())
     }
 
-    async fn on_joiner_confirm(&mut self, peer: PeerId, body: &[u8]) -> Result<(), ApiError> {
+    fn on_joiner_confirm(
+        &mut self,
+        peer: PeerId,
+        body: &[u8],
+        now_ms: u64,
+        out: &mut Out,
+    ) -> Result<(), ApiError> {
         let msg = JoinerConfirm::decode(body).map_err(|e| pairing_error(&e))?;
         let Some(a) = &mut self.pairing.approval else {
             return Ok(());
@@ -487,7 +520,7 @@ impl Daemon {
                 "confirmation before the join request",
             ));
         };
-        let joiner = match session.on_joiner_confirm(&msg, home::now_unix_secs() as u64) {
+        let joiner = match session.on_joiner_confirm(&msg, now_ms / 1000) {
             Ok(j) => j,
             Err(e) => {
                 if e.counts_as_failed_attempt() {
@@ -499,7 +532,7 @@ impl Daemon {
         };
         // The PAKE authenticated the keys; they must also be the key behind
         // the connection, and its key-agreement key its Montgomery form.
-        if public_from_peer_id(&peer) != Some(joiner.ed25519_public) {
+        if peer::public_of(&peer) != Some(joiner.ed25519_public) {
             return Err(ApiError::new(
                 ErrorCode::PairingFailed,
                 "the new device's key is not the key of its connection",
@@ -513,21 +546,34 @@ impl Daemon {
             ));
         }
         let name = a.name.clone().unwrap_or_else(|| joiner.name.clone());
-        let now_secs = home::now_unix_secs();
         if a.recovery {
-            return self.hand_over(peer, name).await;
+            return self.hand_over(peer, name, out);
         }
-        let master = self.admin_key(now_secs)?;
+        self.grant_device(peer, &joiner, name, now_ms, out)
+    }
+
+    /// Lists the new device's keys (signed, saved before it learns so) and
+    /// sends it the grant.
+    fn grant_device(
+        &mut self,
+        peer: PeerId,
+        joiner: &nuwa_crypto::pairing::VerifiedJoiner,
+        name: String,
+        now_ms: u64,
+        out: &mut Out,
+    ) -> Result<(), ApiError> {
+        let now_secs = (now_ms / 1000) as i64;
+        let admin = self.standing.admin(&self.session, now_secs)?;
         let mut log = self.session.log().clone();
         let context_id = lifecycle::add_device(
             &mut log,
-            &master,
+            &admin,
             &joiner.ed25519_public,
             &joiner.x25519_public,
             now_secs,
         )
-        .map_err(|e| ApiError::new(ErrorCode::Internal, nuwa_agent::explain(&e)))?;
-        drop(master);
+        .map_err(|e| ApiError::new(ErrorCode::Internal, crate::explain(&e)))?;
+        drop(admin);
         let grant_pt = GrantPlaintext::new(
             &log,
             self.session.secure().keys(),
@@ -535,18 +581,21 @@ impl Daemon {
             &name,
         )
         .to_bytes()
-        .map_err(|e| ApiError::new(ErrorCode::Internal, nuwa_agent::explain(&e)))?;
-        let Some(a) = &mut self.pairing.approval else {
-            return Ok(());
+        .map_err(|e| ApiError::new(ErrorCode::Internal, crate::explain(&e)))?;
+        let grant = match self
+            .pairing
+            .approval
+            .as_mut()
+            .and_then(|a| a.session.as_mut())
+        {
+            Some(session) => session.grant(&grant_pt).map_err(|e| pairing_error(&e))?,
+            None => return Ok(()),
         };
-        let Some(session) = a.session.as_mut() else {
-            return Ok(());
-        };
-        let grant = session.grant(&grant_pt).map_err(|e| pairing_error(&e))?;
-        // The device is ours now: record it durably before it learns so.
-        let effects = self.commit_own_log(&log)?;
-        self.seen.saw(&context_id, &name, 0);
-        self.save_seen();
+        // The device is ours now: recorded durably before it learns so
+        // (the executor saves the chain before it sends the grant).
+        self.commit_own_chain(&log, now_ms, out)?;
+        self.book.seen.saw(&context_id, &name, 0);
+        self.save_seen(now_ms, out);
         if let Some(a) = &mut self.pairing.approval {
             a.granted = Some(ApproveReply {
                 context_id: context_id.clone(),
@@ -556,29 +605,25 @@ impl Daemon {
                 handover: false,
             });
         }
-        let frame = Frame::Pairing {
-            step: PairingStep::Grant,
-            body: grant.encode(),
-        };
-        let _ = self.net.send(peer, frame.encode()).await;
+        out.send(peer, &step(PairingStep::Grant, grant.encode()));
         info!(%context_id, %name, "DID document updated with the new device; grant sent");
-        self.execute(effects, Vec::new()).await;
         Ok(())
     }
 
-    /// The recovery handover: the log unchanged and the key ring sealed to
-    /// the recovery key. Nothing here changes; the new device lists itself
-    /// with the words and its Hello brings that update.
-    async fn hand_over(&mut self, peer: PeerId, name: String) -> Result<(), ApiError> {
+    /// The recovery handover: the chain unchanged and the key ring sealed
+    /// to the recovery key. Nothing here changes; the new device lists
+    /// itself with the words and its Hello brings that update.
+    fn hand_over(&mut self, peer: PeerId, name: String, out: &mut Out) -> Result<(), ApiError> {
         let pt = GrantPlaintext::handover(
             self.session.log(),
             self.session.secure().keys(),
             self.session.membership().epoch_grant(),
             &name,
         )
-        .map_err(|e| ApiError::new(ErrorCode::CannotChangeDevices, nuwa_agent::explain(&e)))?
+        .map_err(|e| ApiError::new(ErrorCode::CannotChangeDevices, crate::explain(&e)))?
         .to_bytes()
-        .map_err(|e| ApiError::new(ErrorCode::Internal, nuwa_agent::explain(&e)))?;
+        .map_err(|e| ApiError::new(ErrorCode::Internal, crate::explain(&e)))?;
+        let log_len = self.session.log().len();
         let Some(a) = &mut self.pairing.approval else {
             return Ok(());
         };
@@ -588,18 +633,14 @@ impl Daemon {
         let grant = session.grant(&pt).map_err(|e| pairing_error(&e))?;
         a.granted = Some(ApproveReply {
             context_id: nuwa_identity::keys::context_id_for(
-                &public_from_peer_id(&peer).unwrap_or_default(),
+                &peer::public_of(&peer).unwrap_or_default(),
             ),
             name: name.clone(),
             peer_id: peer.to_string(),
-            did_log_len: self.session.log().len(),
+            did_log_len: log_len,
             handover: true,
         });
-        let frame = Frame::Pairing {
-            step: PairingStep::Grant,
-            body: grant.encode(),
-        };
-        let _ = self.net.send(peer, frame.encode()).await;
+        out.send(peer, &step(PairingStep::Grant, grant.encode()));
         info!(%name, "recovery handover sent: the log, and the keys sealed to the recovery key");
         Ok(())
     }

@@ -1,23 +1,22 @@
 //! Keepers, from the device's side: push what the keeper lacks, pull what
 //! others left there.
 //!
-//! - **Push.** Per keeper, we remember the heads of each container it has
-//!   acknowledged. Whenever a container's heads differ (a durable local
+//! - **Push.** Per keeper, the heads of each container it acknowledged are
+//!   remembered. Whenever a container's heads differ (a durable local
 //!   write, or changes from a peer), the changes after the acknowledged
 //!   heads are sealed as deltas under the current epoch and pushed; the
 //!   heads are recorded only when the keeper acknowledges (after its own
-//!   flush), so a lost push is pushed again. The first push on a connection
-//!   carries the DID log.
-//! - **Pull.** From a persisted cursor, on connecting and then every 2 s
-//!   while no device is verified (every 30 s otherwise), page by page. Each
-//!   envelope is opened and applied as a peer's delta would be, persisted by
-//!   the executor before anything else; the cursor moves only after that.
-//!   An envelope sealed under an epoch we do not hold yet stops the pull
-//!   there until a grant arrives.
-//!
+//!   flush), so a lost push is pushed again. The first push on a
+//!   connection carries the DID proof.
+//! - **Pull.** From a stored cursor, on connecting and then every 2 s while
+//!   no device is verified (every 30 s otherwise), page by page. Each
+//!   envelope is opened and applied as a peer's delta would be, persisted
+//!   before anything else; the cursor moves only after that. An envelope
+//!   sealed under an epoch we do not hold yet stops the pull there until a
+//!   grant arrives.
 //! - **Compaction.** When the keeper says our agent's quota is nearly used
 //!   (or refuses a push for it), the next time this device has pulled
-//!   everything, it pushes a snapshot: every change of every container,
+//!   everything it pushes a snapshot: every change of every container,
 //!   once, sealed under the current epoch, with `replaces_through` set to
 //!   its cursor, so the keeper drops the duplicates and envelope overhead
 //!   that pushes from several devices piled up. The snapshot is one push
@@ -29,17 +28,16 @@
 
 use std::collections::BTreeMap;
 
-use nuwa_net::{Multiaddr, PeerId};
-use nuwa_proto::Frame;
-use nuwa_proto::SyncPayload;
 use nuwa_proto::keeper::{KeeperBody, KeeperResponse, RefusalCode};
+use nuwa_proto::{Frame, SyncPayload};
 use nuwa_sync::Stored;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use super::Daemon;
-use crate::home;
-use crate::metrics::Event;
+use crate::agent::{Agent, Out};
+use crate::count::Count;
+use crate::effect::Effect;
+use crate::peer::{Multiaddr, PeerId};
 
 /// Bytes of sealed changes per push (the frame cap is 8 MiB).
 const PUSH_BYTES: usize = 2 * 1024 * 1024;
@@ -61,7 +59,12 @@ const REQUEST_TIMEOUT_MS: u64 = 30_000;
 /// After a refusal, wait this long before asking again.
 const REFUSED_BACKOFF_MS: u64 = 30_000;
 
-/// What we persist per keeper (meta `keeper/<peer>`).
+/// The metadata record of what was pushed to and pulled from `peer`.
+pub fn meta_key(peer: &PeerId) -> String {
+    format!("keeper/{peer}")
+}
+
+/// What is stored per keeper.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Persisted {
     /// Pull cursor: the last sequence number applied.
@@ -70,19 +73,22 @@ struct Persisted {
     pushed: BTreeMap<String, Vec<String>>,
 }
 
+/// A push waiting for its answer: request id, when, and the heads it
+/// covers per container.
+type PushInFlight = (u64, u64, BTreeMap<String, Vec<String>>);
+
 #[derive(Default)]
 struct Link {
     connected: bool,
-    loaded: bool,
     state: Persisted,
     knows_log: bool,
-    /// Length of the DID log the keeper last got from us: a longer one (a
-    /// revocation, a new device) goes with the next push, so the keeper
+    /// Length of the DID chain the keeper last got from us: a longer one
+    /// (a revocation, a new device) goes with the next push, so the keeper
     /// refuses a revoked device at once.
     log_len_sent: usize,
-    /// The log length the push in flight carries (adopted on `Pushed`).
+    /// The chain length the push in flight carries (adopted on `Pushed`).
     log_len_pending: usize,
-    push_in_flight: Option<(u64, u64, BTreeMap<String, Vec<String>>)>,
+    push_in_flight: Option<PushInFlight>,
     pull_in_flight: Option<(u64, u64)>,
     next_push_ms: u64,
     next_pull_ms: u64,
@@ -94,26 +100,45 @@ struct Link {
     next_compact_ms: u64,
 }
 
-pub struct Keepers {
+pub(crate) struct Keepers {
     links: BTreeMap<PeerId, Link>,
     next_request_id: u64,
 }
 
 impl Keepers {
-    pub fn new(addrs: Vec<(PeerId, Multiaddr)>) -> Self {
+    pub(crate) fn new(keepers: &[(PeerId, Multiaddr)], meta: &BTreeMap<String, Vec<u8>>) -> Self {
+        let links = keepers
+            .iter()
+            .map(|(p, _)| {
+                let state = match meta.get(&meta_key(p)) {
+                    Some(bytes) => serde_json::from_slice(bytes).unwrap_or_else(|e| {
+                        warn!(error = %e, "cannot read the keeper cursor; pulling from the start");
+                        Persisted::default()
+                    }),
+                    None => Persisted::default(),
+                };
+                (
+                    *p,
+                    Link {
+                        state,
+                        ..Link::default()
+                    },
+                )
+            })
+            .collect();
         Keepers {
-            links: addrs.iter().map(|(p, _)| (*p, Link::default())).collect(),
+            links,
             next_request_id: 1,
         }
     }
 
-    pub fn is_keeper(&self, peer: &PeerId) -> bool {
+    pub(crate) fn is_keeper(&self, peer: &PeerId) -> bool {
         self.links.contains_key(peer)
     }
 
     /// Whether a keeper is configured and every connected one has been
     /// pulled to the end (for `sync --once`).
-    pub fn caught_up(&self) -> bool {
+    pub(crate) fn caught_up(&self) -> bool {
         let connected: Vec<&Link> = self.links.values().filter(|l| l.connected).collect();
         !connected.is_empty()
             && connected
@@ -121,7 +146,16 @@ impl Keepers {
                 .all(|l| l.caught_up && l.push_in_flight.is_none())
     }
 
-    pub fn on_disconnected(&mut self, peer: &PeerId) {
+    pub(crate) fn connected(&mut self, peer: PeerId) {
+        if let Some(link) = self.links.get_mut(&peer) {
+            link.connected = true;
+            link.next_pull_ms = 0;
+            link.next_push_ms = 0;
+            info!(%peer, cursor = link.state.cursor, "keeper connected");
+        }
+    }
+
+    pub(crate) fn on_disconnected(&mut self, peer: &PeerId) {
         if let Some(l) = self.links.get_mut(peer) {
             l.connected = false;
             l.knows_log = false;
@@ -134,32 +168,6 @@ impl Keepers {
     fn request_id(&mut self) -> u64 {
         self.next_request_id += 1;
         self.next_request_id
-    }
-}
-
-impl Daemon {
-    pub(super) fn keeper_status(&self) -> Vec<nuwa_agent::status::KeeperStatus> {
-        self.keepers
-            .links
-            .iter()
-            .map(|(peer, l)| {
-                let pushed_all = l.connected
-                    && l.knows_log
-                    && self
-                        .session
-                        .engine()
-                        .container_names()
-                        .into_iter()
-                        .all(|name| l.state.pushed.get(name) == Some(&self.heads_hex(name)));
-                nuwa_agent::status::KeeperStatus {
-                    peer_id: peer.to_string(),
-                    connected: l.connected,
-                    pushed_all,
-                    pulled_all: l.caught_up,
-                    cursor: l.state.cursor,
-                }
-            })
-            .collect()
     }
 }
 
@@ -186,43 +194,49 @@ fn chunked(changes: Vec<Vec<u8>>) -> Vec<Vec<Vec<u8>>> {
     out
 }
 
-fn meta_key(peer: &PeerId) -> String {
-    format!("keeper/{peer}")
+fn decode_heads(hs: &[String]) -> Vec<[u8; 32]> {
+    hs.iter()
+        .filter_map(|h| hex::decode(h).ok()?.try_into().ok())
+        .collect()
 }
 
-impl Daemon {
-    pub(super) fn keeper_connected(&mut self, peer: PeerId) {
-        let stored = self.store.get_meta(&meta_key(&peer));
-        let Some(link) = self.keepers.links.get_mut(&peer) else {
-            return;
-        };
-        if !link.loaded {
-            match stored {
-                Ok(Some(bytes)) => {
-                    link.state = serde_json::from_slice(&bytes).unwrap_or_default();
+impl Agent {
+    pub(crate) fn keeper_status(&self) -> Vec<crate::status::KeeperStatus> {
+        self.keepers
+            .links
+            .iter()
+            .map(|(peer, l)| {
+                let pushed_all = l.connected
+                    && l.knows_log
+                    && self
+                        .session
+                        .engine()
+                        .container_names()
+                        .into_iter()
+                        .all(|name| l.state.pushed.get(name) == Some(&self.heads_hex(name)));
+                crate::status::KeeperStatus {
+                    peer_id: peer.to_string(),
+                    connected: l.connected,
+                    pushed_all,
+                    pulled_all: l.caught_up,
+                    cursor: l.state.cursor,
                 }
-                Ok(None) => {}
-                Err(e) => {
-                    warn!(error = %e, "cannot read the keeper cursor; pulling from the start")
-                }
-            }
-            link.loaded = true;
-        }
-        link.connected = true;
-        link.next_pull_ms = 0;
-        link.next_push_ms = 0;
-        info!(%peer, cursor = link.state.cursor, "keeper connected");
+            })
+            .collect()
     }
 
-    fn save_keeper(&self, peer: &PeerId) {
+    fn save_keeper(&self, peer: &PeerId, out: &mut Out) {
         if let Some(l) = self.keepers.links.get(peer)
             && let Ok(bytes) = serde_json::to_vec(&l.state)
         {
-            self.meta.put(meta_key(peer), bytes);
+            out.push(Effect::SaveMeta {
+                key: meta_key(peer),
+                bytes,
+            });
         }
     }
 
-    pub(super) async fn keeper_tick(&mut self, now: u64) {
+    pub(crate) fn keeper_tick(&mut self, now_ms: u64, out: &mut Out) {
         let peers: Vec<PeerId> = self.keepers.links.keys().copied().collect();
         let idle = self.session.verified().next().is_none();
         for peer in peers {
@@ -234,60 +248,52 @@ impl Daemon {
             }
             if link
                 .pull_in_flight
-                .is_some_and(|(_, at)| now.saturating_sub(at) > REQUEST_TIMEOUT_MS)
+                .is_some_and(|(_, at)| now_ms.saturating_sub(at) > REQUEST_TIMEOUT_MS)
             {
                 link.pull_in_flight = None;
             }
             if link
                 .push_in_flight
                 .as_ref()
-                .is_some_and(|(_, at, _)| now.saturating_sub(*at) > REQUEST_TIMEOUT_MS)
+                .is_some_and(|(_, at, _)| now_ms.saturating_sub(*at) > REQUEST_TIMEOUT_MS)
             {
                 link.push_in_flight = None;
             }
-            // The first push of a connection carries our DID log (the
+            // The first push of a connection carries our DID proof (the
             // keeper may not know this device yet); pulls wait for it.
-            if link.knows_log && link.pull_in_flight.is_none() && now >= link.next_pull_ms {
+            if link.knows_log && link.pull_in_flight.is_none() && now_ms >= link.next_pull_ms {
                 let since = link.state.cursor;
                 let id = self.keepers.request_id();
-                if self
-                    .keeper_send(
-                        peer,
-                        id,
-                        KeeperBody::Pull {
-                            since,
-                            max_bytes: PULL_BYTES,
-                        },
-                    )
-                    .await
+                let body = KeeperBody::Pull {
+                    since,
+                    max_bytes: PULL_BYTES,
+                };
+                if self.keeper_send(peer, id, body, now_ms, out)
                     && let Some(link) = self.keepers.links.get_mut(&peer)
                 {
-                    link.pull_in_flight = Some((id, now));
-                    link.next_pull_ms = now + if idle { PULL_IDLE_MS } else { PULL_BUSY_MS };
+                    link.pull_in_flight = Some((id, now_ms));
+                    link.next_pull_ms = now_ms + if idle { PULL_IDLE_MS } else { PULL_BUSY_MS };
                 }
             }
-            let due = self
-                .keepers
-                .links
-                .get(&peer)
-                .is_some_and(|l| l.push_in_flight.is_none() && now >= l.next_push_ms);
-            let compact = self.keepers.links.get(&peer).is_some_and(|l| {
-                l.compact
-                    && l.caught_up
-                    && l.knows_log
-                    && l.pull_in_flight.is_none()
-                    && now >= l.next_compact_ms
-            });
+            let Some(l) = self.keepers.links.get(&peer) else {
+                continue;
+            };
+            let due = l.push_in_flight.is_none() && now_ms >= l.next_push_ms;
+            let compact = l.compact
+                && l.caught_up
+                && l.knows_log
+                && l.pull_in_flight.is_none()
+                && now_ms >= l.next_compact_ms;
             if due && compact {
-                self.keeper_snapshot(peer, now).await;
+                self.keeper_snapshot(peer, now_ms, out);
             } else if due {
-                self.keeper_push(peer, now).await;
+                self.keeper_push(peer, now_ms, out);
             }
         }
     }
 
     /// Pushes what `peer` lacks, if anything.
-    async fn keeper_push(&mut self, peer: PeerId, now: u64) {
+    fn keeper_push(&mut self, peer: PeerId, now_ms: u64, out: &mut Out) {
         // Evicted containers the keeper lacks something of load first.
         let stale: Vec<String> = match self.keepers.links.get(&peer) {
             None => return,
@@ -322,19 +328,13 @@ impl Daemon {
             if bytes >= PUSH_BYTES || envelopes.len() >= nuwa_proto::keeper::MAX_PUSH_ENVELOPES {
                 break;
             }
-            let have: Vec<[u8; 32]> = acked
-                .map(|hs| {
-                    hs.iter()
-                        .filter_map(|h| hex::decode(h).ok()?.try_into().ok())
-                        .collect()
-                })
-                .unwrap_or_default();
+            let have = acked.map(|hs| decode_heads(hs)).unwrap_or_default();
             for changes in chunked(c.changes_since(&have)) {
                 let payload = SyncPayload::Delta {
                     container: name.clone(),
                     changes,
                 };
-                match self.session.seal(&payload, now) {
+                match self.session.seal(&payload, now_ms) {
                     Ok(env) => {
                         bytes += env.ciphertext.len();
                         envelopes.push(env);
@@ -358,21 +358,16 @@ impl Daemon {
         let count = envelopes.len();
         let log_len = self.session.log().len();
         let id = self.keepers.request_id();
-        if self
-            .keeper_send(
-                peer,
-                id,
-                KeeperBody::Push {
-                    did_proof,
-                    envelopes,
-                    replaces_through: 0,
-                },
-            )
-            .await
+        let body = KeeperBody::Push {
+            did_proof,
+            envelopes,
+            replaces_through: 0,
+        };
+        if self.keeper_send(peer, id, body, now_ms, out)
             && let Some(link) = self.keepers.links.get_mut(&peer)
         {
             debug!(%peer, envelopes = count, "pushed to the keeper");
-            link.push_in_flight = Some((id, now, covered));
+            link.push_in_flight = Some((id, now_ms, covered));
             link.log_len_pending = if knows_log {
                 link.log_len_sent
             } else {
@@ -381,18 +376,56 @@ impl Daemon {
         }
     }
 
+    /// Every change of every container once, sealed: the envelopes of a
+    /// snapshot, with the heads they cover, or `None` when the history is
+    /// bigger than one push.
+    fn snapshot_envelopes(
+        &self,
+        now_ms: u64,
+    ) -> Result<Option<SnapshotPush>, nuwa_crypto::CryptoError> {
+        let mut envelopes = Vec::new();
+        let mut bytes = 0usize;
+        let mut covered = BTreeMap::new();
+        for (name, c) in self.session.engine().containers() {
+            for changes in chunked(c.changes_since(&[])) {
+                let payload = SyncPayload::Delta {
+                    container: name.clone(),
+                    changes,
+                };
+                let env = self.session.seal(&payload, now_ms)?;
+                bytes += env.ciphertext.len() + 256;
+                envelopes.push(env);
+                if bytes > SNAPSHOT_BYTES
+                    || envelopes.len() > nuwa_proto::keeper::MAX_PUSH_ENVELOPES
+                {
+                    return Ok(None);
+                }
+            }
+            covered.insert(
+                name.clone(),
+                c.heads().iter().map(hex::encode).collect::<Vec<_>>(),
+            );
+        }
+        Ok(Some(SnapshotPush {
+            envelopes,
+            bytes,
+            covered,
+        }))
+    }
+
     /// Pushes a compacted snapshot: every change once, replacing what the
     /// keeper holds up to our cursor, in one push (so the replacement is
-    /// atomic and frees the quota it needs). A history too big for one push
-    /// is not compacted (logged and counted); pushes then wait for room.
-    async fn keeper_snapshot(&mut self, peer: PeerId, now: u64) {
+    /// atomic and frees the quota it needs). A history too big for one
+    /// push is not compacted (logged and counted); pushes then wait for
+    /// room.
+    fn keeper_snapshot(&mut self, peer: PeerId, now_ms: u64, out: &mut Out) {
         match self.keepers.links.get_mut(&peer) {
             None => return,
             Some(link) if link.state.cursor == 0 => {
                 // Nothing pulled yet, so nothing a snapshot could replace:
                 // try again once a pull has moved the cursor, not in a
                 // minute (the push that asked for room is still waiting).
-                link.next_compact_ms = now + COMPACT_RETRY_MS;
+                link.next_compact_ms = now_ms + COMPACT_RETRY_MS;
                 return;
             }
             Some(_) => {}
@@ -414,77 +447,53 @@ impl Daemon {
         let Some(link) = self.keepers.links.get_mut(&peer) else {
             return;
         };
-        link.next_compact_ms = now + COMPACT_EVERY_MS;
+        link.next_compact_ms = now_ms + COMPACT_EVERY_MS;
         let through = link.state.cursor;
-        let mut envelopes = Vec::new();
-        let mut bytes = 0usize;
-        let mut covered = BTreeMap::new();
-        let mut too_big = false;
-        'containers: for (name, c) in self.session.engine().containers() {
-            if too_big {
-                break;
+        let snapshot = match self.snapshot_envelopes(now_ms) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "cannot seal a snapshot for the keeper");
+                return;
             }
-            for changes in chunked(c.changes_since(&[])) {
-                let payload = SyncPayload::Delta {
-                    container: name.clone(),
-                    changes,
-                };
-                let env = match self.session.seal(&payload, now) {
-                    Ok(env) => env,
-                    Err(e) => {
-                        warn!(error = %e, "cannot seal a snapshot for the keeper");
-                        return;
-                    }
-                };
-                bytes += env.ciphertext.len() + 256;
-                envelopes.push(env);
-                if bytes > SNAPSHOT_BYTES
-                    || envelopes.len() > nuwa_proto::keeper::MAX_PUSH_ENVELOPES
-                {
-                    too_big = true;
-                    break 'containers;
-                }
-            }
-            covered.insert(
-                name.clone(),
-                c.heads().iter().map(hex::encode).collect::<Vec<_>>(),
-            );
-        }
-        if too_big {
+        };
+        let Some(snapshot) = snapshot else {
             if through > 0 {
-                self.count(Event::KeeperCompactionsTooBig);
+                out.count(Count::KeeperCompactionsTooBig);
                 warn!(%peer, "this agent's history is too big for one snapshot push; not compacting (pushes wait for room at the keeper)");
             }
             if let Some(l) = self.keepers.links.get_mut(&peer) {
                 l.compact = false;
-                l.next_push_ms = now + REFUSED_BACKOFF_MS;
+                l.next_push_ms = now_ms + REFUSED_BACKOFF_MS;
             }
             return;
-        }
-        info!(%peer, envelopes = envelopes.len(), bytes, through, "pushing a compacted snapshot to the keeper");
+        };
+        info!(%peer, envelopes = snapshot.envelopes.len(), bytes = snapshot.bytes, through, "pushing a compacted snapshot to the keeper");
         let id = self.keepers.request_id();
-        let sent = self
-            .keeper_send(
-                peer,
-                id,
-                KeeperBody::Push {
-                    did_proof: Vec::new(),
-                    envelopes,
-                    replaces_through: through,
-                },
-            )
-            .await;
+        let body = KeeperBody::Push {
+            did_proof: Vec::new(),
+            envelopes: snapshot.envelopes,
+            replaces_through: through,
+        };
+        let sent = self.keeper_send(peer, id, body, now_ms, out);
         if let Some(l) = self.keepers.links.get_mut(&peer) {
             l.compact = false;
             if sent {
-                l.push_in_flight = Some((id, now, covered));
+                l.push_in_flight = Some((id, now_ms, snapshot.covered));
             } else {
-                l.next_push_ms = now + REFUSED_BACKOFF_MS;
+                l.next_push_ms = now_ms + REFUSED_BACKOFF_MS;
             }
         }
     }
 
-    async fn keeper_send(&mut self, peer: PeerId, id: u64, body: KeeperBody) -> bool {
+    /// Signs a request and hands it to the network if it fits a frame.
+    fn keeper_send(
+        &mut self,
+        peer: PeerId,
+        id: u64,
+        body: KeeperBody,
+        now_ms: u64,
+        out: &mut Out,
+    ) -> bool {
         let m = self.session.membership();
         let req = match nuwa_keeper::sign_request(
             m.device(),
@@ -492,7 +501,7 @@ impl Daemon {
             m.did(),
             id,
             body,
-            home::now_ms(),
+            now_ms,
         ) {
             Ok(r) => r,
             Err(e) => {
@@ -508,15 +517,21 @@ impl Daemon {
             );
             return false;
         }
-        self.add(Event::BytesSent, bytes.len() as u64);
-        self.net.try_send(peer, bytes).is_ok()
+        out.count_by(Count::BytesSent, bytes.len() as u64);
+        out.push(Effect::TrySend { peer, frame: bytes });
+        true
     }
 
-    pub(super) async fn on_keeper_response(&mut self, peer: PeerId, resp: KeeperResponse) {
-        let now = home::now_ms();
+    pub(crate) fn on_keeper_response(
+        &mut self,
+        peer: PeerId,
+        resp: KeeperResponse,
+        now_ms: u64,
+        out: &mut Out,
+    ) {
         let id = resp.request_id();
         let Some(link) = self.keepers.links.get_mut(&peer) else {
-            self.count(Event::KeeperResponsesUnexpected);
+            out.count(Count::KeeperResponsesUnexpected);
             return;
         };
         let is_push = link
@@ -525,7 +540,7 @@ impl Daemon {
             .is_some_and(|(p, _, _)| *p == id);
         let is_pull = link.pull_in_flight.is_some_and(|(p, _)| p == id);
         if !is_push && !is_pull {
-            self.count(Event::KeeperResponsesUnexpected);
+            out.count(Count::KeeperResponsesUnexpected);
             return;
         }
         match resp {
@@ -547,8 +562,8 @@ impl Daemon {
                     link.next_pull_ms = 0;
                 }
                 debug!(%peer, last_seq, "keeper acknowledged a push");
-                self.count(Event::KeeperPushes);
-                self.save_keeper(&peer);
+                out.count(Count::KeeperPushes);
+                self.save_keeper(&peer, out);
             }
             KeeperResponse::Batch {
                 entries,
@@ -557,63 +572,91 @@ impl Daemon {
                 ..
             } => {
                 link.pull_in_flight = None;
-                let mut cursor = link.state.cursor;
-                let mut stopped = false;
-                let n = entries.len();
-                for (seq, env) in entries {
-                    let (outcome, effects) = self.session.on_stored(env, now);
-                    self.execute(effects, Vec::new()).await;
-                    match outcome {
-                        Stored::Later => {
-                            stopped = true;
-                            break;
-                        }
-                        Stored::Refused => self.count(Event::KeeperEnvelopesRefused),
-                        Stored::Applied => self.count(Event::KeeperEnvelopesApplied),
-                    }
-                    cursor = seq;
-                }
-                debug!(%peer, entries = n, next, more, "pulled from the keeper");
-                let Some(link) = self.keepers.links.get_mut(&peer) else {
-                    return;
-                };
-                link.state.cursor = cursor;
-                if stopped {
-                    link.caught_up = false;
-                    link.next_pull_ms = now + PULL_BUSY_MS;
-                } else if more {
-                    link.next_pull_ms = 0;
-                } else {
-                    link.caught_up = true;
-                }
-                self.save_keeper(&peer);
+                self.on_pulled(peer, entries, next, more, now_ms, out);
             }
             KeeperResponse::Refused { code, detail, .. } => {
-                if is_push {
-                    link.push_in_flight = None;
-                    link.next_push_ms = now + REFUSED_BACKOFF_MS;
-                } else {
-                    link.pull_in_flight = None;
-                    link.next_pull_ms = now + REFUSED_BACKOFF_MS;
-                }
-                if code == RefusalCode::QuotaExceeded && is_push {
-                    // Refused after our signature checked out: the keeper
-                    // knows our log, so pull (and then make room with a
-                    // snapshot once everything is pulled).
-                    link.knows_log = true;
-                    link.compact = true;
-                    link.next_pull_ms = 0;
-                    link.next_push_ms = now + PULL_IDLE_MS;
-                }
-                if matches!(code, RefusalCode::UnknownAgent | RefusalCode::UnknownKey) {
-                    // It lost our log, or holds an older one that does not
-                    // list this device yet: send ours with the next push.
-                    link.knows_log = false;
-                    link.next_push_ms = now + PULL_IDLE_MS;
-                }
-                self.count(Event::KeeperRefusals);
+                on_refused(link, code, is_push, now_ms);
+                out.count(Count::KeeperRefusals);
                 warn!(%peer, code = code.as_str(), %detail, "the keeper refused a request");
             }
         }
     }
+
+    /// A page pulled from a keeper: each envelope is applied like a peer's
+    /// (persisted in this handle's effects) before the cursor moves past it.
+    fn on_pulled(
+        &mut self,
+        peer: PeerId,
+        entries: Vec<(u64, nuwa_crypto::Envelope)>,
+        next: u64,
+        more: bool,
+        now_ms: u64,
+        out: &mut Out,
+    ) {
+        let Some(mut cursor) = self.keepers.links.get(&peer).map(|l| l.state.cursor) else {
+            return;
+        };
+        let mut stopped = false;
+        let n = entries.len();
+        for (seq, env) in entries {
+            let (outcome, effects) = self.session.on_stored(env, now_ms);
+            self.absorb(effects, now_ms, out);
+            match outcome {
+                Stored::Later => {
+                    stopped = true;
+                    break;
+                }
+                Stored::Refused => out.count(Count::KeeperEnvelopesRefused),
+                Stored::Applied => out.count(Count::KeeperEnvelopesApplied),
+            }
+            cursor = seq;
+        }
+        debug!(%peer, entries = n, next, more, "pulled from the keeper");
+        let Some(link) = self.keepers.links.get_mut(&peer) else {
+            return;
+        };
+        link.state.cursor = cursor;
+        if stopped {
+            link.caught_up = false;
+            link.next_pull_ms = now_ms + PULL_BUSY_MS;
+        } else if more {
+            link.next_pull_ms = 0;
+        } else {
+            link.caught_up = true;
+        }
+        self.save_keeper(&peer, out);
+    }
+}
+
+/// What a refusal changes on the link.
+fn on_refused(link: &mut Link, code: RefusalCode, is_push: bool, now_ms: u64) {
+    if is_push {
+        link.push_in_flight = None;
+        link.next_push_ms = now_ms + REFUSED_BACKOFF_MS;
+    } else {
+        link.pull_in_flight = None;
+        link.next_pull_ms = now_ms + REFUSED_BACKOFF_MS;
+    }
+    if code == RefusalCode::QuotaExceeded && is_push {
+        // Refused after our signature checked out: the keeper knows our
+        // chain, so pull (and then make room with a snapshot once
+        // everything is pulled).
+        link.knows_log = true;
+        link.compact = true;
+        link.next_pull_ms = 0;
+        link.next_push_ms = now_ms + PULL_IDLE_MS;
+    }
+    if matches!(code, RefusalCode::UnknownAgent | RefusalCode::UnknownKey) {
+        // It lost our chain, or holds an older one that does not list
+        // this device yet: send ours with the next push.
+        link.knows_log = false;
+        link.next_push_ms = now_ms + PULL_IDLE_MS;
+    }
+}
+
+/// A keeper snapshot ready to push.
+struct SnapshotPush {
+    envelopes: Vec<nuwa_crypto::Envelope>,
+    bytes: usize,
+    covered: BTreeMap<String, Vec<String>>,
 }

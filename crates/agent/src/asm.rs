@@ -1,4 +1,4 @@
-//! The Agent State Model in the daemon: the replicated schema registry, the
+//! The Agent State Model on a device: the replicated schema registry, the
 //! core models, the `state.*` tools and the control plane (describe,
 //! compact, reset), and the lifecycle task (TTL and retention).
 //!
@@ -8,7 +8,6 @@
 //! in the replicated map container [`REGISTRY_CONTAINER`] (`$id` → schema
 //! JSON), so every device validates and queries with the same schemas.
 
-use crate::metrics::Event;
 use std::time::{Duration, Instant};
 
 use nuwa_asm::model::RetentionStrategy;
@@ -18,11 +17,13 @@ use nuwa_asm::{doc, query};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use super::Daemon;
+use crate::agent::{Agent, Out};
 use crate::api::{ApiError, BatchOp, DeleteMode, ErrorCode, Tool};
+use crate::count::Count;
+use crate::effect::Effect;
 
 /// Refuses an object over [`MAX_OBJECT_BYTES`].
-pub(super) fn check_object_size(v: &Value) -> Result<(), ApiError> {
+pub(crate) fn check_object_size(v: &Value) -> Result<(), ApiError> {
     let n = serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX);
     if n > MAX_OBJECT_BYTES {
         return Err(ApiError::new(
@@ -46,27 +47,27 @@ pub const LIFECYCLE_EVERY_MS: u64 = 30_000;
 /// below this are evicted; the rest are kept.
 pub const KEEP_IMPORTANCE: f64 = 0.5;
 
-/// The daemon's ASM state.
-pub struct Asm {
-    pub registry: Registry,
+/// The agent's typed-state state.
+pub(crate) struct Asm {
+    pub(crate) registry: Registry,
     /// Registry container heads the registry was last built from.
     registry_heads: Vec<[u8; 32]>,
-    pub next_lifecycle_ms: u64,
+    next_lifecycle_ms: u64,
     lifecycle_every_ms: u64,
 }
 
 impl Asm {
-    pub fn new(lifecycle_every: Duration) -> Self {
+    pub(crate) fn new(lifecycle_every_ms: u64) -> Self {
         Asm {
             registry: Registry::with_core(),
             registry_heads: Vec::new(),
             next_lifecycle_ms: 0,
-            lifecycle_every_ms: lifecycle_every.as_millis() as u64,
+            lifecycle_every_ms,
         }
     }
 }
 
-pub(super) fn validation_error(errors: Vec<nuwa_asm::schema::ValidationError>) -> ApiError {
+pub(crate) fn validation_error(errors: Vec<nuwa_asm::schema::ValidationError>) -> ApiError {
     let list: Vec<String> = errors
         .iter()
         .map(|e| {
@@ -80,7 +81,7 @@ pub(super) fn validation_error(errors: Vec<nuwa_asm::schema::ValidationError>) -
     )
 }
 
-pub(super) fn doc_error(e: doc::DocError) -> ApiError {
+pub(crate) fn doc_error(e: doc::DocError) -> ApiError {
     use doc::DocError as E;
     match e {
         E::NoSuchItem { .. } => ApiError::new(ErrorCode::NoSuchObject, e.to_string()),
@@ -95,17 +96,23 @@ pub(super) fn doc_error(e: doc::DocError) -> ApiError {
 }
 
 /// A fresh random UUID (version 4) for objects created without an id.
-pub(super) fn new_uuid() -> String {
-    uuid::Uuid::new_v4().to_string()
+pub(crate) fn new_uuid() -> String {
+    let mut bytes = [0u8; 16];
+    // Without randomness the id is still the object's key, unique within
+    // its container in practice; the write goes on.
+    let _ = nuwa_entropy::fill(&mut bytes);
+    uuid::Builder::from_random_bytes(bytes)
+        .into_uuid()
+        .to_string()
 }
 
 /// Whether the item schema declares an `id` property (then `id` is part of
 /// the validated object; otherwise it is only the item's key).
-pub(super) fn schema_has_id(schema: &AsmSchema) -> bool {
+pub(crate) fn schema_has_id(schema: &AsmSchema) -> bool {
     schema.item_schema["properties"].get("id").is_some()
 }
 
-pub(super) fn without_id(schema: &AsmSchema, v: &Value) -> Value {
+pub(crate) fn without_id(schema: &AsmSchema, v: &Value) -> Value {
     let mut v = v.clone();
     if !schema_has_id(schema) {
         if let Some(o) = v.as_object_mut() {
@@ -156,11 +163,11 @@ pub fn expired_ids(schema: &AsmSchema, items: &[(String, Value)], now_secs: i64)
     out
 }
 
-impl Daemon {
+impl Agent {
     /// At start: the core models' containers (deterministic genesis, so one
     /// instance per agent however many devices start at once) and the
     /// registry from the replicated registry container.
-    pub(super) async fn asm_start(&mut self) {
+    pub(crate) fn asm_start(&mut self, out: &mut Out) {
         let core: Vec<(String, nuwa_asm::model::Layout)> = self
             .asm
             .registry
@@ -168,18 +175,19 @@ impl Daemon {
             .map(|s| (s.id.full.clone(), s.layout.clone()))
             .collect();
         for (name, layout) in core {
-            if let Err(e) = self.ensure_container(&name, &layout).await {
+            if let Err(e) = self.ensure_container(&name, &layout, out) {
                 warn!(container = %name, error = %e.message, "cannot create a core model container");
             }
         }
-        self.refresh_registry();
+        self.refresh_registry(out);
     }
 
     /// Applies the container's genesis if it is not there yet.
-    pub(super) async fn ensure_container(
+    pub(crate) fn ensure_container(
         &mut self,
         name: &str,
         layout: &nuwa_asm::model::Layout,
+        out: &mut Out,
     ) -> Result<(), ApiError> {
         if self.has_genesis(name, layout) {
             return Ok(());
@@ -190,7 +198,7 @@ impl Daemon {
             .local_apply(name, vec![genesis])
             .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
         for change in new {
-            self.stage(name, Some(change));
+            self.stage(name, Some(change), out);
         }
         if let Some(c) = self.session.engine().container(name) {
             doc::check_genesis(c.doc(), layout).map_err(|e| {
@@ -204,7 +212,7 @@ impl Daemon {
     }
 
     /// Whether the container exists with this layout's genesis.
-    pub(super) fn has_genesis(&mut self, name: &str, layout: &nuwa_asm::model::Layout) -> bool {
+    pub(crate) fn has_genesis(&mut self, name: &str, layout: &nuwa_asm::model::Layout) -> bool {
         // An evicted container loads first; one that fails to load counts
         // as absent here, and the write that follows reports the error.
         let _ = self.session.ensure_loaded(name);
@@ -215,7 +223,7 @@ impl Daemon {
     }
 
     /// Rebuilds the registry when the registry container changed.
-    pub(super) fn refresh_registry(&mut self) {
+    pub(crate) fn refresh_registry(&mut self, out: &mut Out) {
         let Some(c) = self.session.engine().container(REGISTRY_CONTAINER) else {
             return;
         };
@@ -237,25 +245,30 @@ impl Daemon {
             });
             for raw in raws {
                 if let Err(e) = reg.register(raw) {
-                    self.count(Event::SchemasRefusedFromPeers);
+                    out.count(Count::SchemasRefusedFromPeers);
                     warn!(error = %e, "a replicated schema does not register");
                 }
             }
         }
-        self.reader.registry(&reg);
+        out.push(Effect::ReaderRegistry(Box::new(reg.clone())));
         self.asm.registry = reg;
         self.asm.registry_heads = heads;
     }
 
-    pub(super) async fn on_tool(&mut self, tool: Tool) -> Result<Value, ApiError> {
-        self.refresh_registry();
+    pub(crate) fn on_tool(
+        &mut self,
+        tool: Tool,
+        _now_ms: u64,
+        out: &mut Out,
+    ) -> Result<Value, ApiError> {
+        self.refresh_registry(out);
         if let Tool::Describe(c) | Tool::Compact(c) | Tool::Reset(c) = &tool {
             self.session
                 .ensure_loaded(c)
                 .map_err(|e| ApiError::new(ErrorCode::StorageFailed, e.to_string()))?;
         }
         match tool {
-            Tool::SchemaAdd(raw) => self.schema_add(raw).await,
+            Tool::SchemaAdd(raw) => self.schema_add(raw, out),
             Tool::SchemaList => Ok(Value::Array(
                 self.asm.registry.list().map(|s| s.describe()).collect(),
             )),
@@ -263,26 +276,26 @@ impl Daemon {
                 schema_uri,
                 object,
                 id,
-            } => {
-                self.tool_write(BatchOp::Create {
+            } => self.tool_write(
+                BatchOp::Create {
                     schema_uri,
                     object,
                     id,
-                })
-                .await
-            }
+                },
+                out,
+            ),
             Tool::Update {
                 schema_uri,
                 id,
                 patch,
-            } => {
-                self.tool_write(BatchOp::Update {
+            } => self.tool_write(
+                BatchOp::Update {
                     schema_uri,
                     id,
                     patch,
-                })
-                .await
-            }
+                },
+                out,
+            ),
             // Reads run on the reader, off this loop; these arms serve a
             // request that reached the loop anyway.
             Tool::Query(q) => query(&self.asm.registry, self.session.engine(), &q),
@@ -291,34 +304,38 @@ impl Daemon {
                 id,
                 hard,
             } => {
-                self.tool_write(BatchOp::Delete {
-                    schema_uri,
-                    id,
-                    mode: if hard {
-                        DeleteMode::Hard
-                    } else {
-                        DeleteMode::Tombstone
+                let mode = if hard {
+                    DeleteMode::Hard
+                } else {
+                    DeleteMode::Tombstone
+                };
+                self.tool_write(
+                    BatchOp::Delete {
+                        schema_uri,
+                        id,
+                        mode,
                     },
-                })
-                .await
+                    out,
+                )
             }
             Tool::Describe(c) => describe(&self.asm.registry, self.session.engine(), &c),
             Tool::Compact(c) => {
                 self.schema(&c)?;
-                self.compact(&c)
-                    .await
-                    .map_err(|e| ApiError::new(ErrorCode::StorageFailed, format!("{e:#}")))?;
+                // Saved as one snapshot before the reply goes out.
+                out.push(Effect::Compact {
+                    container: c.clone(),
+                });
                 describe(&self.asm.registry, self.session.engine(), &c)
             }
-            Tool::Reset(c) => self.reset(&c).await,
+            Tool::Reset(c) => self.reset(&c, out),
         }
     }
 
-    pub(super) fn schema(&self, uri: &str) -> Result<AsmSchema, ApiError> {
+    pub(crate) fn schema(&self, uri: &str) -> Result<AsmSchema, ApiError> {
         schema_in(&self.asm.registry, uri)
     }
 
-    async fn schema_add(&mut self, raw: Value) -> Result<Value, ApiError> {
+    fn schema_add(&mut self, raw: Value, out: &mut Out) -> Result<Value, ApiError> {
         let mut trial = self.asm.registry.clone();
         let outcome = trial
             .register(raw.clone())
@@ -332,13 +349,13 @@ impl Daemon {
                 .session
                 .local_put(REGISTRY_CONTAINER, &id, &Value::String(text))
                 .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
-            self.stage(REGISTRY_CONTAINER, change);
-            self.reader.registry(&trial);
+            self.stage(REGISTRY_CONTAINER, change, out);
+            out.push(Effect::ReaderRegistry(Box::new(trial.clone())));
             self.asm.registry = trial;
             if let Some(c) = self.session.engine().container(REGISTRY_CONTAINER) {
                 self.asm.registry_heads = c.heads();
             }
-            self.ensure_container(&id, &schema.layout).await?;
+            self.ensure_container(&id, &schema.layout, out)?;
             info!(schema = %id, "schema registered");
         }
         let mut d = schema.describe();
@@ -354,7 +371,7 @@ impl Daemon {
 
     /// `reset`: removes every item, on every device (a replicated clear);
     /// the schema and the container stay.
-    async fn reset(&mut self, name: &str) -> Result<Value, ApiError> {
+    fn reset(&mut self, name: &str, out: &mut Out) -> Result<Value, ApiError> {
         let schema = self.schema(name)?;
         let ids: Vec<String> = match self.session.engine().container(name) {
             Some(c) => doc::items(c.doc(), &schema.layout)
@@ -369,17 +386,17 @@ impl Daemon {
             .session
             .local_transact(name, |tx| doc::remove_items(tx, &layout, &ids).map(|_| ()))
             .map_err(edit_error)?;
-        self.stage(name, change);
+        self.stage(name, change, out);
         Ok(json!({ "container": name, "removed": ids.len(), "heads": self.heads_hex(name) }))
     }
 
     /// The lifecycle task: TTL and retention, on every device.
-    pub(super) async fn asm_lifecycle(&mut self, now_ms: u64) {
+    pub(crate) fn asm_lifecycle(&mut self, now_ms: u64, out: &mut Out) {
         if now_ms < self.asm.next_lifecycle_ms {
             return;
         }
         self.asm.next_lifecycle_ms = now_ms + self.asm.lifecycle_every_ms;
-        self.refresh_registry();
+        self.refresh_registry(out);
         let schemas: Vec<AsmSchema> = self
             .asm
             .registry
@@ -390,15 +407,17 @@ impl Daemon {
         // The scan renders every item: the reader does it, off this loop,
         // and answers with the expired ids (`on_reader`).
         if !schemas.is_empty() {
-            self.reader.scan(schemas, (now_ms / 1000) as i64);
+            out.push(Effect::ReaderScan {
+                schemas,
+                now_secs: (now_ms / 1000) as i64,
+            });
         }
     }
 
     /// The reader found expired items: remove them (a pure function of the
     /// items and the time, so every device agrees; removing an item twice
     /// is a no-op).
-    pub(super) async fn on_reader(&mut self, ev: super::reader::ReaderEvent) {
-        let super::reader::ReaderEvent::Expired { container, ids } = ev;
+    pub(crate) fn on_expired(&mut self, container: String, ids: Vec<String>, out: &mut Out) {
         let Ok(schema) = self.schema(&container) else {
             return;
         };
@@ -408,10 +427,9 @@ impl Daemon {
         }) {
             Ok(change) => {
                 let removed = change.is_some();
-                self.stage(&container, change);
-                self.execute(Vec::new(), Vec::new()).await;
+                self.stage(&container, change, out);
                 if removed {
-                    self.count(Event::LifecycleItemsRemoved);
+                    out.count(Count::LifecycleItemsRemoved);
                     info!(container = %container, removed = ids.len(), "lifecycle removed expired items");
                 }
             }
@@ -421,7 +439,7 @@ impl Daemon {
 }
 
 /// The registered schema `uri`, or an error saying how to register it.
-pub(super) fn schema_in(registry: &Registry, uri: &str) -> Result<AsmSchema, ApiError> {
+pub fn schema_in(registry: &Registry, uri: &str) -> Result<AsmSchema, ApiError> {
     registry.get(uri).cloned().ok_or_else(|| {
         ApiError::new(ErrorCode::UnknownSchema,
             format!(
@@ -434,7 +452,7 @@ pub(super) fn schema_in(registry: &Registry, uri: &str) -> Result<AsmSchema, Api
 
 /// Containers by name, wherever they are held (the loop's engine, or the
 /// reader's replicas).
-pub(super) trait Containers {
+pub trait Containers {
     fn get_container(&self, name: &str) -> Option<&nuwa_state::Container>;
 }
 
@@ -446,7 +464,7 @@ impl Containers for nuwa_sync::Engine {
 
 /// `state.query`: ASM-QL over the items of one container, within the scan
 /// and time budget.
-pub(super) fn query(
+pub fn query(
     registry: &Registry,
     containers: &dyn Containers,
     q: &Value,
@@ -479,7 +497,7 @@ pub(super) fn query(
 }
 
 /// `state.describe`: the schema's description plus the container's size.
-pub(super) fn describe(
+pub fn describe(
     registry: &Registry,
     containers: &dyn Containers,
     name: &str,

@@ -1,0 +1,222 @@
+//! Everything the agent asks the shell to do. The shell's executor performs
+//! one handle's effects in four phases, whatever their order in the list:
+//!
+//! 1. **persist**: changes (one group commit per container and origin),
+//!    then the key ring and grant, then the DID chain, then new homes and
+//!    compactions; metadata records go to an ordered writer off the loop;
+//! 2. **acknowledge**: [`Effect::Reply`]s, which the agent emits only for
+//!    requests whose writes are in phase 1 of the same list;
+//! 3. **send**: frames and gossip, sealed by the agent, leave only now;
+//! 4. **the rest**: dials, lookups, registrations, workers, counters.
+//!
+//! So nothing is acknowledged and nothing reaches a peer before it is
+//! durable. A failure in phase 1 stops the shell: nothing after it runs.
+
+use nuwa_crypto::epoch::KeyRing;
+use nuwa_identity::chain::DidChain;
+use nuwa_identity::keys::DeviceKey;
+use nuwa_sync::{CatchUp, Origin};
+
+use crate::api::{ApiError, Reply};
+use crate::count::Count;
+use crate::input::RequestId;
+use crate::peer::{Multiaddr, PeerId};
+
+/// A phase of the executor (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    Persist,
+    Acknowledge,
+    Send,
+    Rest,
+}
+
+/// One thing for the shell to do.
+#[derive(Debug)]
+pub enum Effect {
+    // ---- phase 1: persist ----------------------------------------------
+    /// Make these changes of `container` durable.
+    Persist {
+        container: String,
+        changes: Vec<Vec<u8>>,
+        origin: Origin,
+        /// When the envelope that brought them was sealed (the sender's
+        /// clock), for propagation latency.
+        sealed_at_ms: Option<u64>,
+    },
+    /// Save the key ring, and `grant` as the current epoch's grant.
+    SaveKeys {
+        keys: Box<KeyRing>,
+        grant: Option<Vec<u8>>,
+    },
+    /// Save the DID chain.
+    SaveLog(Box<DidChain>),
+    /// Write a provisioned device's home (`device provision` through the
+    /// daemon), after the chain that lists it is saved.
+    WriteHome {
+        request: RequestId,
+        home: Box<NewHome>,
+    },
+    /// Save `container` as one snapshot (the `compact` tool).
+    Compact {
+        container: String,
+    },
+    /// Store a metadata record (known peers, names and last-seen times,
+    /// keeper cursors), in order, off the loop.
+    SaveMeta {
+        key: String,
+        bytes: Vec<u8>,
+    },
+
+    // ---- phase 2: acknowledge -------------------------------------------
+    Reply {
+        id: RequestId,
+        result: Result<Reply, ApiError>,
+    },
+
+    // ---- phase 3: send ---------------------------------------------------
+    /// Send a frame (sealed by the agent where it carries state).
+    Send {
+        peer: PeerId,
+        frame: Vec<u8>,
+    },
+    /// Send a frame only if the network has room at once (keeper requests:
+    /// a lost one is made again).
+    TrySend {
+        peer: PeerId,
+        frame: Vec<u8>,
+    },
+    /// Publish on the gossip topic.
+    Publish {
+        topic: String,
+        bytes: Vec<u8>,
+    },
+    /// The verdict on a gossip message ([`NetEvent::Gossip`](crate::NetEvent::Gossip)).
+    GossipVerdict {
+        token: u64,
+        accept: bool,
+    },
+
+    // ---- phase 4: the rest -------------------------------------------------
+    Disconnect(PeerId),
+    /// Dial a device (from a fresh port).
+    Dial {
+        peer: Option<PeerId>,
+        addrs: Vec<Multiaddr>,
+    },
+    /// Dial an infrastructure node (from the listening port).
+    DialInfra {
+        peer: PeerId,
+        addrs: Vec<Multiaddr>,
+    },
+    AddAddress {
+        peer: PeerId,
+        addr: Multiaddr,
+    },
+    Kad(KadOp),
+    RendezvousRegister {
+        server: PeerId,
+        namespace: String,
+        ttl_secs: u64,
+    },
+    RendezvousDiscover {
+        server: PeerId,
+        namespace: String,
+    },
+    ReserveRelay {
+        relay: PeerId,
+        addr: Multiaddr,
+    },
+    ReleaseRelay(PeerId),
+    Subscribe(String),
+    /// Publish this mDNS TXT record (our signed announcement).
+    Announce(Vec<(String, String)>),
+    /// Run a catch-up on a worker and hand it back as
+    /// [`Input::CaughtUp`](crate::Input::CaughtUp).
+    RunCatchUp(Box<CatchUp>),
+    /// Read `container` back from the store and hand it back as
+    /// [`Input::Reloaded`](crate::Input::Reloaded).
+    Reload(String),
+    /// Tell the reader about the schema registry.
+    ReaderRegistry(Box<nuwa_asm::registry::Registry>),
+    /// Ask the reader which items of these containers have expired.
+    ReaderScan {
+        schemas: Vec<nuwa_asm::schema::AsmSchema>,
+        now_secs: i64,
+    },
+    /// Containers left memory: the reader may drop idle replicas and the
+    /// allocator may give pages back.
+    ReleaseMemory,
+    Count(Count),
+    CountBy(Count, u64),
+    /// A count of the sync session's table.
+    CountSync(nuwa_sync::Count),
+    /// An input refused at a door, by (source, reason).
+    CountRejection {
+        source: &'static str,
+        reason: &'static str,
+    },
+    /// An envelope that did not open, by reason.
+    CountEnvelopeRejected(&'static str),
+    /// `sync --once`: a line of progress for the person watching.
+    Progress(String),
+    /// `sync --once` is over: converged (with what to say), or not.
+    Finished(Result<String, String>),
+}
+
+/// A device home the daemon writes for `device provision`.
+pub struct NewHome {
+    pub out: String,
+    pub device: DeviceKey,
+    pub name: String,
+    pub log: DidChain,
+    pub keys: KeyRing,
+    pub grant: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for NewHome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewHome")
+            .field("out", &self.out)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A DHT operation.
+#[derive(Debug)]
+pub enum KadOp {
+    Bootstrap,
+    /// Keep a verified record in our store (we serve it to others).
+    Store {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    PutRecord {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    StartProviding(Vec<u8>),
+    GetProviders(Vec<u8>),
+    GetRecord(Vec<u8>),
+}
+
+impl Effect {
+    /// The executor phase this effect belongs to.
+    pub fn phase(&self) -> Phase {
+        match self {
+            Effect::Persist { .. }
+            | Effect::SaveKeys { .. }
+            | Effect::SaveLog(_)
+            | Effect::WriteHome { .. }
+            | Effect::Compact { .. }
+            | Effect::SaveMeta { .. } => Phase::Persist,
+            Effect::Reply { .. } => Phase::Acknowledge,
+            Effect::Send { .. }
+            | Effect::TrySend { .. }
+            | Effect::Publish { .. }
+            | Effect::GossipVerdict { .. } => Phase::Send,
+            _ => Phase::Rest,
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! This device's standing in the agent, and the changes it signs while it
+//! runs: revocation (with a new key epoch for the rest), provisioning,
+//! promotion, demotion and the recovery key, and signing again what a lost
+//! fork of the DID chain dropped. Whether this device was revoked gates
+//! local writes. (Adopting grants that peers forward, and holding envelopes
+//! of an epoch still on its way, are the session's: `nuwa_sync::session`.)
+
+use nuwa_identity::chain::DidChain;
+use nuwa_identity::document::DidDocument;
+use nuwa_identity::keys::DeviceKey;
+use nuwa_sync::{Membership, Session};
+use tracing::{info, warn};
+
+use crate::agent::{Agent, Out};
+use crate::api::{
+    AdminChange, AdminReply, ApiError, ErrorCode, ProvisionBody, ProvisionReply, RevokeBody,
+    RevokeReply,
+};
+use crate::count::Count;
+use crate::effect::{Effect, NewHome};
+use crate::input::RequestId;
+use crate::lifecycle::{self, Admin};
+
+/// Who this device is to the agent beyond its device key.
+pub(crate) struct Standing {
+    /// The master key of `init`, on the home that holds it (read by the
+    /// shell at start; the daemon signs with it while it is listed).
+    master: Option<DeviceKey>,
+    /// The DID chain as last saved: a new chain that does not extend it
+    /// came from a fork this device lost.
+    saved: DidChain,
+    /// This device was listed in the DID chain and no longer is: it
+    /// refuses local writes and redials with backoff.
+    revoked: bool,
+}
+
+impl Standing {
+    pub(crate) fn new(master: Option<DeviceKey>, saved: &DidChain) -> Self {
+        Standing {
+            master,
+            saved: saved.clone(),
+            revoked: false,
+        }
+    }
+
+    pub(crate) fn revoked(&self) -> bool {
+        self.revoked
+    }
+
+    /// The public half of the master key, if this home holds it.
+    pub(crate) fn master_public(&self) -> Option<[u8; 32]> {
+        self.master.as_ref().map(|k| k.public())
+    }
+
+    /// Re-checks whether this device was revoked (at start and when the
+    /// chain grows), and says once what it means.
+    pub(crate) fn check_revoked(&mut self, m: &Membership) {
+        let now = is_revoked(m);
+        if now && !self.revoked {
+            warn!(
+                context_id = %m.context_id(),
+                "this device was revoked from the agent: its peers refuse it, it receives \
+                 nothing new and it refuses local writes (they would never sync). To use this \
+                 machine again: export what you need (`nuwa-node state export`), stop the \
+                 daemon, move this home aside and pair anew (`nuwa-node pair`)"
+            );
+        }
+        self.revoked = now;
+    }
+
+    /// The error for a write on a revoked device.
+    pub(crate) fn revoked_error(&self, session: &Session) -> ApiError {
+        ApiError::new(
+            ErrorCode::DeviceRevoked,
+            format!(
+                "this device ({}) was revoked from the agent, so nothing written here would \
+                 reach another device; the write was refused. To use this machine again: \
+                 export what you need (`nuwa-node state export`), stop the daemon, move this \
+                 home aside and pair anew (`nuwa-node pair`, approved on the device holding \
+                 the master key)",
+                session.membership().context_id()
+            ),
+        )
+    }
+
+    /// This home's admin key (see [`lifecycle::admin_of`]), or the API
+    /// error that says why there is none.
+    pub(crate) fn admin(&self, session: &Session, now_secs: i64) -> Result<Admin, ApiError> {
+        lifecycle::admin_of(
+            session.log(),
+            session.membership().device(),
+            self.master.as_ref(),
+            now_secs,
+        )
+        .map_err(|e| ApiError::new(ErrorCode::NotKeyManager, crate::explain(&e)))
+    }
+}
+
+/// Whether this device was revoked: its key was listed by an earlier
+/// version of the DID document and the current one lacks it (an expired
+/// key is not revoked: renewing it brings it back).
+fn is_revoked(m: &Membership) -> bool {
+    let ctx = m.context_id();
+    let lists = |d: &DidDocument| {
+        d.verification_method
+            .iter()
+            .any(|vm| DidDocument::fragment(&vm.id) == ctx)
+    };
+    let listed_before = m.log().documents().any(|d| lists(&d));
+    listed_before && !lists(m.log().current())
+}
+
+fn secs(now_ms: u64) -> i64 {
+    (now_ms / 1000) as i64
+}
+
+impl Agent {
+    /// A DID update this device signed with no new epoch: saved first (the
+    /// executor's persist phase), then adopted by the session, whose
+    /// effects push it to every peer.
+    pub(crate) fn commit_own_chain(
+        &mut self,
+        log: &DidChain,
+        now_ms: u64,
+        out: &mut Out,
+    ) -> Result<(), ApiError> {
+        let effects = self
+            .session
+            .adopt_own_update(log.clone(), None, now_ms)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        self.standing.saved = log.clone();
+        out.push(Effect::SaveLog(Box::new(log.clone())));
+        self.absorb(effects, now_ms, out);
+        Ok(())
+    }
+
+    /// `device revoke`: sign the DID update removing the device, open a new
+    /// key epoch for the rest, and hand both to the session, whose effects
+    /// push them to every peer (which also drops the revoked device's
+    /// connections). Keys are saved before the chain: a crash never leaves
+    /// a chain whose epoch key is lost.
+    pub(crate) fn on_revoke(
+        &mut self,
+        body: RevokeBody,
+        now_ms: u64,
+        out: &mut Out,
+    ) -> Result<RevokeReply, ApiError> {
+        let admin = self.standing.admin(&self.session, secs(now_ms))?;
+        let r = lifecycle::revoke(
+            self.session.log(),
+            self.session.secure().keys(),
+            &admin,
+            body.context_id.trim(),
+            self.session.membership().context_id(),
+            secs(now_ms),
+        )
+        .map_err(|e| ApiError::new(ErrorCode::CannotRevoke, crate::explain(&e)))?;
+        drop(admin);
+        let key = r
+            .keys
+            .get(r.epoch)
+            .cloned()
+            .ok_or_else(|| ApiError::new(ErrorCode::Internal, "new epoch key missing"))?;
+        let effects = self
+            .session
+            .adopt_own_update(r.log.clone(), Some((key, r.grant.clone())), now_ms)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        out.push(Effect::SaveKeys {
+            keys: Box::new(r.keys.clone()),
+            grant: Some(r.grant.clone()),
+        });
+        self.standing.saved = r.log.clone();
+        out.push(Effect::SaveLog(Box::new(r.log.clone())));
+        self.absorb(effects, now_ms, out);
+        out.count(Count::DevicesRevoked);
+        info!(revoked = %body.context_id, epoch = r.epoch, "device revoked; new key epoch opened");
+        Ok(RevokeReply {
+            revoked: body.context_id.trim().to_owned(),
+            epoch: r.epoch,
+            did_log_len: r.log.len(),
+            remaining: r.remaining,
+        })
+    }
+
+    /// `device provision` while the daemon runs: the shell made the new
+    /// home's directory and device key; the agent lists the key, and the
+    /// shell saves the chain and then writes the new home, so the chain on
+    /// disk, the daemon's and the new device's are one. A crash between
+    /// the two leaves only a listed key nobody holds (revocable), never a
+    /// home the agent does not know.
+    pub(crate) fn on_provision(
+        &mut self,
+        id: RequestId,
+        body: ProvisionBody,
+        device: DeviceKey,
+        now_ms: u64,
+        out: &mut Out,
+    ) -> Result<serde_json::Value, ApiError> {
+        let name = body.name.trim();
+        if name.is_empty() || name.len() > nuwa_proto::MAX_DEVICE_NAME_BYTES {
+            return Err(ApiError::new(
+                ErrorCode::BadName,
+                "a device name is 1 to 64 bytes",
+            ));
+        }
+        let admin = self.standing.admin(&self.session, secs(now_ms))?;
+        let mut log = self.session.log().clone();
+        let x25519 = nuwa_identity::did_key::x25519_public_from_ed25519(&device.public())
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        let context_id =
+            lifecycle::add_device(&mut log, &admin, &device.public(), &x25519, secs(now_ms))
+                .map_err(|e| ApiError::new(ErrorCode::Internal, crate::explain(&e)))?;
+        drop(admin);
+        self.commit_own_chain(&log, now_ms, out)?;
+        let grant =
+            Some(self.session.membership().epoch_grant().to_vec()).filter(|g| !g.is_empty());
+        out.push(Effect::WriteHome {
+            request: id,
+            home: Box::new(NewHome {
+                out: body.out.clone(),
+                device,
+                name: name.to_owned(),
+                log: log.clone(),
+                keys: self.session.secure().keys().clone(),
+                grant,
+            }),
+        });
+        info!(device = %context_id, out = %body.out, "device provisioned");
+        let reply = ProvisionReply {
+            context_id,
+            name: name.to_owned(),
+            out: body.out,
+            did_log_len: log.len(),
+        };
+        serde_json::to_value(reply).map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))
+    }
+
+    /// `device promote`, `device demote` and `recovery create` while the
+    /// daemon runs: signed with this home's admin key, saved, then handed
+    /// to the session, whose effects push it to every peer. No new key
+    /// epoch: nobody loses access.
+    pub(crate) fn on_admin_change(
+        &mut self,
+        change: AdminChange,
+        now_ms: u64,
+        out: &mut Out,
+    ) -> Result<serde_json::Value, ApiError> {
+        let now_secs = secs(now_ms);
+        let admin = self.standing.admin(&self.session, now_secs)?;
+        let refused = |e: lifecycle::LifecycleError| {
+            ApiError::new(ErrorCode::CannotChangeDevices, crate::explain(&e))
+        };
+        let log = self.session.log();
+        let (log, change, subject) = match change {
+            AdminChange::Promote(b) => (
+                lifecycle::promote(log, &admin, &b.context_id, now_secs).map_err(refused)?,
+                "promoted",
+                b.context_id.trim().to_owned(),
+            ),
+            AdminChange::Demote(b) => (
+                lifecycle::demote(log, &admin, &b.context_id, now_secs).map_err(refused)?,
+                "demoted",
+                b.context_id.trim().to_owned(),
+            ),
+            AdminChange::RecoveryKey(b) => {
+                let public: [u8; 32] = hex::decode(b.public_key_hex.trim())
+                    .ok()
+                    .and_then(|v| v.try_into().ok())
+                    .ok_or_else(|| {
+                        ApiError::new(
+                            ErrorCode::BadRequest,
+                            "public_key_hex must be 64 hex digits (a 32-byte Ed25519 key)",
+                        )
+                    })?;
+                let (log, key_id) =
+                    lifecycle::set_recovery_key(log, &admin, &public, now_secs).map_err(refused)?;
+                (log, "recovery_key", key_id)
+            }
+        };
+        drop(admin);
+        self.commit_own_chain(&log, now_ms, out)?;
+        info!(change, subject = %subject, "DID document changed");
+        let reply = AdminReply {
+            change: change.to_owned(),
+            subject,
+            did_log_len: log.len(),
+        };
+        serde_json::to_value(reply).map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))
+    }
+
+    /// The session adopted a peer's chain: save it. If it was not an
+    /// extension of the one last saved but another branch that won the
+    /// fork rule, the DID updates this home signed on the losing branch
+    /// are gone: sign their changes again, as one update on top of the
+    /// winner, and hand it to the session (its effects send it to every
+    /// peer).
+    pub(crate) fn save_chain(&mut self, now_ms: u64, out: &mut Out) {
+        let new = self.session.log().clone();
+        let old = std::mem::replace(&mut self.standing.saved, new.clone());
+        out.push(Effect::SaveLog(Box::new(new.clone())));
+        if new.hash_at(old.len() - 1) == Some(old.head_hash()) {
+            return; // an extension: nothing dropped
+        }
+        out.count(Count::DidLogForksLost);
+        let mut own = vec![self.session.membership().device().public()];
+        own.extend(self.standing.master_public());
+        let Some((doc, n)) = lifecycle::rebased_document(&old, &new, &own) else {
+            info!(
+                "DID log fork: another branch won the fork rule; no update of this device was dropped"
+            );
+            return;
+        };
+        let admin = match self.standing.admin(&self.session, secs(now_ms)) {
+            Ok(a) => a,
+            Err(_) => {
+                warn!(
+                    updates = n,
+                    "DID log fork: another branch won and it took this device's admin rights, \
+                     so its {n} dropped update(s) cannot be signed again; if that branch is not \
+                     yours, recover with the recovery words (`nuwa-node recover`)"
+                );
+                return;
+            }
+        };
+        let mut log = new;
+        if let Err(e) = log.append_document(&doc, &admin.key, &admin.key_id, secs(now_ms)) {
+            warn!(error = %e, "DID log fork: cannot sign this device's dropped updates again");
+            return;
+        }
+        match self.session.adopt_own_update(log.clone(), None, now_ms) {
+            Ok(effects) => {
+                out.count_by(Count::DidLogUpdatesRebased, n as u64);
+                info!(
+                    updates = n,
+                    "DID log fork: another branch won the fork rule; this device's dropped \
+                     updates were signed again on top of it"
+                );
+                self.standing.saved = log.clone();
+                out.push(Effect::SaveLog(Box::new(log)));
+                self.absorb(effects, now_ms, out);
+            }
+            Err(e) => {
+                warn!(error = %e, "DID log fork: the re-signed update was refused");
+            }
+        }
+    }
+}
