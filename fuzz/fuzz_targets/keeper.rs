@@ -11,14 +11,15 @@
 //!   envelope signature check.
 //!
 //! The keeper must answer every request (a refusal is an answer) and never
-//! panic. Its store lives in a temporary directory for the whole run.
+//! panic. Its store is in memory (`MemKeeperStore`) for the whole run: what
+//! is fuzzed is the keeper's checks, not sled.
 #![no_main]
 
 use std::sync::{Mutex, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use nuwa_fuzz::{NOW_UNIX_SECS_U64, agent_did, chain_with_device, device, device_context_id};
-use nuwa_keeper::{Keeper, KeeperConfig, sign_request};
+use nuwa_keeper::{Keeper, KeeperConfig, MemKeeperStore, sign_request};
 use nuwa_proto::Frame;
 use nuwa_proto::keeper::{KeeperBody, KeeperResponse, envelope_from_bytes};
 
@@ -27,8 +28,7 @@ const NOW_MS: u64 = NOW_UNIX_SECS_U64 * 1000;
 fn keeper() -> &'static Mutex<Keeper> {
     static K: OnceLock<Mutex<Keeper>> = OnceLock::new();
     K.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("nuwa-fuzz-keeper-{}", std::process::id()));
-        let mut k = Keeper::open(&dir, KeeperConfig::default()).expect("keeper store");
+        let mut k = Keeper::new(Box::new(MemKeeperStore::new()), KeeperConfig::default());
         // Teach it the fixed agent, as a first push would.
         let body = KeeperBody::Push {
             did_proof: chain_with_device().proof().encode().expect("proof json"),

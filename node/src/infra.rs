@@ -160,8 +160,9 @@ const MAX_QUEUED_PER_PEER: usize = 8;
 
 impl KeeperThread {
     fn start(path: &Path, config: nuwa_keeper::KeeperConfig, net: NetHandle) -> Result<Self> {
-        let mut keeper = nuwa_keeper::Keeper::open(path, config)
+        let store = nuwa_store::SledKeeperStore::open(path)
             .with_context(|| format!("cannot open the keeper's store in {}", path.display()))?;
+        let mut keeper = nuwa_keeper::Keeper::new(Box::new(store), config);
         info!(path = %path.display(), agents = keeper.stats().agents, "keeper store opened");
         let (tx, rx) = std::sync::mpsc::sync_channel::<(PeerId, KeeperRequest)>(1024);
         let queued: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<PeerId, usize>>> =

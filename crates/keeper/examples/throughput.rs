@@ -3,7 +3,8 @@
 //!
 //! One agent with one device; envelopes of BYTES sealed bytes each, pushed
 //! PER_PUSH at a time (each push verified and flushed to disk before it is
-//! acknowledged, as in service), then pulled back in 4 MiB pages. Prints
+//! acknowledged, as in service: the keeper over `nuwa_store::SledKeeperStore`),
+//! then pulled back in 4 MiB pages. Prints
 //! envelopes/s and MB/s for both, timed around `Keeper::handle` alone (no
 //! network).
 //!
@@ -19,6 +20,7 @@ use nuwa_identity::document::Relationship;
 use nuwa_identity::keys::{DeviceKey, context_id_for};
 use nuwa_keeper::{Keeper, KeeperConfig, sign_request};
 use nuwa_proto::keeper::{KeeperBody, KeeperResponse};
+use nuwa_store::SledKeeperStore;
 
 fn main() {
     let args: Vec<u64> = std::env::args()
@@ -42,15 +44,14 @@ fn main() {
         .collect();
 
     let dir = tempfile::tempdir().unwrap();
-    let mut keeper = Keeper::open(
-        dir.path(),
+    let mut keeper = Keeper::new(
+        Box::new(SledKeeperStore::open(dir.path()).unwrap()),
         KeeperConfig {
             max_bytes_per_agent: u64::MAX,
             max_envelopes_per_agent: u64::MAX,
             ..KeeperConfig::default()
         },
-    )
-    .unwrap();
+    );
     let mut bytes = 0usize;
     let t = Instant::now();
     for (i, chunk) in envelopes.chunks(per_push).enumerate() {
@@ -214,14 +215,13 @@ fn b_latencies(keeper: &mut Keeper, a: &Agent, b: &Agent, now: u64, flood: bool)
 
 fn flood(now: u64, now_s: i64) {
     let dir = tempfile::tempdir().unwrap();
-    let mut keeper = Keeper::open(
-        dir.path(),
+    let mut keeper = Keeper::new(
+        Box::new(SledKeeperStore::open(dir.path()).unwrap()),
         KeeperConfig {
             max_envelopes_per_agent: 1000,
             ..KeeperConfig::default()
         },
-    )
-    .unwrap();
+    );
     let a = agent(now_s);
     // A fills its quota (B's 400 pushes stay well inside its own).
     for i in 0..10 {

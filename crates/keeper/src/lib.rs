@@ -15,20 +15,29 @@
 //!   document: a revoked device can neither push nor pull;
 //! - every pushed envelope's signature, by an active device of that agent.
 //!
-//! Pushes are all or nothing and durable (one sled batch, flushed) before
-//! they are acknowledged. Quotas per agent (bytes and envelopes), a cap on
-//! agents, and a retention time bound what one agent can take.
+//! Pushes are all or nothing and durable before they are acknowledged.
+//! Quotas per agent (bytes and envelopes), a cap on agents, and a retention
+//! time bound what one agent can take.
 //!
 //! What it learns: the agent's DID (as a SHA-256 key, with its DID proof,
 //! which is public material published in the DHT anyway), which device
 //! context ids push and pull, key epochs, sizes and times. Not container
 //! names, not keys, not values.
 //!
-//! This crate does no IO beyond its sled files: the network and the
-//! threads are the caller's.
+//! This crate does no IO. [`Keeper`] decides; what it keeps lives behind
+//! [`KeeperStore`] ([`MemKeeperStore`] here, `nuwa_store::SledKeeperStore`
+//! on disk), and the network and the threads are the caller's.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::Path;
+mod mem_store;
+mod store;
+
+pub use mem_store::MemKeeperStore;
+pub use store::{
+    AgentDoc, AgentHash, AgentRecord, AgentState, ENTRY_HEADER_BYTES, Entry, KeeperStore,
+    KeeperStoreError, Page, Pushed, Usage,
+};
+
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use nuwa_crypto::Envelope;
@@ -40,9 +49,7 @@ use nuwa_proto::keeper::{
     KeeperAuth, KeeperBody, KeeperRequest, KeeperResponse, MAX_BATCH_ENTRIES, MAX_DETAIL_BYTES,
     RefusalCode, envelope_bytes, envelope_from_bytes,
 };
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use sled::Transactional;
 use tracing::{debug, warn};
 
 /// Domain separator of the digest a device signs for a request.
@@ -91,13 +98,14 @@ impl Default for KeeperConfig {
     }
 }
 
-/// Why the keeper's store could not be opened or written.
+/// Why the keeper could not do its own work (a refused request is an
+/// answer, not an error).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeeperError {
-    #[error("keeper store: {0}")]
-    Store(#[from] sled::Error),
-    #[error("keeper store holds an unreadable agent record: {0}")]
-    Corrupt(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] KeeperStoreError),
 }
 
 /// What the keeper has done, for logs and metrics.
@@ -115,59 +123,26 @@ pub struct KeeperStats {
     pub agents: usize,
 }
 
-/// Per-agent record, persisted in the `agents` tree.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct AgentRecord {
-    did: String,
-    /// The newest DID document proven to the keeper; `None` for a record
-    /// written before proofs (the next push must carry one).
-    #[serde(default)]
-    doc: Option<AgentDoc>,
-    next_seq: u64,
-    /// Newest signed timestamp of a push accepted from each device, kept
-    /// while it is inside the clock window. Nonces live in memory only;
-    /// after a restart a device's request is accepted only if signed later
-    /// than its last push, so an acknowledged push cannot be replayed into
-    /// a second copy.
-    #[serde(default)]
-    last_push_ms: BTreeMap<String, u64>,
-}
-
-struct Agent {
-    record: AgentRecord,
-    used_bytes: u64,
-    used_envelopes: u64,
-}
-
-/// The keeper's store and checks. One per process; calls are serialised by
-/// the caller (`&mut self`).
+/// The keeper's checks and decisions, over its store. One per store; calls
+/// are serialised by the caller (`&mut self`).
 pub struct Keeper {
-    db: sled::Db,
-    entries: sled::Tree,
-    agents_tree: sled::Tree,
-    agents: HashMap<[u8; 32], Agent>,
+    /// Records and envelope logs; the only way to them.
+    store: Box<dyn KeeperStore>,
     /// Nonces of requests whose signature verified, per (agent, device),
     /// in milliseconds. Evicted nonces turn into floors, so none is ever
     /// accepted twice while the process runs.
     nonces: NonceStore,
     /// Per (agent, device), the newest push signed before this process
-    /// opened the store: requests signed no later are refused (the nonces
+    /// got its store: requests signed no later are refused (the nonces
     /// that would tell a replay were lost with the last process).
-    restart_floor: HashMap<([u8; 32], String), u64>,
+    restart_floor: HashMap<(AgentHash, String), u64>,
     config: KeeperConfig,
     stats: KeeperStats,
 }
 
 /// SHA-256 of the agent DID: the key the keeper files an agent under.
-pub fn agent_hash(did: &str) -> [u8; 32] {
+pub fn agent_hash(did: &str) -> AgentHash {
     Sha256::digest(did.as_bytes()).into()
-}
-
-fn entry_key(agent: &[u8; 32], seq: u64) -> [u8; 40] {
-    let mut k = [0u8; 40];
-    k[..32].copy_from_slice(agent);
-    k[32..].copy_from_slice(&seq.to_be_bytes());
-    k
 }
 
 fn put_field(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -257,40 +232,26 @@ fn refuse(code: RefusalCode, detail: impl Into<String>) -> Refusal {
 /// Most context ids [`AgentDoc::ever_listed`] remembers.
 const MAX_EVER_LISTED: usize = 4096;
 
-/// What the keeper knows of an agent's DID document: the newest [`DidProof`]
-/// it verified (from the genesis key's authority chain alone, like a DHT
-/// node). The keeper follows the proof with the highest head seq; a proof of
-/// the same or a lower seq does not replace it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct AgentDoc {
-    head_seq: u64,
-    head_hash: String,
-    document: DidDocument,
-    /// Context ids of every key a proven document listed for the device
-    /// relationship, so a revoked device is told it was revoked.
-    ever_listed: BTreeSet<String>,
-}
-
-impl AgentDoc {
-    /// The doc a verified proof establishes, remembering what `before` listed.
-    fn from_proof(
-        proof: nuwa_identity::chain::VerifiedProof,
-        before: Option<&AgentDoc>,
-    ) -> AgentDoc {
-        let mut ever_listed = before.map(|b| b.ever_listed.clone()).unwrap_or_default();
-        let document = proof.document().clone();
-        for id in document.relationship(RELATIONSHIP) {
-            if ever_listed.len() >= MAX_EVER_LISTED {
-                break;
-            }
-            ever_listed.insert(DidDocument::fragment(id).to_owned());
+/// The doc a verified proof establishes, remembering what `before` listed.
+/// The keeper follows the proof with the highest head seq; a proof of the
+/// same or a lower seq does not replace it (the caller's check).
+fn doc_from_proof(
+    proof: nuwa_identity::chain::VerifiedProof,
+    before: Option<&AgentDoc>,
+) -> AgentDoc {
+    let mut ever_listed = before.map(|b| b.ever_listed.clone()).unwrap_or_default();
+    let document = proof.document().clone();
+    for id in document.relationship(RELATIONSHIP) {
+        if ever_listed.len() >= MAX_EVER_LISTED {
+            break;
         }
-        AgentDoc {
-            head_seq: proof.head_seq(),
-            head_hash: proof.head_hash().to_owned(),
-            document,
-            ever_listed,
-        }
+        ever_listed.insert(DidDocument::fragment(id).to_owned());
+    }
+    AgentDoc {
+        head_seq: proof.head_seq(),
+        head_hash: proof.head_hash().to_owned(),
+        document,
+        ever_listed,
     }
 }
 
@@ -319,57 +280,39 @@ fn active_key(log: &AgentDoc, context_id: &str, now_secs: i64) -> Result<[u8; 32
 }
 
 impl Keeper {
-    /// Opens (or creates) the keeper's store in `path`.
-    pub fn open(path: &Path, config: KeeperConfig) -> Result<Keeper, KeeperError> {
-        let db = sled::Config::new().path(path).open()?;
-        let entries = db.open_tree("entries")?;
-        let agents_tree = db.open_tree("agents")?;
-        let mut agents = HashMap::new();
+    /// The keeper over `store`, which may hold agents already (a restart):
+    /// each device's last push recorded there becomes the floor its next
+    /// request must be signed after.
+    pub fn new(store: Box<dyn KeeperStore>, config: KeeperConfig) -> Keeper {
         let mut restart_floor = HashMap::new();
-        for item in agents_tree.iter() {
-            let (k, v) = item?;
-            let hash: [u8; 32] = k
-                .as_ref()
-                .try_into()
-                .map_err(|_| KeeperError::Corrupt("agent key length".into()))?;
-            let record: AgentRecord =
-                serde_json::from_slice(&v).map_err(|e| KeeperError::Corrupt(e.to_string()))?;
-            for (signer, ts) in &record.last_push_ms {
-                restart_floor.insert((hash, signer.clone()), *ts);
+        for hash in store.agent_hashes() {
+            if let Some(state) = store.agent(&hash) {
+                for (signer, ts) in state.record.last_push_ms {
+                    restart_floor.insert((hash, signer), ts);
+                }
             }
-            let (mut used_bytes, mut used_envelopes) = (0u64, 0u64);
-            for e in entries.scan_prefix(hash) {
-                let (_, v) = e?;
-                used_bytes += v.len() as u64;
-                used_envelopes += 1;
-            }
-            agents.insert(
-                hash,
-                Agent {
-                    record,
-                    used_bytes,
-                    used_envelopes,
-                },
-            );
         }
         let stats = KeeperStats {
-            agents: agents.len(),
+            agents: store.agent_count(),
             ..KeeperStats::default()
         };
-        Ok(Keeper {
-            db,
-            entries,
-            agents_tree,
-            agents,
+        Keeper {
             nonces: NonceStore::new(
                 config.clock_window.as_millis() as i64,
                 config.max_nonces_per_signer,
                 config.max_signers,
             ),
+            store,
             restart_floor,
             config,
             stats,
-        })
+        }
+    }
+
+    /// Gives the store back, forgetting the nonces and counters (a
+    /// [`Keeper::new`] on it is a restart).
+    pub fn into_store(self) -> Box<dyn KeeperStore> {
+        self.store
     }
 
     pub fn stats(&self) -> KeeperStats {
@@ -378,9 +321,9 @@ impl Keeper {
 
     /// Bytes and envelopes stored for the agent `did`.
     pub fn usage(&self, did: &str) -> Option<(u64, u64)> {
-        self.agents
-            .get(&agent_hash(did))
-            .map(|a| (a.used_bytes, a.used_envelopes))
+        self.store
+            .agent(&agent_hash(did))
+            .map(|a| (a.usage.bytes, a.usage.envelopes))
     }
 
     /// Answers one request. A refusal is an answer (typed, counted), never
@@ -425,21 +368,22 @@ impl Keeper {
             }
             _ => None,
         };
-        let known = self.agents.get(&hash).and_then(|a| a.record.doc.clone());
-        let (log, log_changed) = match (known, carried) {
+        let stored = self.store.agent(&hash);
+        let known = stored.as_ref().and_then(|a| a.record.doc.clone());
+        // Only a push carries a proof, and a push writes the record, so a
+        // newer log is stored with the push that brought it.
+        let log = match (known, carried) {
             (Some(ours), Some(theirs)) => {
                 if theirs.head_seq() > ours.head_seq {
-                    (AgentDoc::from_proof(theirs, Some(&ours)), true)
+                    doc_from_proof(theirs, Some(&ours))
                 } else {
-                    (ours, false)
+                    ours
                 }
             }
-            (Some(ours), None) => (ours, false),
-            (None, Some(theirs)) if self.agents.contains_key(&hash) => {
-                (AgentDoc::from_proof(theirs, None), true)
-            }
+            (Some(ours), None) => ours,
+            (None, Some(theirs)) if stored.is_some() => doc_from_proof(theirs, None),
             (None, Some(theirs)) => {
-                if self.agents.len() >= self.config.max_agents {
+                if self.store.agent_count() >= self.config.max_agents {
                     return Err(refuse(
                         RefusalCode::QuotaExceeded,
                         format!(
@@ -448,7 +392,7 @@ impl Keeper {
                         ),
                     ));
                 }
-                (AgentDoc::from_proof(theirs, None), true)
+                doc_from_proof(theirs, None)
             }
             (None, None) => {
                 return Err(refuse(
@@ -495,6 +439,7 @@ impl Keeper {
             } => self.push(
                 hash,
                 &req.agent_did,
+                stored,
                 log,
                 envelopes,
                 replaces_through,
@@ -503,9 +448,6 @@ impl Keeper {
                 req.request_id,
             ),
             KeeperBody::Pull { since, max_bytes } => {
-                if log_changed {
-                    self.save_log(hash, &req.agent_did, log)?;
-                }
                 self.pull(hash, since, max_bytes, req.request_id)
             }
         }
@@ -515,7 +457,7 @@ impl Keeper {
     /// it as a replay.
     fn check_nonce(
         &mut self,
-        hash: [u8; 32],
+        hash: AgentHash,
         did: &str,
         signer: &str,
         nonce: [u8; 16],
@@ -548,62 +490,12 @@ impl Keeper {
             })
     }
 
-    fn save_log(&mut self, hash: [u8; 32], did: &str, log: AgentDoc) -> Result<(), Refusal> {
-        let (next_seq, last_push_ms) = self.agents.get(&hash).map_or((1, BTreeMap::new()), |a| {
-            (a.record.next_seq, a.record.last_push_ms.clone())
-        });
-        let record = AgentRecord {
-            did: did.to_owned(),
-            doc: Some(log),
-            next_seq,
-            last_push_ms,
-        };
-        self.write_agent(hash, &record, &sled::Batch::default())?;
-        let agent = self.agents.entry(hash).or_insert_with(|| Agent {
-            record: record.clone(),
-            used_bytes: 0,
-            used_envelopes: 0,
-        });
-        agent.record = record;
-        self.stats.agents = self.agents.len();
-        Ok(())
-    }
-
-    /// Writes `batch` of entries and the agent record atomically, durably.
-    fn write_agent(
-        &self,
-        hash: [u8; 32],
-        record: &AgentRecord,
-        batch: &sled::Batch,
-    ) -> Result<(), Refusal> {
-        let bytes =
-            serde_json::to_vec(record).map_err(|e| refuse(RefusalCode::Internal, e.to_string()))?;
-        let internal = |e: sled::transaction::TransactionError<()>| {
-            warn!(error = ?e, "keeper store write failed");
-            refuse(RefusalCode::Internal, "the keeper could not store the push")
-        };
-        (&self.entries, &self.agents_tree)
-            .transaction(|(entries, agents)| {
-                entries.apply_batch(batch)?;
-                agents.insert(&hash[..], bytes.as_slice())?;
-                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
-            })
-            .map_err(internal)?;
-        self.db.flush().map_err(|e| {
-            warn!(error = %e, "keeper store flush failed");
-            refuse(
-                RefusalCode::Internal,
-                "the keeper could not make the push durable",
-            )
-        })?;
-        Ok(())
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn push(
         &mut self,
-        hash: [u8; 32],
+        hash: AgentHash,
         did: &str,
+        stored: Option<AgentState>,
         log: AgentDoc,
         envelopes: Vec<Envelope>,
         replaces_through: u64,
@@ -612,7 +504,7 @@ impl Keeper {
         request_id: u64,
     ) -> Result<KeeperResponse, Refusal> {
         let now_secs = (now_ms / 1000) as i64;
-        let mut encoded = Vec::with_capacity(envelopes.len());
+        let mut entries = Vec::with_capacity(envelopes.len());
         let mut bytes = 0u64;
         for e in &envelopes {
             let key = active_key(&log, &e.sender, now_secs)?;
@@ -622,19 +514,19 @@ impl Keeper {
                     format!("an envelope from {} does not verify", e.sender),
                 )
             })?;
-            let mut rec = Vec::with_capacity(8 + e.ciphertext.len() + 160);
-            rec.extend_from_slice(&now_ms.to_be_bytes());
-            rec.extend_from_slice(&envelope_bytes(e));
-            bytes += rec.len() as u64;
-            encoded.push(rec);
+            let entry = Entry {
+                received_ms: now_ms,
+                envelope: envelope_bytes(e),
+            };
+            bytes += entry.size();
+            entries.push(entry);
         }
-        let (used_bytes, used_envelopes, next_seq) =
-            self.agents.get(&hash).map_or((0, 0, 1), |a| {
-                (a.used_bytes, a.used_envelopes, a.record.next_seq)
-            });
+        let (used, next_seq, mut last_push_ms) = match stored {
+            Some(a) => (a.usage, a.next_seq, a.record.last_push_ms),
+            None => (Usage::default(), 1, BTreeMap::new()),
+        };
         // A compacted snapshot drops what it covers in the same write.
-        let mut batch = sled::Batch::default();
-        let (mut freed_bytes, mut freed) = (0u64, 0u64);
+        let mut freed = Usage::default();
         if replaces_through > 0 {
             if replaces_through >= next_seq {
                 return Err(refuse(
@@ -645,17 +537,17 @@ impl Keeper {
                     ),
                 ));
             }
-            let end = entry_key(&hash, replaces_through);
-            for item in self.entries.range(entry_key(&hash, 0)..=end) {
-                let (k, v) = item.map_err(|e| refuse(RefusalCode::Internal, e.to_string()))?;
-                freed_bytes += v.len() as u64;
-                freed += 1;
-                batch.remove(k);
-            }
+            freed = self
+                .store
+                .usage_through(&hash, replaces_through)
+                .map_err(|e| {
+                    warn!(error = %e, "keeper store read failed");
+                    refuse(RefusalCode::Internal, e.to_string())
+                })?;
         }
         let (new_bytes, new_count) = (
-            (used_bytes + bytes).saturating_sub(freed_bytes),
-            (used_envelopes + encoded.len() as u64).saturating_sub(freed),
+            (used.bytes + bytes).saturating_sub(freed.bytes),
+            (used.envelopes + entries.len() as u64).saturating_sub(freed.envelopes),
         );
         if new_bytes > self.config.max_bytes_per_agent
             || new_count > self.config.max_envelopes_per_agent
@@ -663,88 +555,76 @@ impl Keeper {
             return Err(refuse(
                 RefusalCode::QuotaExceeded,
                 format!(
-                    "the agent's quota is {} bytes and {} envelopes; {used_bytes} and {used_envelopes} are used, this push adds {bytes} and {}",
+                    "the agent's quota is {} bytes and {} envelopes; {} and {} are used, this push adds {bytes} and {}",
                     self.config.max_bytes_per_agent,
                     self.config.max_envelopes_per_agent,
-                    encoded.len()
+                    used.bytes,
+                    used.envelopes,
+                    entries.len()
                 ),
             ));
-        }
-        let first_seq = next_seq;
-        for (i, rec) in encoded.iter().enumerate() {
-            batch.insert(&entry_key(&hash, first_seq + i as u64)[..], rec.as_slice());
         }
         // What a restart must not forget: each device's newest push still
         // inside the window (older ones are refused as stale anyway).
         let window = self.config.clock_window.as_millis() as u64;
-        let mut last_push_ms = self
-            .agents
-            .get(&hash)
-            .map(|a| a.record.last_push_ms.clone())
-            .unwrap_or_default();
         last_push_ms.retain(|_, ts| ts.saturating_add(window) >= now_ms);
         let newest = last_push_ms.entry(signer.to_owned()).or_insert(signed_ms);
         *newest = (*newest).max(signed_ms);
         let record = AgentRecord {
             did: did.to_owned(),
             doc: Some(log),
-            next_seq: first_seq + encoded.len() as u64,
             last_push_ms,
         };
-        self.write_agent(hash, &record, &batch)?;
-        let agent = self.agents.entry(hash).or_insert_with(|| Agent {
-            record: record.clone(),
-            used_bytes: 0,
-            used_envelopes: 0,
-        });
-        agent.record = record;
-        agent.used_bytes = new_bytes;
-        agent.used_envelopes = new_count;
-        self.stats.agents = self.agents.len();
+        let pushed = self
+            .store
+            .push(&hash, &record, &entries, replaces_through)
+            .map_err(|e| {
+                warn!(error = %e, "keeper store write failed");
+                match e {
+                    KeeperStoreError::NotDurable { .. } => refuse(
+                        RefusalCode::Internal,
+                        "the keeper could not make the push durable",
+                    ),
+                    _ => refuse(RefusalCode::Internal, "the keeper could not store the push"),
+                }
+            })?;
+        self.stats.agents = self.store.agent_count();
         self.stats.pushes += 1;
-        self.stats.envelopes_stored += encoded.len() as u64;
-        self.stats.envelopes_compacted += freed;
+        self.stats.envelopes_stored += entries.len() as u64;
+        self.stats.envelopes_compacted += freed.envelopes;
         let near = |used: u64, max: u64| used.saturating_mul(10) > max.saturating_mul(8);
+        let usage = pushed.usage;
         Ok(KeeperResponse::Pushed {
             request_id,
-            first_seq,
-            last_seq: (first_seq + encoded.len() as u64).saturating_sub(1),
-            used_bytes: new_bytes,
-            used_envelopes: new_count,
-            quota_near: near(new_bytes, self.config.max_bytes_per_agent)
-                || near(new_count, self.config.max_envelopes_per_agent),
+            first_seq: pushed.first_seq,
+            last_seq: (pushed.first_seq + entries.len() as u64).saturating_sub(1),
+            used_bytes: usage.bytes,
+            used_envelopes: usage.envelopes,
+            quota_near: near(usage.bytes, self.config.max_bytes_per_agent)
+                || near(usage.envelopes, self.config.max_envelopes_per_agent),
         })
     }
 
     fn pull(
         &mut self,
-        hash: [u8; 32],
+        hash: AgentHash,
         since: u64,
         max_bytes: u32,
         request_id: u64,
     ) -> Result<KeeperResponse, Refusal> {
-        let limit = max_bytes.clamp(1, self.config.max_pull_bytes) as usize;
-        let start = entry_key(&hash, since.saturating_add(1));
-        let end = entry_key(&hash, u64::MAX);
-        let mut entries = Vec::new();
-        let mut size = 0usize;
+        let limit = max_bytes.clamp(1, self.config.max_pull_bytes);
+        let page = self
+            .store
+            .pull(&hash, since, u64::from(limit), MAX_BATCH_ENTRIES)
+            .map_err(|e| {
+                warn!(error = %e, "keeper store read failed");
+                refuse(RefusalCode::Internal, e.to_string())
+            })?;
+        let mut entries = Vec::with_capacity(page.entries.len());
         let mut next = since;
-        let mut more = false;
-        for item in self.entries.range(start..=end) {
-            let (k, v) = item.map_err(|e| refuse(RefusalCode::Internal, e.to_string()))?;
-            let full = !entries.is_empty()
-                && (size + v.len() > limit || entries.len() >= MAX_BATCH_ENTRIES);
-            if full {
-                more = true;
-                break;
-            }
-            let seq = u64::from_be_bytes(k[32..40].try_into().unwrap_or([0; 8]));
-            let env = v
-                .get(8..)
-                .ok_or(())
-                .and_then(|b| envelope_from_bytes(b).map_err(|_| ()))
+        for (seq, entry) in page.entries {
+            let env = envelope_from_bytes(&entry.envelope)
                 .map_err(|_| refuse(RefusalCode::Internal, format!("entry {seq} is unreadable")))?;
-            size += v.len();
             next = seq;
             entries.push((seq, env));
         }
@@ -754,7 +634,7 @@ impl Keeper {
             request_id,
             entries,
             next,
-            more,
+            more: page.more,
         })
     }
 
@@ -762,38 +642,9 @@ impl Keeper {
     /// nonces that fell out of the clock window; returns how many envelopes.
     pub fn prune(&mut self, now_ms: u64) -> Result<u64, KeeperError> {
         let cutoff = now_ms.saturating_sub(self.config.retention.as_millis() as u64);
-        let mut dropped = 0u64;
-        for (hash, agent) in self.agents.iter_mut() {
-            let mut batch = sled::Batch::default();
-            let (mut bytes, mut count) = (0u64, 0u64);
-            for item in self.entries.scan_prefix(hash) {
-                let (k, v) = item?;
-                let at = v
-                    .get(..8)
-                    .and_then(|b| b.try_into().ok())
-                    .map(u64::from_be_bytes)
-                    .unwrap_or(0);
-                if at < cutoff {
-                    batch.remove(k);
-                    bytes += v.len() as u64;
-                    count += 1;
-                } else {
-                    // Entries are in the order received.
-                    break;
-                }
-            }
-            if count > 0 {
-                self.entries.apply_batch(batch)?;
-                agent.used_bytes -= bytes.min(agent.used_bytes);
-                agent.used_envelopes -= count.min(agent.used_envelopes);
-                dropped += count;
-            }
-        }
         self.nonces.prune(i64::try_from(now_ms).unwrap_or(i64::MAX));
-        if dropped > 0 {
-            self.db.flush()?;
-            self.stats.envelopes_pruned += dropped;
-        }
+        let dropped = self.store.prune(cutoff)?;
+        self.stats.envelopes_pruned += dropped;
         Ok(dropped)
     }
 }

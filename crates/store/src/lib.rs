@@ -2,10 +2,14 @@
 //! snapshots, and a small key/value area for node metadata, behind the object-safe
 //! [`Storage`] trait.
 //!
-//! [`SledStore`] is the real backend and the only place in the workspace that imports sled;
-//! [`MemStore`] keeps the same contract in memory for simulations and tests. Blobs are opaque
-//! here: this crate knows nothing of Automerge, protobuf, libp2p or the network, and decides
-//! neither when to compact nor what a snapshot contains.
+//! [`SledStore`] is the real backend; [`MemStore`] keeps the same contract in memory for
+//! simulations and tests. Blobs are opaque here: this crate knows nothing of Automerge,
+//! protobuf, libp2p or the network, and decides neither when to compact nor what a snapshot
+//! contains.
+//!
+//! This crate is the only one in the workspace that imports sled, so it also holds
+//! [`SledKeeperStore`], the keeper's storage behind `nuwa_keeper::KeeperStore` (the keeper
+//! decides; this stores).
 //!
 //! # The contract
 //!
@@ -17,11 +21,13 @@
 //! - Every write is durable when it returns `Ok`; a crash at any instant loses nothing that
 //!   was acknowledged, because appends and compactions are single atomic commits.
 
+mod keeper_store;
 mod mem_store;
 mod sled_store;
 
 use std::path::PathBuf;
 
+pub use keeper_store::SledKeeperStore;
 pub use mem_store::MemStore;
 use nuwa_crypto::CryptoError;
 pub use sled_store::SledStore;

@@ -107,14 +107,15 @@ const CACHE_BYTES: u64 = 16 * 1024 * 1024;
 /// sled `Db` releases the lock only once sled's background flusher thread
 /// lets go of it, so an immediate reopen in the same process can find it
 /// still taken; another process holding it is refused once the wait ends.
-fn open_db(dir: &Path) -> Result<sled::Db, sled::Error> {
+/// `cache_bytes` caps sled's page cache (`None`: sled's default).
+pub(crate) fn open_db(dir: &Path, cache_bytes: Option<u64>) -> Result<sled::Db, sled::Error> {
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
-        match sled::Config::new()
-            .path(dir)
-            .cache_capacity(CACHE_BYTES)
-            .open()
-        {
+        let mut config = sled::Config::new().path(dir);
+        if let Some(bytes) = cache_bytes {
+            config = config.cache_capacity(bytes);
+        }
+        match config.open() {
             Err(sled::Error::Io(e))
                 if e.to_string().contains("could not acquire lock")
                     && Instant::now() < deadline =>
@@ -191,7 +192,7 @@ impl SledStore {
             hint: crate::open_hint(dir, &source),
             source,
         };
-        let db = open_db(dir).map_err(open_err)?;
+        let db = open_db(dir, Some(CACHE_BYTES)).map_err(open_err)?;
         let meta = db.open_tree(META_TREE).map_err(open_err)?;
         let names = db.open_tree(NAMES_TREE).map_err(open_err)?;
         let snapshots = db.open_tree(SNAPSHOTS_TREE).map_err(open_err)?;
