@@ -197,9 +197,9 @@ pub fn sign_request(
     request_id: u64,
     body: KeeperBody,
     now_ms: u64,
-) -> Result<KeeperRequest, getrandom::Error> {
+) -> Result<KeeperRequest, nuwa_entropy::Error> {
     let mut nonce = [0u8; 16];
-    getrandom::fill(&mut nonce)?;
+    nuwa_entropy::fill(&mut nonce)?;
     let mut req = KeeperRequest {
         request_id,
         agent_did: agent_did.to_owned(),
