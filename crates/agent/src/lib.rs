@@ -12,6 +12,7 @@
 //!   while the agent runs, revocation, provisioning and admin changes, the
 //!   rebase of a lost fork and the revoked-write gate;
 //! - [`pairing`]: what both ends of pairing share, and the approving side;
+//!   [`join`]: the new device's side (`pair`, and a fresh home's `recover`);
 //! - discovery: which peers to dial (known peers, mDNS announcements, DHT
 //!   and rendezvous hints, all checked against the DID document first),
 //!   relay reservations, registrations and the DHT pointer;
@@ -43,6 +44,7 @@ mod discovery;
 pub mod effect;
 mod glue;
 pub mod input;
+pub mod join;
 mod keeper;
 pub mod lifecycle;
 pub mod pairing;

@@ -1,0 +1,361 @@
+//! `nuwa-node pair` and a fresh home's `recover`: the new device's side of
+//! pairing, as a state machine the shell drives with the pairing steps it
+//! receives and the clock.
+//!
+//! It runs the SPAKE2 exchange on the code, opens the grant (the DID chain
+//! and key ring, sealed under the PAKE session key), and says what home to
+//! write; the shell writes it and only then confirms. A wrong code fails
+//! closed: the attempt is refused and counted, and three failures burn the
+//! code. With recovery words, it takes a recovery handover (or a plain
+//! grant) and lists this device itself, signing with the words.
+
+use nuwa_crypto::epoch::KeyRing;
+use nuwa_crypto::pairing::{
+    ApproverConfirm, AttemptLimiter, Grant, Joiner, JoinerOutcome, JoinerPublicKeys, PairingCode,
+};
+use nuwa_identity::chain::DidChain;
+use nuwa_identity::keys::{DeviceKey, context_id_for};
+use nuwa_proto::{Frame, PairingStep};
+
+use crate::pairing::GrantPlaintext;
+use crate::peer::PeerId;
+
+/// An exchange that stalls this long is abandoned (the code stays usable).
+pub const SESSION_TIMEOUT_MS: u64 = 30_000;
+/// Longest abort reason shown.
+const MAX_REASON_BYTES: usize = 256;
+
+/// What `recover` on a fresh home brings to pairing.
+pub struct RecoveryJoin {
+    /// The key of the recovery words.
+    pub key: DeviceKey,
+    /// Lost devices to remove (context ids).
+    pub lost: Vec<String>,
+    /// The public key of the new recovery words (already shown and confirmed).
+    pub next_public: [u8; 32],
+}
+
+/// The home the shell writes once pairing succeeded.
+pub struct PairedHome {
+    pub name: String,
+    pub keys: KeyRing,
+    pub grant: Option<Vec<u8>>,
+    pub log: DidChain,
+    /// What recovery did, for the person (none for a plain pairing).
+    pub recovered: Option<String>,
+}
+
+/// What the shell does next.
+pub enum JoinStep {
+    /// Send this frame to the approving device.
+    Send { peer: PeerId, frame: Frame },
+    /// Tell the person waiting.
+    Say(String),
+    /// Write this home, then send `confirm` (the approver waits for it).
+    Paired {
+        peer: PeerId,
+        home: Box<PairedHome>,
+        confirm: Frame,
+    },
+    /// Pairing failed for good (the code is spent, expired, or recovery
+    /// was refused); nothing was written.
+    Failed(String),
+}
+
+struct Exchange {
+    peer: PeerId,
+    joiner: Joiner,
+    started_ms: u64,
+}
+
+/// The new device's pairing.
+pub struct JoinFlow {
+    code: PairingCode,
+    keys: JoinerPublicKeys,
+    name: String,
+    local: PeerId,
+    device: DeviceKey,
+    recovery: Option<RecoveryJoin>,
+    limiter: AttemptLimiter,
+    exchange: Option<Exchange>,
+    /// The last device that sent a step (the one to let hang up).
+    last_peer: Option<PeerId>,
+}
+
+fn abort(peer: PeerId, reason: String) -> JoinStep {
+    JoinStep::Send {
+        peer,
+        frame: Frame::Pairing {
+            step: PairingStep::Abort,
+            body: reason.into_bytes(),
+        },
+    }
+}
+
+fn send(peer: PeerId, step: PairingStep, body: Vec<u8>) -> JoinStep {
+    JoinStep::Send {
+        peer,
+        frame: Frame::Pairing { step, body },
+    }
+}
+
+impl JoinFlow {
+    /// A flow for `device` (whose key-agreement key is derived from it),
+    /// showing `code`, named `name`, on the network as `local`.
+    pub fn new(
+        code: PairingCode,
+        device: DeviceKey,
+        name: String,
+        local: PeerId,
+        recovery: Option<RecoveryJoin>,
+    ) -> Result<JoinFlow, nuwa_identity::document::DidError> {
+        let keys = JoinerPublicKeys {
+            ed25519_public: device.public(),
+            x25519_public: nuwa_identity::did_key::x25519_public_from_ed25519(&device.public())?,
+        };
+        Ok(JoinFlow {
+            code,
+            keys,
+            name,
+            local,
+            device,
+            recovery,
+            limiter: AttemptLimiter::default(),
+            exchange: None,
+            last_peer: None,
+        })
+    }
+
+    /// The code this device shows.
+    pub fn code(&self) -> &PairingCode {
+        &self.code
+    }
+
+    /// The last device that sent a pairing step.
+    pub fn last_peer(&self) -> Option<PeerId> {
+        self.last_peer
+    }
+
+    /// The code expired, or an exchange stalled.
+    pub fn tick(&mut self, now_ms: u64) -> Vec<JoinStep> {
+        if self.code.is_expired(now_ms / 1000) {
+            return vec![JoinStep::Failed(
+                "the pairing code expired before a device approved it; run `nuwa-node pair` again"
+                    .to_owned(),
+            )];
+        }
+        if self
+            .exchange
+            .as_ref()
+            .is_some_and(|s| now_ms.saturating_sub(s.started_ms) > SESSION_TIMEOUT_MS)
+        {
+            self.exchange = None;
+            return vec![JoinStep::Say(
+                "a pairing exchange stalled; waiting for a new approval".to_owned(),
+            )];
+        }
+        Vec::new()
+    }
+
+    /// A pairing step from `peer`.
+    pub fn on_step(
+        &mut self,
+        peer: PeerId,
+        step: PairingStep,
+        body: &[u8],
+        now_ms: u64,
+    ) -> Vec<JoinStep> {
+        self.last_peer = Some(peer);
+        let in_exchange = self.exchange.as_ref().is_some_and(|s| s.peer == peer);
+        match step {
+            PairingStep::Offer => self.on_offer(peer, in_exchange, now_ms),
+            PairingStep::ApproverConfirm if in_exchange => self.on_confirm(peer, body, now_ms),
+            PairingStep::Grant if in_exchange => self.on_grant(peer, body, now_ms),
+            PairingStep::Abort if in_exchange => {
+                self.exchange = None;
+                let reason =
+                    String::from_utf8_lossy(&body[..body.len().min(MAX_REASON_BYTES)]).into_owned();
+                vec![JoinStep::Say(format!(
+                    "the approving device stopped: {reason}; still waiting"
+                ))]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn on_offer(&mut self, peer: PeerId, in_exchange: bool, now_ms: u64) -> Vec<JoinStep> {
+        if self.exchange.is_some() && !in_exchange {
+            let busy = "the new device is busy pairing with another device";
+            return vec![abort(peer, busy.to_owned())];
+        }
+        let now_secs = now_ms / 1000;
+        if let Err(e) = self.limiter.begin_attempt(&self.code, now_secs) {
+            return vec![abort(peer, e.to_string()), JoinStep::Failed(e.to_string())];
+        }
+        let started = Joiner::new(
+            self.code.clone(),
+            &self.local.to_string(),
+            self.keys,
+            &self.name,
+        )
+        .and_then(|mut j| j.start(&peer.to_string(), now_secs).map(|req| (j, req)));
+        let (joiner, req) = match started {
+            Ok(x) => x,
+            Err(e) => return vec![JoinStep::Failed(format!("cannot start pairing: {e}"))],
+        };
+        self.exchange = Some(Exchange {
+            peer,
+            joiner,
+            started_ms: now_ms,
+        });
+        vec![
+            JoinStep::Say(format!("device {peer} is approving; checking the code...")),
+            send(peer, PairingStep::JoinRequest, req.encode()),
+        ]
+    }
+
+    fn on_confirm(&mut self, peer: PeerId, body: &[u8], now_ms: u64) -> Vec<JoinStep> {
+        let Some(s) = self.exchange.as_mut() else {
+            return Vec::new();
+        };
+        let result = ApproverConfirm::decode(body)
+            .and_then(|m| s.joiner.on_approver_confirm(&m, now_ms / 1000));
+        let e = match result {
+            Ok(confirm) => return vec![send(peer, PairingStep::JoinerConfirm, confirm.encode())],
+            Err(e) => e,
+        };
+        self.exchange = None;
+        let mut out = vec![abort(peer, e.to_string())];
+        if e.counts_as_failed_attempt() {
+            self.limiter.record_failure(&self.code);
+        }
+        let left = self.limiter.remaining_attempts(&self.code);
+        out.push(if left == 0 {
+            JoinStep::Failed(format!(
+                "pairing failed: {e}. The code is now burned after too many failed \
+                 attempts; run `nuwa-node pair` again for a new code"
+            ))
+        } else {
+            JoinStep::Say(format!(
+                "pairing attempt from {peer} failed: {e} ({left} attempts left)"
+            ))
+        });
+        out
+    }
+
+    fn on_grant(&mut self, peer: PeerId, body: &[u8], now_ms: u64) -> Vec<JoinStep> {
+        let Some(s) = self.exchange.as_mut() else {
+            return Vec::new();
+        };
+        let plaintext = match Grant::decode(body).and_then(|g| s.joiner.on_grant(&g)) {
+            Ok(JoinerOutcome::Granted(pt)) => pt,
+            Ok(_) => {
+                self.exchange = None;
+                let reason = "unexpected pairing outcome".to_owned();
+                return vec![abort(peer, reason.clone()), JoinStep::Failed(reason)];
+            }
+            Err(e) => {
+                self.exchange = None;
+                return vec![
+                    abort(peer, e.to_string()),
+                    JoinStep::Say(format!("pairing attempt from {peer} failed: {e}")),
+                ];
+            }
+        };
+        let now_secs = (now_ms / 1000) as i64;
+        let opened = match &self.recovery {
+            Some(r) => recovered_home(&plaintext, r, &self.device, now_secs),
+            None => granted_home(&plaintext, &self.device, now_secs),
+        };
+        match opened {
+            Ok(home) => {
+                self.limiter.record_success(&self.code);
+                vec![JoinStep::Paired {
+                    peer,
+                    home: Box::new(home),
+                    confirm: Frame::Pairing {
+                        step: PairingStep::Done,
+                        body: Vec::new(),
+                    },
+                }]
+            }
+            Err(reason) => {
+                self.exchange = None;
+                vec![abort(peer, reason.clone()), JoinStep::Failed(reason)]
+            }
+        }
+    }
+}
+
+/// A plain grant: the home of the device the approver listed.
+fn granted_home(plaintext: &[u8], device: &DeviceKey, now_secs: i64) -> Result<PairedHome, String> {
+    let (g, ring) = GrantPlaintext::open(plaintext, &device.public(), now_secs).map_err(|e| {
+        format!(
+            "the approving device sent an unusable grant: {}",
+            crate::explain(&e)
+        )
+    })?;
+    let grant = hex::decode(&g.epoch_grant_hex).unwrap_or_default();
+    Ok(PairedHome {
+        name: g.name.clone(),
+        keys: ring,
+        grant: (!grant.is_empty()).then_some(grant),
+        log: g.did_log.clone(),
+        recovered: None,
+    })
+}
+
+/// A recovery handover (`approve --recovery`), or a plain grant from an
+/// admin that listed this device already: the words then make it the
+/// admin, remove the lost devices and open a new key epoch.
+fn recovered_home(
+    plaintext: &[u8],
+    r: &RecoveryJoin,
+    device: &DeviceKey,
+    now_secs: i64,
+) -> Result<PairedHome, String> {
+    let failed =
+        |e: &(dyn std::error::Error + 'static)| format!("recovery failed: {}", crate::explain(e));
+    let handover =
+        serde_json::from_slice::<GrantPlaintext>(plaintext).is_ok_and(|g| g.is_handover());
+    let (g, ring) = if handover {
+        GrantPlaintext::open_handover(plaintext, &r.key, now_secs)
+    } else {
+        GrantPlaintext::open(plaintext, &device.public(), now_secs)
+    }
+    .map_err(|e| failed(&e))?;
+    let rec = crate::lifecycle::recover(
+        &g.did_log,
+        &ring,
+        &r.key,
+        device,
+        &r.lost,
+        &r.next_public,
+        now_secs,
+    )
+    .map_err(|e| failed(&e))?;
+    let removed = if rec.removed.is_empty() {
+        "nothing".to_owned()
+    } else {
+        rec.removed
+            .iter()
+            .map(|r| crate::lifecycle::describe_removed(r))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let said = format!(
+        "recovered: this device ({}) is an admin of {}; removed {removed}; new key epoch {} \
+         sealed to {}",
+        context_id_for(&device.public()),
+        rec.log.did(),
+        rec.epoch,
+        rec.remaining.join(", ")
+    );
+    Ok(PairedHome {
+        name: g.name.clone(),
+        keys: rec.keys,
+        grant: Some(rec.grant),
+        log: rec.log,
+        recovered: Some(said),
+    })
+}
