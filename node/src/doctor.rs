@@ -340,128 +340,180 @@ fn daemon_status(home: &Path) -> Result<Status, String> {
 
 // ---------------------------------------------------------------- home
 
+/// The name of the home check.
+const HOME_CHECK: &str = "home";
+
 fn check_home(home: &Path) -> Check {
     let h = home.display().to_string();
-    const NAME: &str = "home";
+    let meta = match home_dir_metadata(home, &h) {
+        Ok(m) => m,
+        Err(failed) => return failed,
+    };
+    let access = HomeAccess::audit(home, &h, &meta);
+    if access.problems.is_empty() {
+        return Check::pass(
+            HOME_CHECK,
+            format!("{h} is initialised; directory 700, key files 600, all owned by you"),
+        );
+    }
+    access.into_check(&h)
+}
+
+/// The metadata of the home directory, or the failed check when there is
+/// no initialised home at `home` to look into (`h` is its display form).
+fn home_dir_metadata(home: &Path, h: &str) -> Result<fs::Metadata, Check> {
     let meta = match fs::metadata(home) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Check::fail(
-                NAME,
+            return Err(Check::fail(
+                HOME_CHECK,
                 format!("{h} does not exist"),
                 format!(
                     "create a new agent with `nuwa-node --home {h} init`, or join an existing \
                      one with `nuwa-node --home {h} pair`; or point --home (or NUWA_HOME) at \
                      the right directory"
                 ),
-            );
+            ));
         }
         Err(e) => {
-            return Check::fail(
-                NAME,
+            return Err(Check::fail(
+                HOME_CHECK,
                 format!("cannot read {h}: {e}"),
                 "run doctor as the user who owns the home",
-            );
+            ));
         }
     };
     if !meta.is_dir() {
-        return Check::fail(
-            NAME,
+        return Err(Check::fail(
+            HOME_CHECK,
             format!("{h} is not a directory"),
             "point --home (or NUWA_HOME) at the home directory",
-        );
+        ));
     }
     if !home.join(home::DEVICE_KEY).exists() {
-        return Check::fail(
-            NAME,
+        return Err(Check::fail(
+            HOME_CHECK,
             format!("{h} is not a nuwa-node home (no {})", home::DEVICE_KEY),
             format!(
                 "create a new agent with `nuwa-node --home {h} init`, or join an existing one \
                  with `nuwa-node --home {h} pair`"
             ),
-        );
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    let mut problems = Vec::new();
-    let mut chmod = Vec::new();
-    let mut foreign = false;
-    let dir_mode = meta.permissions().mode() & 0o777;
-    if dir_mode & 0o077 != 0 || dir_mode & 0o700 != 0o700 {
-        problems.push(format!("directory mode {dir_mode:03o} (want 700)"));
-        chmod.push(format!("chmod 700 {h}"));
-    }
-    if meta.uid() != me {
-        problems.push(format!(
-            "directory owned by uid {} (you are {me})",
-            meta.uid()
         ));
-        foreign = true;
     }
-    let mut loose_files = Vec::new();
-    for name in [
-        home::DEVICE_KEY,
-        home::MASTER_KEY,
-        home::SYNC_KEY,
-        home::EPOCH_GRANT,
-        home::AT_REST_KEY,
-        home::DID_LOG,
-        home::DEVICE_INFO,
-        home::API_FILE,
-        MASTER_KEY_BACKUP,
-    ] {
-        let path = home.join(name);
-        let Ok(m) = fs::symlink_metadata(&path) else {
-            continue;
+    Ok(meta)
+}
+
+/// What is wrong with the modes and owners in a home: the home holds this
+/// device's keys, so only its owner may read it.
+struct HomeAccess {
+    problems: Vec<String>,
+    /// The commands that make the home private again.
+    chmod: Vec<String>,
+    /// Whether something in the home belongs to another user.
+    foreign: bool,
+}
+
+impl HomeAccess {
+    /// Looks at the home directory (`meta`), its key files and its store.
+    fn audit(home: &Path, h: &str, meta: &fs::Metadata) -> HomeAccess {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let mut access = HomeAccess {
+            problems: Vec::new(),
+            chmod: Vec::new(),
+            foreign: false,
         };
-        let mode = m.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            problems.push(format!("{name} mode {mode:03o} (want 600)"));
-            loose_files.push(path.display().to_string());
+        let dir_mode = meta.permissions().mode() & 0o777;
+        if dir_mode & 0o077 != 0 || dir_mode & 0o700 != 0o700 {
+            access
+                .problems
+                .push(format!("directory mode {dir_mode:03o} (want 700)"));
+            access.chmod.push(format!("chmod 700 {h}"));
         }
-        if m.uid() != me {
-            problems.push(format!("{name} owned by uid {} (you are {me})", m.uid()));
-            foreign = true;
+        if meta.uid() != me {
+            access.problems.push(format!(
+                "directory owned by uid {} (you are {me})",
+                meta.uid()
+            ));
+            access.foreign = true;
         }
+        let loose_files = access.audit_files(home, me);
+        let store = home.join(home::STORE_DIR);
+        if let Ok(m) = fs::metadata(&store)
+            && m.permissions().mode() & 0o077 != 0
+        {
+            access.problems.push(format!(
+                "{} mode {:03o} (want 700)",
+                home::STORE_DIR,
+                m.permissions().mode() & 0o777
+            ));
+            access
+                .chmod
+                .push(format!("chmod -R go-rwx {}", store.display()));
+        }
+        if !loose_files.is_empty() {
+            access
+                .chmod
+                .push(format!("chmod 600 {}", loose_files.join(" ")));
+        }
+        access
     }
-    let store = home.join(home::STORE_DIR);
-    if let Ok(m) = fs::metadata(&store)
-        && m.permissions().mode() & 0o077 != 0
-    {
-        problems.push(format!(
-            "{} mode {:03o} (want 700)",
-            home::STORE_DIR,
-            m.permissions().mode() & 0o777
-        ));
-        chmod.push(format!("chmod -R go-rwx {}", store.display()));
+
+    /// Checks the key files and records of the home that exist, and
+    /// returns the paths of those others may read.
+    fn audit_files(&mut self, home: &Path, me: u32) -> Vec<String> {
+        let mut loose_files = Vec::new();
+        for name in [
+            home::DEVICE_KEY,
+            home::MASTER_KEY,
+            home::SYNC_KEY,
+            home::EPOCH_GRANT,
+            home::AT_REST_KEY,
+            home::DID_LOG,
+            home::DEVICE_INFO,
+            home::API_FILE,
+            MASTER_KEY_BACKUP,
+        ] {
+            let path = home.join(name);
+            let Ok(m) = fs::symlink_metadata(&path) else {
+                continue;
+            };
+            let mode = m.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                self.problems
+                    .push(format!("{name} mode {mode:03o} (want 600)"));
+                loose_files.push(path.display().to_string());
+            }
+            if m.uid() != me {
+                self.problems
+                    .push(format!("{name} owned by uid {} (you are {me})", m.uid()));
+                self.foreign = true;
+            }
+        }
+        loose_files
     }
-    if !loose_files.is_empty() {
-        chmod.push(format!("chmod 600 {}", loose_files.join(" ")));
+
+    /// The failed check, with a fix for the modes and one for the owners.
+    fn into_check(self, h: &str) -> Check {
+        let mut fix = Vec::new();
+        if !self.chmod.is_empty() {
+            fix.push(format!(
+                "the home holds this device's keys; make it private: {}",
+                self.chmod.join(" && ")
+            ));
+        }
+        if self.foreign {
+            fix.push(format!(
+                "run nuwa-node as the user who owns the home, or give it to yourself: \
+                 sudo chown -R $(id -un) {h}"
+            ));
+        }
+        Check::fail(
+            HOME_CHECK,
+            format!("permissions are wrong: {}", self.problems.join("; ")),
+            fix.join("\n"),
+        )
     }
-    if problems.is_empty() {
-        return Check::pass(
-            NAME,
-            format!("{h} is initialised; directory 700, key files 600, all owned by you"),
-        );
-    }
-    let mut fix = Vec::new();
-    if !chmod.is_empty() {
-        fix.push(format!(
-            "the home holds this device's keys; make it private: {}",
-            chmod.join(" && ")
-        ));
-    }
-    if foreign {
-        fix.push(format!(
-            "run nuwa-node as the user who owns the home, or give it to yourself: \
-             sudo chown -R $(id -un) {h}"
-        ));
-    }
-    Check::fail(
-        NAME,
-        format!("permissions are wrong: {}", problems.join("; ")),
-        fix.join("\n"),
-    )
 }
 
 // ---------------------------------------------------------------- clock

@@ -629,22 +629,7 @@ fn install(
             spec.home.display()
         );
     }
-    let same = match std::fs::read_to_string(&path) {
-        Ok(existing) if existing == text => true,
-        Ok(_) if !force => bail!(
-            "{} already exists and differs from the service this would install (another home or \
-             executable?); see it with `cat {}`, compare with `nuwa-node service install{} \
-             --dry-run`, and replace it with --force",
-            path.display(),
-            path.display(),
-            if user { " --user" } else { "" }
-        ),
-        Ok(_) => false,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-        Err(e) => {
-            return Err(e).with_context(|| format!("cannot read {}", path.display()));
-        }
-    };
+    let same = already_installed(&path, &text, user, force)?;
     if same {
         println!("{} is already installed and up to date", path.display());
     } else {
@@ -672,65 +657,92 @@ fn install(
         return Ok(());
     }
     match manager {
-        Manager::Systemd => {
-            if !systemd_running() {
-                println!(
-                    "systemd is not running on this machine (no /run/systemd/system; a container \
-                     or sandbox?), so the service was not started. Where systemd runs, start it \
-                     with: {}",
-                    systemctl_hint(user)
-                );
-                return Ok(());
-            }
-            let started = systemctl(user, &["daemon-reload"])
-                .and_then(|_| systemctl(user, &["enable", "--now", UNIT_NAME]))
-                .and_then(|_| {
-                    if same {
-                        // `enable --now` leaves a running service alone; a
-                        // reinstall means "run what the file says".
-                        systemctl(user, &["restart", UNIT_NAME])
-                    } else {
-                        Ok(String::new())
-                    }
-                });
-            if let Err(e) = started {
-                let hint = if user {
-                    " (a user service needs your user's systemd instance: log in on a session, \
-                     or run `loginctl enable-linger $USER` as root)"
-                } else {
-                    ""
-                };
-                return Err(e.context(format!(
-                    "the unit is written at {} but could not be started{hint}; see `journalctl{} \
-                     -u {UNIT_NAME}`",
-                    path.display(),
-                    if user { " --user" } else { "" }
-                )));
-            }
-            let active =
-                systemctl(user, &["is-active", UNIT_NAME]).unwrap_or_else(|e| e.to_string());
-            println!("enabled and started: {active}");
-            if user {
-                println!(
-                    "it starts when you log in; to start it at boot without a login, run \
-                     `loginctl enable-linger $USER`"
-                );
-            }
-        }
-        Manager::Launchd => {
-            let domain = launchd_domain(user);
-            // Reload: bootstrap refuses a label that is already loaded.
-            let _ = launchctl(&["bootout", &format!("{domain}/{LAUNCHD_LABEL}")]);
-            let plist = path.to_string_lossy();
-            launchctl_ok(&["bootstrap", &domain, &plist]).with_context(|| {
-                format!(
-                    "the plist is written at {} but could not be loaded",
-                    path.display()
-                )
-            })?;
-            println!("loaded into launchd ({domain}) and started");
-        }
+        Manager::Systemd => start_systemd(user, same, &path),
+        Manager::Launchd => start_launchd(user, &path),
     }
+}
+
+/// Whether the service file at `path` is already `text`. A file that
+/// differs is refused unless `force`, since it may serve another home or
+/// executable.
+fn already_installed(path: &Path, text: &str, user: bool, force: bool) -> Result<bool> {
+    match std::fs::read_to_string(path) {
+        Ok(existing) if existing == text => Ok(true),
+        Ok(_) if !force => bail!(
+            "{} already exists and differs from the service this would install (another home or \
+             executable?); see it with `cat {}`, compare with `nuwa-node service install{} \
+             --dry-run`, and replace it with --force",
+            path.display(),
+            path.display(),
+            if user { " --user" } else { "" }
+        ),
+        Ok(_) => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// Enables and starts the unit written at `path`, or says how to where
+/// systemd is not running. `unchanged` is a reinstall of the same file.
+fn start_systemd(user: bool, unchanged: bool, path: &Path) -> Result<()> {
+    if !systemd_running() {
+        println!(
+            "systemd is not running on this machine (no /run/systemd/system; a container \
+             or sandbox?), so the service was not started. Where systemd runs, start it \
+             with: {}",
+            systemctl_hint(user)
+        );
+        return Ok(());
+    }
+    let started = systemctl(user, &["daemon-reload"])
+        .and_then(|_| systemctl(user, &["enable", "--now", UNIT_NAME]))
+        .and_then(|_| {
+            if unchanged {
+                // `enable --now` leaves a running service alone; a
+                // reinstall means "run what the file says".
+                systemctl(user, &["restart", UNIT_NAME])
+            } else {
+                Ok(String::new())
+            }
+        });
+    if let Err(e) = started {
+        let hint = if user {
+            " (a user service needs your user's systemd instance: log in on a session, \
+             or run `loginctl enable-linger $USER` as root)"
+        } else {
+            ""
+        };
+        return Err(e.context(format!(
+            "the unit is written at {} but could not be started{hint}; see `journalctl{} \
+             -u {UNIT_NAME}`",
+            path.display(),
+            if user { " --user" } else { "" }
+        )));
+    }
+    let active = systemctl(user, &["is-active", UNIT_NAME]).unwrap_or_else(|e| e.to_string());
+    println!("enabled and started: {active}");
+    if user {
+        println!(
+            "it starts when you log in; to start it at boot without a login, run \
+             `loginctl enable-linger $USER`"
+        );
+    }
+    Ok(())
+}
+
+/// Loads the plist written at `path` into launchd, which starts the job.
+fn start_launchd(user: bool, path: &Path) -> Result<()> {
+    let domain = launchd_domain(user);
+    // Reload: bootstrap refuses a label that is already loaded.
+    let _ = launchctl(&["bootout", &format!("{domain}/{LAUNCHD_LABEL}")]);
+    let plist = path.to_string_lossy();
+    launchctl_ok(&["bootstrap", &domain, &plist]).with_context(|| {
+        format!(
+            "the plist is written at {} but could not be loaded",
+            path.display()
+        )
+    })?;
+    println!("loaded into launchd ({domain}) and started");
     Ok(())
 }
 

@@ -265,6 +265,16 @@ impl Status {
     /// Human-readable rendering for `nuwa-node status`.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        self.render_device(&mut out);
+        self.render_network(&mut out);
+        self.render_peers(&mut out);
+        self.render_notices(&mut out);
+        self.render_records(&mut out);
+        out
+    }
+
+    /// Whether it is in sync, and who this device and its daemon are.
+    fn render_device(&self, out: &mut String) {
         let auth = if self.device.authorised {
             "authorised"
         } else {
@@ -296,6 +306,10 @@ impl Status {
                 }
             ));
         }
+    }
+
+    /// How this device finds others and is reached: discovery, addresses, keepers.
+    fn render_network(&self, out: &mut String) {
         if self.mdns.enabled {
             if self.mdns.interfaces.is_empty() {
                 out.push_str(
@@ -364,6 +378,10 @@ impl Status {
                 },
             ));
         }
+    }
+
+    /// Each verified peer and its sync state.
+    fn render_peers(&self, out: &mut String) {
         out.push_str(&format!("\nverified peers ({}):\n", self.peers.len()));
         for p in &self.peers {
             out.push_str(&format!(
@@ -384,6 +402,10 @@ impl Status {
             ));
             out.push_str(&format!("      {}\n", peer_sync_line(&p.sync)));
         }
+    }
+
+    /// What is under way or wrong: catch-ups, clock skew, quarantined containers.
+    fn render_notices(&self, out: &mut String) {
         for c in &self.catch_ups {
             out.push_str(&format!(
                 "\ncatching up {} from {}: {} changes, {} so far\n",
@@ -415,6 +437,10 @@ impl Status {
                 q.records
             ));
         }
+    }
+
+    /// The rejections, the containers and the counters.
+    fn render_records(&self, out: &mut String) {
         out.push_str(&format!("\nrejections ({}):\n", self.rejections.len()));
         for r in &self.rejections {
             out.push_str(&format!(
@@ -438,7 +464,6 @@ impl Status {
                 out.push_str(&format!("  {k} {v}\n"));
             }
         }
-        out
     }
 }
 

@@ -537,6 +537,8 @@ fn check_size(raw: &Value) -> Result<(), SchemaError> {
     })
 }
 
+/// Reads and checks the `x-asm` object, one key after the other; an absent
+/// `x-asm` gives the defaults.
 fn parse_annotations(id: &str, asm: Option<&Value>) -> Result<Annotations, SchemaError> {
     let mut ann = Annotations {
         container: ContainerKind::Object,
@@ -551,91 +553,36 @@ fn parse_annotations(id: &str, asm: Option<&Value>) -> Result<Annotations, Schem
     let Some(asm) = asm else {
         return Ok(ann);
     };
-    let bad = |key: &'static str, reason: String| SchemaError::BadAsmValue {
-        id: id.to_owned(),
-        key,
-        reason,
-    };
-    let Some(asm) = asm.as_object() else {
+    let Some(map) = asm.as_object() else {
         return Err(SchemaError::AsmNotObject { id: id.to_owned() });
     };
-    if let Some(key) = asm.keys().find(|k| !ASM_KEYS.contains(&k.as_str())) {
+    if let Some(key) = map.keys().find(|k| !ASM_KEYS.contains(&k.as_str())) {
         return Err(SchemaError::UnknownAsmKey {
             id: id.to_owned(),
             key: truncate_chars(key, 64),
         });
     }
-    let text = |key: &'static str| -> Result<Option<&str>, SchemaError> {
-        match asm.get(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.as_str())),
-            Some(other) => Err(bad(key, format!("{} is not a string", short(other)))),
-        }
-    };
+    let asm = AsmObject { id, map };
 
-    if let Some(s) = text("container")? {
+    if let Some(s) = asm.text("container")? {
         ann.container = ContainerKind::parse(s).ok_or_else(|| {
-            bad(
+            asm.bad(
                 "container",
                 format!("{s:?} is not one of object, map, list, log"),
             )
         })?;
     }
-    if let Some(s) = text("crdt")? {
-        let accepted: &[CrdtKind] = match ann.container {
-            ContainerKind::Object | ContainerKind::Map => &[CrdtKind::OrMap],
-            ContainerKind::List | ContainerKind::Log => &[CrdtKind::AppendOnly, CrdtKind::LogRga],
-        };
-        ann.crdt = Some(
-            CrdtKind::parse(s)
-                .filter(|k| accepted.contains(k))
-                .ok_or_else(|| {
-                    bad(
-                        "crdt",
-                        format!(
-                            "{s:?} is not accepted for a {} container; accepted: {}",
-                            ann.container,
-                            join_kinds(accepted)
-                        ),
-                    )
-                })?,
-        );
+    // The keys below are checked against the container, so they come after.
+    if let Some(s) = asm.text("crdt")? {
+        ann.crdt = Some(asm.crdt(ann.container, s)?);
     }
-    if let Some(s) = text("keyType")? {
-        if ann.container != ContainerKind::Map {
-            return Err(bad(
-                "keyType",
-                "it applies to map containers only".to_owned(),
-            ));
-        }
-        // Items are keyed by string ids in every container.
-        if s != "string" {
-            return Err(bad(
-                "keyType",
-                format!("{s:?} is not accepted; accepted: string"),
-            ));
-        }
-        ann.key_type = Some(s.to_owned());
+    if let Some(s) = asm.text("keyType")? {
+        ann.key_type = Some(asm.key_type(ann.container, s)?);
     }
-    if let Some(s) = text("valueRef")? {
-        if ann.container != ContainerKind::Map {
-            return Err(bad(
-                "valueRef",
-                "it applies to map containers only".to_owned(),
-            ));
-        }
-        if !s.starts_with("#/") {
-            return Err(bad(
-                "valueRef",
-                format!(
-                    "{:?} is not a local JSON pointer such as #/definitions/Item",
-                    truncate_chars(s, 64)
-                ),
-            ));
-        }
-        ann.value_ref = Some(s.to_owned());
+    if let Some(s) = asm.text("valueRef")? {
+        ann.value_ref = Some(asm.value_ref(ann.container, s)?);
     }
-    if let Some(s) = text("x-ttl")? {
+    if let Some(s) = asm.text("x-ttl")? {
         ann.ttl_secs =
             Some(
                 parse_iso8601_duration(s).map_err(|source| SchemaError::BadDuration {
@@ -645,26 +592,102 @@ fn parse_annotations(id: &str, asm: Option<&Value>) -> Result<Annotations, Schem
                 })?,
             );
     }
-    if let Some(v) = asm.get("x-retention") {
+    if let Some(v) = map.get("x-retention") {
         ann.retention = Some(parse_retention(id, v)?);
     }
-    if let Some(s) = text("x-compression")? {
+    if let Some(s) = asm.text("x-compression")? {
         ann.compression = Some(Compression::parse(s).ok_or_else(|| {
-            bad(
+            asm.bad(
                 "x-compression",
                 format!("{s:?} is not one of br, zstd, gzip"),
             )
         })?);
     }
-    if let Some(s) = text("x-visibility")? {
+    if let Some(s) = asm.text("x-visibility")? {
         ann.visibility = Visibility::parse(s).ok_or_else(|| {
-            bad(
+            asm.bad(
                 "x-visibility",
                 format!("{s:?} is not one of private, shared, public"),
             )
         })?;
     }
     Ok(ann)
+}
+
+/// The `x-asm` object of one schema, with the schema's id for the errors.
+struct AsmObject<'a> {
+    id: &'a str,
+    map: &'a Map<String, Value>,
+}
+
+impl<'a> AsmObject<'a> {
+    fn bad(&self, key: &'static str, reason: String) -> SchemaError {
+        SchemaError::BadAsmValue {
+            id: self.id.to_owned(),
+            key,
+            reason,
+        }
+    }
+
+    /// The string at `key`, if there is one; any other value is an error.
+    fn text(&self, key: &'static str) -> Result<Option<&'a str>, SchemaError> {
+        match self.map.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.as_str())),
+            Some(other) => Err(self.bad(key, format!("{} is not a string", short(other)))),
+        }
+    }
+
+    /// `crdt`: the container's own CRDT, among those its kind accepts.
+    fn crdt(&self, container: ContainerKind, s: &str) -> Result<CrdtKind, SchemaError> {
+        let accepted: &[CrdtKind] = match container {
+            ContainerKind::Object | ContainerKind::Map => &[CrdtKind::OrMap],
+            ContainerKind::List | ContainerKind::Log => &[CrdtKind::AppendOnly, CrdtKind::LogRga],
+        };
+        CrdtKind::parse(s)
+            .filter(|k| accepted.contains(k))
+            .ok_or_else(|| {
+                self.bad(
+                    "crdt",
+                    format!(
+                        "{s:?} is not accepted for a {container} container; accepted: {}",
+                        join_kinds(accepted)
+                    ),
+                )
+            })
+    }
+
+    /// `keyType`: for map containers only.
+    fn key_type(&self, container: ContainerKind, s: &str) -> Result<String, SchemaError> {
+        if container != ContainerKind::Map {
+            return Err(self.bad("keyType", "it applies to map containers only".to_owned()));
+        }
+        // Items are keyed by string ids in every container.
+        if s != "string" {
+            return Err(self.bad(
+                "keyType",
+                format!("{s:?} is not accepted; accepted: string"),
+            ));
+        }
+        Ok(s.to_owned())
+    }
+
+    /// `valueRef`: for map containers only, and a local JSON pointer.
+    fn value_ref(&self, container: ContainerKind, s: &str) -> Result<String, SchemaError> {
+        if container != ContainerKind::Map {
+            return Err(self.bad("valueRef", "it applies to map containers only".to_owned()));
+        }
+        if !s.starts_with("#/") {
+            return Err(self.bad(
+                "valueRef",
+                format!(
+                    "{:?} is not a local JSON pointer such as #/definitions/Item",
+                    truncate_chars(s, 64)
+                ),
+            ));
+        }
+        Ok(s.to_owned())
+    }
 }
 
 /// `{"window": <ISO-8601 duration>, "strategy": "evict_low_importance"}`,

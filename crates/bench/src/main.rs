@@ -474,36 +474,108 @@ impl Drop for RepDir {
     }
 }
 
-async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
-    let mut builder = tempfile::Builder::new();
-    builder.prefix("nuwa-bench-");
-    let root = match &cli.work_dir {
-        Some(d) => {
-            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
-            builder.tempdir_in(d)
-        }
-        None => builder.tempdir(),
-    }
-    .context("cannot create a temporary directory")?;
-    // With --keep the directory outlives the run; otherwise dropping the
-    // guard at the end removes it (each repetition already removed its own).
-    let (root_path, _guard) = if cli.keep {
-        let kept = root.keep();
-        eprintln!("homes and logs are kept in {}", kept.display());
-        (kept, None)
-    } else {
-        (root.path().to_owned(), Some(root))
-    };
-    eprintln!("nuwa-node: {}", bin.0.display());
+/// The directory the repetitions make theirs in: a fresh temporary one,
+/// under --work-dir when given.
+struct WorkRoot {
+    path: PathBuf,
+    /// With --keep the directory outlives the run; otherwise dropping this
+    /// guard removes it (each repetition already removed its own).
+    _guard: Option<tempfile::TempDir>,
+}
 
-    let mut lat: BTreeMap<usize, Vec<latency::LatencyRun>> = BTreeMap::new();
-    let mut thr = Vec::new();
-    let mut cold = Vec::new();
-    if p.workloads.contains(&Workload::Latency) {
+impl WorkRoot {
+    fn create(cli: &Cli) -> Result<WorkRoot> {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("nuwa-bench-");
+        let root = match &cli.work_dir {
+            Some(d) => {
+                std::fs::create_dir_all(d)
+                    .with_context(|| format!("cannot create {}", d.display()))?;
+                builder.tempdir_in(d)
+            }
+            None => builder.tempdir(),
+        }
+        .context("cannot create a temporary directory")?;
+        if cli.keep {
+            let kept = root.keep();
+            eprintln!("homes and logs are kept in {}", kept.display());
+            Ok(WorkRoot {
+                path: kept,
+                _guard: None,
+            })
+        } else {
+            Ok(WorkRoot {
+                path: root.path().to_owned(),
+                _guard: Some(root),
+            })
+        }
+    }
+}
+
+/// The runs of every workload, in the order they ran; a workload that was
+/// not asked for leaves its field empty.
+#[derive(Default)]
+struct Runs {
+    latency: BTreeMap<usize, Vec<latency::LatencyRun>>,
+    throughput: Vec<throughput::ThroughputRun>,
+    cold_sync: Vec<coldsync::ColdSyncRun>,
+    reads: Vec<reads::ReadsRun>,
+    batch: Vec<batch::BatchRun>,
+    containers: BTreeMap<usize, Vec<containers::ContainersRun>>,
+    big: Vec<coldsync::ColdSyncRun>,
+}
+
+/// What every repetition of every workload shares: the daemon binary, the
+/// parameters, and where its directory goes.
+struct Bench<'a> {
+    bin: &'a NodeBin,
+    p: &'a Params,
+    root: &'a Path,
+    keep: bool,
+}
+
+impl Bench<'_> {
+    /// A fresh directory for one repetition, named after it.
+    fn rep_dir(&self, name: &str) -> Result<RepDir> {
+        RepDir::new(self.root, name, self.keep)
+    }
+
+    /// Runs the workloads asked for, one after the other, so no two compete
+    /// for the cores.
+    async fn run_workloads(&self) -> Result<Runs> {
+        let wants = |w: Workload| self.p.workloads.contains(&w);
+        let mut runs = Runs::default();
+        if wants(Workload::Latency) {
+            runs.latency = self.latency().await?;
+        }
+        if wants(Workload::Throughput) {
+            runs.throughput = self.throughput().await?;
+        }
+        if wants(Workload::ColdSync) {
+            runs.cold_sync = self.cold_sync().await?;
+        }
+        if wants(Workload::Reads) {
+            runs.reads = self.reads().await?;
+        }
+        if wants(Workload::Batch) {
+            runs.batch = self.batch().await?;
+        }
+        if wants(Workload::Containers) {
+            runs.containers = self.containers().await?;
+        }
+        if wants(Workload::Big) {
+            runs.big = self.big().await?;
+        }
+        Ok(runs)
+    }
+
+    async fn latency(&self) -> Result<BTreeMap<usize, Vec<latency::LatencyRun>>> {
+        let p = self.p;
+        let mut lat: BTreeMap<usize, Vec<latency::LatencyRun>> = BTreeMap::new();
         for &n in &p.sizes {
             for rep in 0..p.reps {
-                let dir = RepDir::new(&root_path, &format!("latency-n{n}-r{rep}"), cli.keep)?;
-                let r = latency::run(bin, &dir.path, n, p.samples)
+                let dir = self.rep_dir(&format!("latency-n{n}-r{rep}"))?;
+                let r = latency::run(self.bin, &dir.path, n, p.samples)
                     .await
                     .with_context(|| format!("latency run N={n}, repetition {}", rep + 1))?;
                 eprintln!(
@@ -516,11 +588,15 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
                 lat.entry(n).or_default().push(r);
             }
         }
+        Ok(lat)
     }
-    if p.workloads.contains(&Workload::Throughput) {
+
+    async fn throughput(&self) -> Result<Vec<throughput::ThroughputRun>> {
+        let p = self.p;
+        let mut thr = Vec::new();
         for rep in 0..p.reps {
-            let dir = RepDir::new(&root_path, &format!("throughput-r{rep}"), cli.keep)?;
-            let r = throughput::run(bin, &dir.path, p.writes, p.in_flight)
+            let dir = self.rep_dir(&format!("throughput-r{rep}"))?;
+            let r = throughput::run(self.bin, &dir.path, p.writes, p.in_flight)
                 .await
                 .with_context(|| format!("throughput run, repetition {}", rep + 1))?;
             eprintln!(
@@ -536,11 +612,15 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
             );
             thr.push(r);
         }
+        Ok(thr)
     }
-    if p.workloads.contains(&Workload::ColdSync) {
+
+    async fn cold_sync(&self) -> Result<Vec<coldsync::ColdSyncRun>> {
+        let p = self.p;
+        let mut cold = Vec::new();
         for rep in 0..p.reps {
-            let dir = RepDir::new(&root_path, &format!("cold-sync-r{rep}"), cli.keep)?;
-            let r = coldsync::run(bin, &dir.path, p.log_entries, coldsync::Fill::Puts)
+            let dir = self.rep_dir(&format!("cold-sync-r{rep}"))?;
+            let r = coldsync::run(self.bin, &dir.path, p.log_entries, coldsync::Fill::Puts)
                 .await
                 .with_context(|| format!("cold sync run, repetition {}", rep + 1))?;
             eprintln!(
@@ -554,14 +634,24 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
             );
             cold.push(r);
         }
+        Ok(cold)
     }
-    let mut rd = Vec::new();
-    if p.workloads.contains(&Workload::Reads) {
+
+    async fn reads(&self) -> Result<Vec<reads::ReadsRun>> {
+        let p = self.p;
+        let mut rd = Vec::new();
         for rep in 0..p.reps {
-            let dir = RepDir::new(&root_path, &format!("reads-r{rep}"), cli.keep)?;
-            let r = reads::run(bin, &dir.path, p.read_keys, p.gets, p.samples, p.in_flight)
-                .await
-                .with_context(|| format!("reads run, repetition {}", rep + 1))?;
+            let dir = self.rep_dir(&format!("reads-r{rep}"))?;
+            let r = reads::run(
+                self.bin,
+                &dir.path,
+                p.read_keys,
+                p.gets,
+                p.samples,
+                p.in_flight,
+            )
+            .await
+            .with_context(|| format!("reads run, repetition {}", rep + 1))?;
             eprintln!(
                 "reads rep {}/{}: {} keys (filled in {} s); point read p50 {} ms, p99 {} ms, max {} ms; \
                  propagation p99 idle {} ms, with a read loop on the receiver {} ms ({}×), on the \
@@ -583,12 +673,15 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
             );
             rd.push(r);
         }
+        Ok(rd)
     }
-    let mut bt = Vec::new();
-    if p.workloads.contains(&Workload::Batch) {
+
+    async fn batch(&self) -> Result<Vec<batch::BatchRun>> {
+        let p = self.p;
+        let mut bt = Vec::new();
         for rep in 0..p.reps {
-            let dir = RepDir::new(&root_path, &format!("batch-r{rep}"), cli.keep)?;
-            let r = batch::run(bin, &dir.path, p.batch_items)
+            let dir = self.rep_dir(&format!("batch-r{rep}"))?;
+            let r = batch::run(self.bin, &dir.path, p.batch_items)
                 .await
                 .with_context(|| format!("batch run, repetition {}", rep + 1))?;
             eprintln!(
@@ -604,13 +697,16 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
             );
             bt.push(r);
         }
+        Ok(bt)
     }
-    let mut ct: BTreeMap<usize, Vec<containers::ContainersRun>> = BTreeMap::new();
-    if p.workloads.contains(&Workload::Containers) {
+
+    async fn containers(&self) -> Result<BTreeMap<usize, Vec<containers::ContainersRun>>> {
+        let p = self.p;
+        let mut ct: BTreeMap<usize, Vec<containers::ContainersRun>> = BTreeMap::new();
         for &n in &p.container_counts {
             for rep in 0..p.reps {
-                let dir = RepDir::new(&root_path, &format!("containers-{n}-r{rep}"), cli.keep)?;
-                let r = containers::run(bin, &dir.path, n)
+                let dir = self.rep_dir(&format!("containers-{n}-r{rep}"))?;
+                let r = containers::run(self.bin, &dir.path, n)
                     .await
                     .with_context(|| format!("containers run, {n}, repetition {}", rep + 1))?;
                 eprintln!(
@@ -626,12 +722,16 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
                 ct.entry(n).or_default().push(r);
             }
         }
+        Ok(ct)
     }
-    let mut big = Vec::new();
-    if p.workloads.contains(&Workload::Big) {
+
+    async fn big(&self) -> Result<Vec<coldsync::ColdSyncRun>> {
+        let p = self.p;
+        let mut big = Vec::new();
         for rep in 0..p.reps {
-            let dir = RepDir::new(&root_path, &format!("big-r{rep}"), cli.keep)?;
-            let r = coldsync::run(bin, &dir.path, p.big_entries, coldsync::Fill::Batches(1000))
+            let dir = self.rep_dir(&format!("big-r{rep}"))?;
+            let fill = coldsync::Fill::Batches(1000);
+            let r = coldsync::run(self.bin, &dir.path, p.big_entries, fill)
                 .await
                 .with_context(|| format!("big run, repetition {}", rep + 1))?;
             eprintln!(
@@ -648,35 +748,21 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
             );
             big.push(r);
         }
+        Ok(big)
     }
-    let mut doc = results_json(p, &lat, &thr, &cold, &rd);
-    extra_json(&mut doc, &bt, &ct);
-    if !big.is_empty() {
-        let col = |f: fn(&coldsync::ColdSyncRun) -> f64| big.iter().map(f).collect::<Vec<_>>();
-        let mut m = Map::new();
-        m.insert("entries".into(), json!(p.big_entries));
-        insert(&mut m, "sync_ms", stat_json(&col(|r| r.sync_ms)));
-        insert(
-            &mut m,
-            "local_load_ms",
-            stat_json(&col(|r| r.local_load_ms)),
-        );
-        insert(&mut m, "ratio", stat_json(&col(|r| r.ratio)));
-        insert(
-            &mut m,
-            "sync_peak_rss_mb",
-            stat_json(&col(|r| r.sync_peak_rss_mb)),
-        );
-        insert(
-            &mut m,
-            "sync_longest_turn_ms",
-            stat_json(&col(|r| r.sync_longest_turn_ms)),
-        );
-        insert(&mut m, "fill_ms", stat_json(&col(|r| r.fill_ms)));
-        if let Some(d) = doc.as_object_mut() {
-            d.insert("big".into(), Value::Object(m));
-        }
-    }
+}
+
+async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
+    let root = WorkRoot::create(cli)?;
+    eprintln!("nuwa-node: {}", bin.0.display());
+    let bench = Bench {
+        bin,
+        p,
+        root: &root.path,
+        keep: cli.keep,
+    };
+    let runs = bench.run_workloads().await?;
+    let doc = results_json(p, &runs);
     if p.workloads.len() == 7 {
         let missing = report::missing(&doc, &report::required_paths(&p.sizes));
         if !missing.is_empty() {
@@ -687,65 +773,6 @@ async fn measure_all(cli: &Cli, p: &Params, bin: &NodeBin) -> Result<Value> {
         }
     }
     Ok(doc)
-}
-
-/// The `batch` and `containers` sections of the results.
-fn extra_json(
-    doc: &mut Value,
-    bt: &[batch::BatchRun],
-    ct: &BTreeMap<usize, Vec<containers::ContainersRun>>,
-) {
-    let Some(doc) = doc.as_object_mut() else {
-        return;
-    };
-    if !bt.is_empty() {
-        let col = |f: fn(&batch::BatchRun) -> f64| bt.iter().map(f).collect::<Vec<_>>();
-        let mut b = Map::new();
-        b.insert("nodes".into(), json!(batch::NODES));
-        b.insert("items".into(), json!(bt[0].items));
-        b.insert("per_batch".into(), json!(batch::BATCH));
-        insert(&mut b, "elapsed_ms", stat_json(&col(|r| r.elapsed_ms)));
-        insert(&mut b, "rate_per_sec", stat_json(&col(|r| r.rate_per_sec)));
-        insert(
-            &mut b,
-            "local_append_rate_per_sec",
-            stat_json(&col(|r| r.local_append_rate_per_sec)),
-        );
-        insert(&mut b, "ratio", stat_json(&col(|r| r.ratio)));
-        insert(
-            &mut b,
-            "wire_bytes_per_item",
-            stat_json(&col(|r| r.wire_bytes_per_item)),
-        );
-        doc.insert("batch".into(), Value::Object(b));
-    }
-    if !ct.is_empty() {
-        let mut m = Map::new();
-        for (n, runs) in ct {
-            let col =
-                |f: fn(&containers::ContainersRun) -> f64| runs.iter().map(f).collect::<Vec<_>>();
-            let mut e = Map::new();
-            insert(
-                &mut e,
-                "idle_bytes_per_peer_round",
-                stat_json(&col(|r| r.idle_bytes_per_peer_round)),
-            );
-            insert(
-                &mut e,
-                "one_change_ms",
-                stat_json(&col(|r| r.one_change_ms)),
-            );
-            insert(
-                &mut e,
-                "fill_and_sync_ms",
-                stat_json(&col(|r| r.fill_and_sync_ms)),
-            );
-            let rss: Vec<f64> = runs.iter().flat_map(|r| r.idle_rss_mb.clone()).collect();
-            insert(&mut e, "idle_rss_mb", stat_json(&rss));
-            m.insert(n.to_string(), Value::Object(e));
-        }
-        doc.insert("containers".into(), Value::Object(m));
-    }
 }
 
 fn insert(map: &mut Map<String, Value>, key: &str, v: Option<Value>) {
@@ -772,13 +799,10 @@ fn machine() -> Value {
     })
 }
 
-fn results_json(
-    p: &Params,
-    lat: &BTreeMap<usize, Vec<latency::LatencyRun>>,
-    thr: &[throughput::ThroughputRun],
-    cold: &[coldsync::ColdSyncRun],
-    rd: &[reads::ReadsRun],
-) -> Value {
+/// The results document (schema in docs/performance.md): what ran where,
+/// then one section per workload that ran. A section is left out when its
+/// workload did not run, and a stat when it has no values.
+fn results_json(p: &Params, runs: &Runs) -> Value {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -789,153 +813,264 @@ fn results_json(
     doc.insert("generated_at_unix_ms".into(), json!(now_ms));
     doc.insert("machine".into(), machine());
     doc.insert("params".into(), p.json());
+    insert(&mut doc, "propagation_latency", latency_json(&runs.latency));
+    insert(&mut doc, "throughput", throughput_json(&runs.throughput));
+    insert(
+        &mut doc,
+        "bytes_per_change",
+        bytes_per_change_json(&runs.throughput),
+    );
+    insert(&mut doc, "reads", reads_json(p, &runs.reads));
+    insert(&mut doc, "cold_sync", cold_sync_json(p, &runs.cold_sync));
+    insert(&mut doc, "rss_mb", rss_json(runs));
+    insert(&mut doc, "batch", batch_json(&runs.batch));
+    insert(&mut doc, "containers", containers_json(&runs.containers));
+    insert(&mut doc, "big", big_json(p, &runs.big));
+    Value::Object(doc)
+}
 
-    if !lat.is_empty() {
-        let mut m = Map::new();
-        for (n, runs) in lat {
-            let mut e = Map::new();
-            let col = |f: fn(&latency::LatencyRun) -> f64| runs.iter().map(f).collect::<Vec<_>>();
-            insert(&mut e, "p50_ms", stat_json(&col(|r| r.p50_ms)));
-            insert(&mut e, "p99_ms", stat_json(&col(|r| r.p99_ms)));
-            insert(
-                &mut e,
-                "wire_bytes_per_change",
-                stat_json(&col(|r| r.wire_bytes_per_change)),
-            );
-            let pooled: Vec<f64> = runs
-                .iter()
-                .flat_map(|r| r.samples_ms.iter().map(|x| (x * 1000.0).round() / 1000.0))
-                .collect();
-            e.insert("samples_ms".into(), json!(pooled));
-            m.insert(n.to_string(), Value::Object(e));
-        }
-        doc.insert("propagation_latency".into(), Value::Object(m));
+/// The stat of one field over the repetitions of a workload.
+fn stat_of<R>(runs: &[R], field: impl Fn(&R) -> f64) -> Option<Value> {
+    stat_json(&runs.iter().map(field).collect::<Vec<_>>())
+}
+
+/// The `propagation_latency` section, one entry per cluster size, with
+/// every sample pooled for the chart.
+fn latency_json(lat: &BTreeMap<usize, Vec<latency::LatencyRun>>) -> Option<Value> {
+    if lat.is_empty() {
+        return None;
     }
-
-    if !thr.is_empty() {
-        let col = |f: fn(&throughput::ThroughputRun) -> f64| thr.iter().map(f).collect::<Vec<_>>();
-        let mut t = Map::new();
-        t.insert("nodes".into(), json!(throughput::NODES));
-        insert(&mut t, "elapsed_ms", stat_json(&col(|r| r.elapsed_ms)));
-        insert(&mut t, "rate_per_sec", stat_json(&col(|r| r.rate_per_sec)));
+    let mut m = Map::new();
+    for (n, runs) in lat {
+        let mut e = Map::new();
+        insert(&mut e, "p50_ms", stat_of(runs, |r| r.p50_ms));
+        insert(&mut e, "p99_ms", stat_of(runs, |r| r.p99_ms));
         insert(
-            &mut t,
-            "local_append_rate_per_sec",
-            stat_json(&col(|r| r.local_append_rate_per_sec)),
-        );
-        insert(&mut t, "ratio", stat_json(&col(|r| r.ratio)));
-        let first = &thr[0];
-        t.insert(
-            "timeline".into(),
-            json!({
-                "acks_per_100ms": acks_per_100ms(&first.acks_ms, first.elapsed_ms),
-                "converged_ms": first.elapsed_ms,
-            }),
-        );
-        doc.insert("throughput".into(), Value::Object(t));
-
-        let mut b = Map::new();
-        insert(
-            &mut b,
+            &mut e,
             "wire_bytes_per_change",
-            stat_json(&col(|r| r.wire_bytes_per_change)),
+            stat_of(runs, |r| r.wire_bytes_per_change),
         );
-        insert(
-            &mut b,
-            "raw_change_bytes",
-            stat_json(&col(|r| r.raw_change_bytes)),
-        );
-        insert(&mut b, "ratio", stat_json(&col(|r| r.bytes_ratio)));
-        doc.insert("bytes_per_change".into(), Value::Object(b));
+        let pooled: Vec<f64> = runs
+            .iter()
+            .flat_map(|r| r.samples_ms.iter().map(|x| (x * 1000.0).round() / 1000.0))
+            .collect();
+        e.insert("samples_ms".into(), json!(pooled));
+        m.insert(n.to_string(), Value::Object(e));
     }
+    Some(Value::Object(m))
+}
 
-    if !rd.is_empty() {
-        let col = |f: fn(&reads::ReadsRun) -> f64| rd.iter().map(f).collect::<Vec<_>>();
-        let mut r = Map::new();
-        r.insert("keys".into(), json!(p.read_keys));
-        insert(&mut r, "get_p50_ms", stat_json(&col(|r| r.get_p50_ms)));
-        insert(&mut r, "get_p99_ms", stat_json(&col(|r| r.get_p99_ms)));
-        insert(&mut r, "get_max_ms", stat_json(&col(|r| r.get_max_ms)));
-        insert(
-            &mut r,
-            "propagation_idle_p50_ms",
-            stat_json(&col(|r| r.idle_p50_ms)),
-        );
-        insert(
-            &mut r,
-            "propagation_loaded_receiver_p50_ms",
-            stat_json(&col(|r| r.loaded_receiver_p50_ms)),
-        );
-        insert(
-            &mut r,
-            "propagation_loaded_sender_p50_ms",
-            stat_json(&col(|r| r.loaded_sender_p50_ms)),
-        );
-        insert(
-            &mut r,
-            "propagation_idle_p99_ms",
-            stat_json(&col(|r| r.idle_p99_ms)),
-        );
-        insert(
-            &mut r,
-            "propagation_loaded_receiver_p99_ms",
-            stat_json(&col(|r| r.loaded_receiver_p99_ms)),
-        );
-        insert(
-            &mut r,
-            "propagation_loaded_sender_p99_ms",
-            stat_json(&col(|r| r.loaded_sender_p99_ms)),
-        );
-        insert(
-            &mut r,
-            "receiver_ratio",
-            stat_json(&col(reads::ReadsRun::receiver_ratio)),
-        );
-        insert(
-            &mut r,
-            "sender_ratio",
-            stat_json(&col(reads::ReadsRun::sender_ratio)),
-        );
-        insert(
-            &mut r,
-            "whole_read_ms",
-            stat_json(&col(|r| r.loop_read_mean_ms)),
-        );
-        doc.insert("reads".into(), Value::Object(r));
+/// The `throughput` section, with the first repetition's timeline for the
+/// chart.
+fn throughput_json(thr: &[throughput::ThroughputRun]) -> Option<Value> {
+    let first = thr.first()?;
+    let mut t = Map::new();
+    t.insert("nodes".into(), json!(throughput::NODES));
+    insert(&mut t, "elapsed_ms", stat_of(thr, |r| r.elapsed_ms));
+    insert(&mut t, "rate_per_sec", stat_of(thr, |r| r.rate_per_sec));
+    insert(
+        &mut t,
+        "local_append_rate_per_sec",
+        stat_of(thr, |r| r.local_append_rate_per_sec),
+    );
+    insert(&mut t, "ratio", stat_of(thr, |r| r.ratio));
+    t.insert(
+        "timeline".into(),
+        json!({
+            "acks_per_100ms": acks_per_100ms(&first.acks_ms, first.elapsed_ms),
+            "converged_ms": first.elapsed_ms,
+        }),
+    );
+    Some(Value::Object(t))
+}
+
+/// The `bytes_per_change` section, measured by the throughput workload.
+fn bytes_per_change_json(thr: &[throughput::ThroughputRun]) -> Option<Value> {
+    if thr.is_empty() {
+        return None;
     }
+    let mut b = Map::new();
+    insert(
+        &mut b,
+        "wire_bytes_per_change",
+        stat_of(thr, |r| r.wire_bytes_per_change),
+    );
+    insert(
+        &mut b,
+        "raw_change_bytes",
+        stat_of(thr, |r| r.raw_change_bytes),
+    );
+    insert(&mut b, "ratio", stat_of(thr, |r| r.bytes_ratio));
+    Some(Value::Object(b))
+}
 
-    if !cold.is_empty() {
-        let col = |f: fn(&coldsync::ColdSyncRun) -> f64| cold.iter().map(f).collect::<Vec<_>>();
-        let mut c = Map::new();
-        c.insert("entries".into(), json!(p.log_entries));
-        insert(&mut c, "sync_ms", stat_json(&col(|r| r.sync_ms)));
-        insert(
-            &mut c,
-            "local_load_ms",
-            stat_json(&col(|r| r.local_load_ms)),
-        );
-        insert(&mut c, "ratio", stat_json(&col(|r| r.ratio)));
-        insert(&mut c, "fill_ms", stat_json(&col(|r| r.fill_ms)));
-        insert(
-            &mut c,
-            "baseline_sync_ms",
-            stat_json(&col(|r| r.baseline_sync_ms)),
-        );
-        doc.insert("cold_sync".into(), Value::Object(c));
+/// The `reads` section: point reads, and propagation with a read loop
+/// running.
+fn reads_json(p: &Params, rd: &[reads::ReadsRun]) -> Option<Value> {
+    if rd.is_empty() {
+        return None;
     }
+    let mut r = Map::new();
+    r.insert("keys".into(), json!(p.read_keys));
+    insert(&mut r, "get_p50_ms", stat_of(rd, |r| r.get_p50_ms));
+    insert(&mut r, "get_p99_ms", stat_of(rd, |r| r.get_p99_ms));
+    insert(&mut r, "get_max_ms", stat_of(rd, |r| r.get_max_ms));
+    insert(
+        &mut r,
+        "propagation_idle_p50_ms",
+        stat_of(rd, |r| r.idle_p50_ms),
+    );
+    insert(
+        &mut r,
+        "propagation_loaded_receiver_p50_ms",
+        stat_of(rd, |r| r.loaded_receiver_p50_ms),
+    );
+    insert(
+        &mut r,
+        "propagation_loaded_sender_p50_ms",
+        stat_of(rd, |r| r.loaded_sender_p50_ms),
+    );
+    insert(
+        &mut r,
+        "propagation_idle_p99_ms",
+        stat_of(rd, |r| r.idle_p99_ms),
+    );
+    insert(
+        &mut r,
+        "propagation_loaded_receiver_p99_ms",
+        stat_of(rd, |r| r.loaded_receiver_p99_ms),
+    );
+    insert(
+        &mut r,
+        "propagation_loaded_sender_p99_ms",
+        stat_of(rd, |r| r.loaded_sender_p99_ms),
+    );
+    insert(
+        &mut r,
+        "receiver_ratio",
+        stat_of(rd, reads::ReadsRun::receiver_ratio),
+    );
+    insert(
+        &mut r,
+        "sender_ratio",
+        stat_of(rd, reads::ReadsRun::sender_ratio),
+    );
+    insert(
+        &mut r,
+        "whole_read_ms",
+        stat_of(rd, |r| r.loop_read_mean_ms),
+    );
+    Some(Value::Object(r))
+}
 
-    let idle: Vec<f64> = thr
+/// The `cold_sync` section.
+fn cold_sync_json(p: &Params, cold: &[coldsync::ColdSyncRun]) -> Option<Value> {
+    if cold.is_empty() {
+        return None;
+    }
+    let mut c = Map::new();
+    c.insert("entries".into(), json!(p.log_entries));
+    insert(&mut c, "sync_ms", stat_of(cold, |r| r.sync_ms));
+    insert(&mut c, "local_load_ms", stat_of(cold, |r| r.local_load_ms));
+    insert(&mut c, "ratio", stat_of(cold, |r| r.ratio));
+    insert(&mut c, "fill_ms", stat_of(cold, |r| r.fill_ms));
+    insert(
+        &mut c,
+        "baseline_sync_ms",
+        stat_of(cold, |r| r.baseline_sync_ms),
+    );
+    Some(Value::Object(c))
+}
+
+/// The `rss_mb` section: daemons idle after the throughput run, and the
+/// synced device after the cold sync.
+fn rss_json(runs: &Runs) -> Option<Value> {
+    let idle: Vec<f64> = runs
+        .throughput
         .iter()
         .flat_map(|r| r.idle_rss_mb.iter().copied())
         .collect();
-    let after: Vec<f64> = cold.iter().map(|r| r.rss_after_sync_mb).collect();
-    if !idle.is_empty() || !after.is_empty() {
-        let mut r = Map::new();
-        insert(&mut r, "idle", stat_json(&idle));
-        insert(&mut r, "after_sync", stat_json(&after));
-        doc.insert("rss_mb".into(), Value::Object(r));
+    let after: Vec<f64> = runs.cold_sync.iter().map(|r| r.rss_after_sync_mb).collect();
+    if idle.is_empty() && after.is_empty() {
+        return None;
     }
-    Value::Object(doc)
+    let mut r = Map::new();
+    insert(&mut r, "idle", stat_json(&idle));
+    insert(&mut r, "after_sync", stat_json(&after));
+    Some(Value::Object(r))
+}
+
+/// The `batch` section: writes through `state.batch`.
+fn batch_json(bt: &[batch::BatchRun]) -> Option<Value> {
+    let first = bt.first()?;
+    let mut b = Map::new();
+    b.insert("nodes".into(), json!(batch::NODES));
+    b.insert("items".into(), json!(first.items));
+    b.insert("per_batch".into(), json!(batch::BATCH));
+    insert(&mut b, "elapsed_ms", stat_of(bt, |r| r.elapsed_ms));
+    insert(&mut b, "rate_per_sec", stat_of(bt, |r| r.rate_per_sec));
+    insert(
+        &mut b,
+        "local_append_rate_per_sec",
+        stat_of(bt, |r| r.local_append_rate_per_sec),
+    );
+    insert(&mut b, "ratio", stat_of(bt, |r| r.ratio));
+    insert(
+        &mut b,
+        "wire_bytes_per_item",
+        stat_of(bt, |r| r.wire_bytes_per_item),
+    );
+    Some(Value::Object(b))
+}
+
+/// The `containers` section, one entry per container count.
+fn containers_json(ct: &BTreeMap<usize, Vec<containers::ContainersRun>>) -> Option<Value> {
+    if ct.is_empty() {
+        return None;
+    }
+    let mut m = Map::new();
+    for (n, runs) in ct {
+        let mut e = Map::new();
+        insert(
+            &mut e,
+            "idle_bytes_per_peer_round",
+            stat_of(runs, |r| r.idle_bytes_per_peer_round),
+        );
+        insert(&mut e, "one_change_ms", stat_of(runs, |r| r.one_change_ms));
+        insert(
+            &mut e,
+            "fill_and_sync_ms",
+            stat_of(runs, |r| r.fill_and_sync_ms),
+        );
+        let rss: Vec<f64> = runs.iter().flat_map(|r| r.idle_rss_mb.clone()).collect();
+        insert(&mut e, "idle_rss_mb", stat_json(&rss));
+        m.insert(n.to_string(), Value::Object(e));
+    }
+    Some(Value::Object(m))
+}
+
+/// The `big` section: the cold sync of a log filled through `state.batch`.
+fn big_json(p: &Params, big: &[coldsync::ColdSyncRun]) -> Option<Value> {
+    if big.is_empty() {
+        return None;
+    }
+    let mut m = Map::new();
+    m.insert("entries".into(), json!(p.big_entries));
+    insert(&mut m, "sync_ms", stat_of(big, |r| r.sync_ms));
+    insert(&mut m, "local_load_ms", stat_of(big, |r| r.local_load_ms));
+    insert(&mut m, "ratio", stat_of(big, |r| r.ratio));
+    insert(
+        &mut m,
+        "sync_peak_rss_mb",
+        stat_of(big, |r| r.sync_peak_rss_mb),
+    );
+    insert(
+        &mut m,
+        "sync_longest_turn_ms",
+        stat_of(big, |r| r.sync_longest_turn_ms),
+    );
+    insert(&mut m, "fill_ms", stat_of(big, |r| r.fill_ms));
+    Some(Value::Object(m))
 }
 
 fn acks_per_100ms(acks_ms: &[f64], until_ms: f64) -> Vec<u32> {
@@ -967,9 +1102,34 @@ fn without_series(doc: &Value) -> Value {
     d
 }
 
+/// Writes the results, the charts and report.md to --out (and the results
+/// to --json-out), and prints the tables.
 fn write_outputs(cli: &Cli, doc: &Value, others: &[Value]) -> Result<()> {
     let out = &cli.out;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    write_results(cli, doc)?;
+    let charts = draw_charts(out, doc)?;
+
+    let figures = report::figures_table(doc);
+    let compares: Vec<String> = others
+        .iter()
+        .map(|o| report::compare_table(doc, o))
+        .collect();
+    println!("{figures}");
+    for c in &compares {
+        println!("{c}");
+    }
+
+    let md = report_markdown(doc, &figures, &compares, others, &charts)?;
+    std::fs::write(out.join("report.md"), md)
+        .with_context(|| format!("cannot write {}", out.join("report.md").display()))?;
+    eprintln!("report: {}", out.join("report.md").display());
+    Ok(())
+}
+
+/// The results document, in full, to results.json and to --json-out.
+fn write_results(cli: &Cli, doc: &Value) -> Result<()> {
+    let out = &cli.out;
     let pretty = serde_json::to_string_pretty(doc)?;
     std::fs::write(out.join("results.json"), &pretty)
         .with_context(|| format!("cannot write {}", out.join("results.json").display()))?;
@@ -980,24 +1140,16 @@ fn write_outputs(cli: &Cli, doc: &Value, others: &[Value]) -> Result<()> {
         }
         std::fs::write(f, &pretty).with_context(|| format!("cannot write {}", f.display()))?;
     }
+    Ok(())
+}
 
+/// A chart in the report: its title and its file name in --out.
+type Chart = (&'static str, &'static str);
+
+/// Draws into `out` each chart that `doc` has the data for.
+fn draw_charts(out: &Path, doc: &Value) -> Result<Vec<Chart>> {
     let mut charts = Vec::new();
-    let series: Vec<(usize, Vec<f64>)> = doc
-        .get("propagation_latency")
-        .and_then(Value::as_object)
-        .map(|m| {
-            let mut v: Vec<(usize, Vec<f64>)> = m
-                .iter()
-                .filter_map(|(k, e)| {
-                    let n = k.parse().ok()?;
-                    let s: Vec<f64> = serde_json::from_value(e.get("samples_ms")?.clone()).ok()?;
-                    Some((n, s))
-                })
-                .collect();
-            v.sort_by_key(|(n, _)| *n);
-            v
-        })
-        .unwrap_or_default();
+    let series = latency_series(doc);
     if !series.is_empty() {
         plot::latency_cdf(&out.join("latency.png"), &series)?;
         charts.push(("Propagation latency (CDF)", "latency.png"));
@@ -1015,9 +1167,43 @@ fn write_outputs(cli: &Cli, doc: &Value, others: &[Value]) -> Result<()> {
             ));
         }
     }
+    let idle = idle_bytes_series(doc);
+    if !idle.is_empty() {
+        plot::containers(
+            &out.join("containers.png"),
+            &[("nuwa-node".to_owned(), idle)],
+        )?;
+        charts.push((
+            "Idle anti-entropy bytes per peer per round against containers (log scale)",
+            "containers.png",
+        ));
+    }
+    Ok(charts)
+}
 
-    let idle: Vec<(f64, f64)> = doc
-        .get("containers")
+/// The pooled latency samples of each cluster size, by size.
+fn latency_series(doc: &Value) -> Vec<(usize, Vec<f64>)> {
+    doc.get("propagation_latency")
+        .and_then(Value::as_object)
+        .map(|m| {
+            let mut v: Vec<(usize, Vec<f64>)> = m
+                .iter()
+                .filter_map(|(k, e)| {
+                    let n = k.parse().ok()?;
+                    let s: Vec<f64> = serde_json::from_value(e.get("samples_ms")?.clone()).ok()?;
+                    Some((n, s))
+                })
+                .collect();
+            v.sort_by_key(|(n, _)| *n);
+            v
+        })
+        .unwrap_or_default()
+}
+
+/// The median idle anti-entropy bytes per peer per round against the
+/// container count, by count. The chart's log scale needs at least 1 byte.
+fn idle_bytes_series(doc: &Value) -> Vec<(f64, f64)> {
+    doc.get("containers")
         .and_then(Value::as_object)
         .map(|m| {
             let mut v: Vec<(f64, f64)> = m
@@ -1034,28 +1220,18 @@ fn write_outputs(cli: &Cli, doc: &Value, others: &[Value]) -> Result<()> {
             v.sort_by(|a, b| a.0.total_cmp(&b.0));
             v
         })
-        .unwrap_or_default();
-    if !idle.is_empty() {
-        plot::containers(
-            &out.join("containers.png"),
-            &[("nuwa-node".to_owned(), idle)],
-        )?;
-        charts.push((
-            "Idle anti-entropy bytes per peer per round against containers (log scale)",
-            "containers.png",
-        ));
-    }
+        .unwrap_or_default()
+}
 
-    let figures = report::figures_table(doc);
-    let compares: Vec<String> = others
-        .iter()
-        .map(|o| report::compare_table(doc, o))
-        .collect();
-    println!("{figures}");
-    for c in &compares {
-        println!("{c}");
-    }
-
+/// report.md: how the run was made, the tables, the charts, and the
+/// results without their long series.
+fn report_markdown(
+    doc: &Value,
+    figures: &str,
+    compares: &[String],
+    others: &[Value],
+    charts: &[Chart],
+) -> Result<String> {
     let mut md = String::from("# nuwa-node benchmark\n\n");
     md.push_str(&format!(
         "Command: `{}`\n\n",
@@ -1068,7 +1244,7 @@ fn write_outputs(cli: &Cli, doc: &Value, others: &[Value]) -> Result<()> {
         md.push_str(&format!("Parameters: `{p}`\n\n"));
     }
     md.push_str("Each figure is the median and min–max over the repetitions; ratios are taken inside each repetition.\n\n");
-    md.push_str(&figures);
+    md.push_str(figures);
     for (c, o) in compares.iter().zip(others) {
         let name = o.get("tool").and_then(Value::as_str).unwrap_or("other");
         md.push_str(&format!("\n## Compared with {name}\n\n"));
@@ -1076,7 +1252,7 @@ fn write_outputs(cli: &Cli, doc: &Value, others: &[Value]) -> Result<()> {
     }
     if !charts.is_empty() {
         md.push_str("\n## Charts\n\n");
-        for (title, file) in &charts {
+        for (title, file) in charts {
             md.push_str(&format!("![{title}]({file})\n\n"));
         }
     }
@@ -1085,10 +1261,7 @@ fn write_outputs(cli: &Cli, doc: &Value, others: &[Value]) -> Result<()> {
     );
     md.push_str(&serde_json::to_string_pretty(&without_series(doc))?);
     md.push_str("\n```\n");
-    std::fs::write(out.join("report.md"), md)
-        .with_context(|| format!("cannot write {}", out.join("report.md").display()))?;
-    eprintln!("report: {}", out.join("report.md").display());
-    Ok(())
+    Ok(md)
 }
 
 #[cfg(test)]

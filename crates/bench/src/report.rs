@@ -84,32 +84,67 @@ fn container_counts(docs: &[&Value]) -> Vec<String> {
     set.into_iter().map(|n| n.to_string()).collect()
 }
 
+/// Every row of the tables, workload by workload, in the order they print.
+/// Rows keyed by cluster size or container count come from `docs`, so a
+/// size only one document measured still gets its row.
 fn rows(docs: &[&Value]) -> Vec<Row> {
-    use Better::{Higher, Lower};
+    let sizes = sizes(docs);
     let mut out = Vec::new();
-    for n in sizes(docs) {
-        // The brief's latency target is stated for N = 5.
-        let (t50, t99) = if n == "5" {
-            (Some(Target::AtMost(10.0)), Some(Target::AtMost(50.0)))
-        } else {
-            (None, None)
-        };
+    for n in &sizes {
+        out.extend(latency_rows(n));
+    }
+    out.extend(throughput_rows());
+    out.extend(cold_sync_rows());
+    out.extend(bytes_per_change_rows());
+    out.extend(rss_rows());
+    out.extend(reads_rows());
+    out.extend(batch_rows());
+    out.extend(big_log_rows());
+    for n in container_counts(docs) {
+        out.extend(containers_rows(&n));
+    }
+    for n in &sizes {
         out.push(row(
-            &format!("propagation latency N={n}, p50"),
-            &["propagation_latency", &n, "p50_ms"],
-            "ms",
-            Lower,
-            t50,
-        ));
-        out.push(row(
-            &format!("propagation latency N={n}, p99"),
-            &["propagation_latency", &n, "p99_ms"],
-            "ms",
-            Lower,
-            t99,
+            &format!("wire bytes per change, single writes, N={n}"),
+            &["propagation_latency", n, "wire_bytes_per_change"],
+            "B",
+            Better::Lower,
+            None,
         ));
     }
-    out.extend([
+    out
+}
+
+/// The `latency` workload at cluster size `n`.
+fn latency_rows(n: &str) -> [Row; 2] {
+    // The brief's latency target is stated for N = 5.
+    let (t50, t99) = if n == "5" {
+        (Some(Target::AtMost(10.0)), Some(Target::AtMost(50.0)))
+    } else {
+        (None, None)
+    };
+    [
+        row(
+            &format!("propagation latency N={n}, p50"),
+            &["propagation_latency", n, "p50_ms"],
+            "ms",
+            Better::Lower,
+            t50,
+        ),
+        row(
+            &format!("propagation latency N={n}, p99"),
+            &["propagation_latency", n, "p99_ms"],
+            "ms",
+            Better::Lower,
+            t99,
+        ),
+    ]
+}
+
+/// The `throughput` workload's rates.
+fn throughput_rows() -> [Row; 3] {
+    use Better::Higher;
+    [
         row(
             "writes converged on 3 nodes",
             &["throughput", "rate_per_sec"],
@@ -131,6 +166,13 @@ fn rows(docs: &[&Value]) -> Vec<Row> {
             Higher,
             Some(Target::AtLeast(0.5)),
         ),
+    ]
+}
+
+/// The `cold-sync` workload.
+fn cold_sync_rows() -> [Row; 4] {
+    use Better::Lower;
+    [
         row("cold sync", &["cold_sync", "sync_ms"], "ms", Lower, None),
         row(
             "cold sync of an empty log",
@@ -153,6 +195,13 @@ fn rows(docs: &[&Value]) -> Vec<Row> {
             Lower,
             Some(Target::AtMost(2.0)),
         ),
+    ]
+}
+
+/// The size of a change on the wire, measured by the `throughput` workload.
+fn bytes_per_change_rows() -> [Row; 3] {
+    use Better::Lower;
+    [
         row(
             "wire bytes per change",
             &["bytes_per_change", "wire_bytes_per_change"],
@@ -174,6 +223,13 @@ fn rows(docs: &[&Value]) -> Vec<Row> {
             Lower,
             None,
         ),
+    ]
+}
+
+/// Daemon memory, read during the `throughput` and `cold-sync` workloads.
+fn rss_rows() -> [Row; 2] {
+    use Better::Lower;
+    [
         row(
             "RSS idle, per daemon",
             &["rss_mb", "idle"],
@@ -188,8 +244,13 @@ fn rows(docs: &[&Value]) -> Vec<Row> {
             Lower,
             None,
         ),
-    ]);
-    out.extend([
+    ]
+}
+
+/// The `reads` workload.
+fn reads_rows() -> [Row; 4] {
+    use Better::Lower;
+    [
         row(
             "point read at 100k keys, p99",
             &["reads", "get_p99_ms"],
@@ -218,31 +279,40 @@ fn rows(docs: &[&Value]) -> Vec<Row> {
             Lower,
             None,
         ),
-    ]);
-    out.extend([
+    ]
+}
+
+/// The `batch` workload.
+fn batch_rows() -> [Row; 3] {
+    [
         row(
             "items converged on 3 nodes, state.batch of 100",
             &["batch", "rate_per_sec"],
             "/s",
-            Higher,
+            Better::Higher,
             None,
         ),
         row(
             "batch converged / local append",
             &["batch", "ratio"],
             "×",
-            Higher,
+            Better::Higher,
             Some(Target::AtLeast(0.8)),
         ),
         row(
             "wire bytes per item, state.batch",
             &["batch", "wire_bytes_per_item"],
             "B",
-            Lower,
+            Better::Lower,
             None,
         ),
-    ]);
-    out.extend([
+    ]
+}
+
+/// The `big` workload.
+fn big_log_rows() -> [Row; 5] {
+    use Better::Lower;
+    [
         row(
             "cold sync of a big log (state.batch fill)",
             &["big", "sync_ms"],
@@ -278,44 +348,39 @@ fn rows(docs: &[&Value]) -> Vec<Row> {
             Lower,
             Some(Target::AtMost(50.0)),
         ),
-    ]);
-    for n in container_counts(docs) {
-        let idle_target = (n == "10000").then_some(Target::AtMost(1024.0));
-        out.push(row(
+    ]
+}
+
+/// The `containers` workload at `n` containers.
+fn containers_rows(n: &str) -> [Row; 3] {
+    use Better::Lower;
+    let idle_target = (n == "10000").then_some(Target::AtMost(1024.0));
+    [
+        row(
             &format!("idle anti-entropy, {n} containers"),
-            &["containers", &n, "idle_bytes_per_peer_round"],
+            &["containers", n, "idle_bytes_per_peer_round"],
             "B/peer/round",
             Lower,
             idle_target,
-        ));
-        out.push(row(
+        ),
+        row(
             &format!("one change among {n} containers"),
-            &["containers", &n, "one_change_ms"],
+            &["containers", n, "one_change_ms"],
             "ms",
             Lower,
             None,
-        ));
+        ),
         // Read about 20 s after the containers were written, before the
         // daemon's one-minute idle eviction: not issue 13's "on disk" row,
         // which scripts/bench/cold-containers.sh measures after a restart.
-        out.push(row(
+        row(
             &format!("RSS 20 s after writing {n} containers"),
-            &["containers", &n, "idle_rss_mb"],
+            &["containers", n, "idle_rss_mb"],
             "MB",
             Lower,
             None,
-        ));
-    }
-    for n in sizes(docs) {
-        out.push(row(
-            &format!("wire bytes per change, single writes, N={n}"),
-            &["propagation_latency", &n, "wire_bytes_per_change"],
-            "B",
-            Lower,
-            None,
-        ));
-    }
-    out
+        ),
+    ]
 }
 
 fn lookup<'a>(doc: &'a Value, path: &[String]) -> Option<&'a Value> {

@@ -395,28 +395,188 @@ impl State {
         }
     }
 
+    /// `start`: node 0 listens (role `server`), every other node dials it.
+    async fn start(&self, args: &Value) -> Result<Value> {
+        let dir = str_arg(args, "dir")?;
+        let peer = str_arg(args, "peer_id")?;
+        if str_arg(args, "role")? == "server" {
+            self.start_server(dir, peer).await
+        } else {
+            self.start_client(dir, peer, u64_arg(args, "port")?).await?;
+            Ok(json!({}))
+        }
+    }
+
+    /// `create`: a new empty document, made the node's own.
+    async fn create(&self) -> Result<Value> {
+        let handle = self
+            .repo()?
+            .create(Automerge::new())
+            .await
+            .map_err(|_| anyhow!("the repo stopped during create"))?;
+        let id = handle.document_id().to_string();
+        self.attach(handle);
+        Ok(json!({ "doc_id": id }))
+    }
+
+    /// `write`: one put of `key` = `value`, in one change.
+    fn write(&self, args: &Value) -> Result<Value> {
+        let key = str_arg(args, "key")?.to_owned();
+        let value = str_arg(args, "value")?.to_owned();
+        let handle = self.handle()?;
+        let t = now_ms();
+        handle
+            .with_document(|d| {
+                d.transact::<_, _, automerge::AutomergeError>(|tx| {
+                    tx.put(ROOT, key.as_str(), value.as_str())?;
+                    Ok(())
+                })
+                .map(|_| ())
+                .map_err(|f| f.error.to_string())
+            })
+            .map_err(|e| anyhow!("put {key}: {e}"))?;
+        Ok(json!({ "t_ms": t }))
+    }
+
+    /// `write_many`: `count` one-put changes, `per_turn` of them between yields.
+    async fn write_many(&self, args: &Value) -> Result<Value> {
+        let prefix = str_arg(args, "prefix")?.to_owned();
+        let count = u64_arg(args, "count")?;
+        let per_turn = u64_arg(args, "per_turn")?.max(1);
+        let handle = self.handle()?;
+        let t0 = now_ms();
+        for i in 0..count {
+            let key = format!("{prefix}{i}");
+            handle
+                .with_document(|d| {
+                    d.transact::<_, _, automerge::AutomergeError>(|tx| {
+                        tx.put(ROOT, key.as_str(), value_for(i))?;
+                        Ok(())
+                    })
+                    .map(|_| ())
+                    .map_err(|f| f.error.to_string())
+                })
+                .map_err(|e| anyhow!("put {key}: {e}"))?;
+            if (i + 1) % per_turn == 0 {
+                // Lets samod's connection tasks run between turns.
+                tokio::task::yield_now().await;
+            }
+        }
+        let t1 = now_ms();
+        let heads = handle.with_document(|d| sorted_hex(&d.get_heads()));
+        Ok(json!({ "t_start_ms": t0, "t_end_ms": t1, "heads": heads }))
+    }
+
+    /// `write_batches`: `count` items k{i} = i, `per_batch` puts per change.
+    async fn write_batches(&self, args: &Value) -> Result<Value> {
+        let count = u64_arg(args, "count")?;
+        let per_batch = u64_arg(args, "per_batch")?.max(1);
+        let handle = self.handle()?;
+        let t0 = now_ms();
+        let mut start = 0;
+        while start < count {
+            let end = (start + per_batch).min(count);
+            handle
+                .with_document(|d| {
+                    d.transact::<_, _, automerge::AutomergeError>(|tx| {
+                        for i in start..end {
+                            tx.put(ROOT, format!("k{i}"), ScalarValue::Int(i as i64))?;
+                        }
+                        Ok(())
+                    })
+                    .map(|_| ())
+                    .map_err(|f| f.error.to_string())
+                })
+                .map_err(|e| anyhow!("batch from k{start}: {e}"))?;
+            start = end;
+            tokio::task::yield_now().await;
+        }
+        let t1 = now_ms();
+        let heads = handle.with_document(|d| sorted_hex(&d.get_heads()));
+        Ok(json!({ "t_start_ms": t0, "t_end_ms": t1, "heads": heads }))
+    }
+
+    /// `fill`: `count` one-put changes built on a plain document, handed to
+    /// the repo with `Repo::create` (samod's import).
+    async fn fill(&self, args: &Value) -> Result<Value> {
+        let prefix = str_arg(args, "prefix")?.to_owned();
+        let count = u64_arg(args, "count")?;
+        let t0 = now_ms();
+        let doc = tokio::task::spawn_blocking(move || -> Result<Automerge> {
+            let mut doc = Automerge::new();
+            for i in 0..count {
+                doc.transact::<_, _, automerge::AutomergeError>(|tx| {
+                    tx.put(ROOT, format!("{prefix}{i}"), value_for(i))?;
+                    Ok(())
+                })
+                .map_err(|f| anyhow!("fill put {i}: {}", f.error))?;
+            }
+            Ok(doc)
+        })
+        .await??;
+        let handle = self
+            .repo()?
+            .create(doc)
+            .await
+            .map_err(|_| anyhow!("the repo stopped during create"))?;
+        let id = handle.document_id().to_string();
+        let heads = handle.with_document(|d| sorted_hex(&d.get_heads()));
+        self.attach(handle);
+        let t1 = now_ms();
+        Ok(json!({ "doc_id": id, "heads": heads, "t_start_ms": t0, "t_end_ms": t1 }))
+    }
+
+    /// `local_load`: how long loading the document's saved bytes takes here.
+    async fn local_load(&self) -> Result<Value> {
+        let handle = self.handle()?;
+        tokio::task::spawn_blocking(move || -> Result<Value> {
+            let bytes = handle.with_document(|d| d.save());
+            let t0 = now_ms();
+            let doc = Automerge::load(&bytes)?;
+            let t1 = now_ms();
+            Ok(json!({
+                "ms": t1 - t0,
+                "saved_bytes": bytes.len(),
+                "keys": doc.keys(ROOT).count(),
+            }))
+        })
+        .await?
+    }
+
+    /// `cold_sync`: starts as a client, finds the document and waits for its heads.
+    async fn cold_sync(&self, args: &Value) -> Result<Value> {
+        let timeout_ms = u64_arg(args, "timeout_ms")?;
+        let want = heads_arg(args)?;
+        if args["warm_up"].as_bool().unwrap_or(false) {
+            tokio::task::spawn_blocking(warm_up_automerge).await??;
+        }
+        let t0 = now_ms();
+        self.start_client(
+            str_arg(args, "dir")?,
+            str_arg(args, "peer_id")?,
+            u64_arg(args, "port")?,
+        )
+        .await?;
+        self.find(str_arg(args, "doc_id")?, timeout_ms).await?;
+        let left = (timeout_ms as f64 - (now_ms() - t0)).max(1.0) as u64;
+        let t1 = self.wait_heads(want, left).await?;
+        Ok(json!({ "t_start_ms": t0, "t_done_ms": t1 }))
+    }
+
+    /// `stop`: stops the repo, giving it 10 s.
+    async fn stop(&self) -> Result<Value> {
+        let repo = self.repo.lock().unwrap().take();
+        if let Some(repo) = repo {
+            let _ = tokio::time::timeout(Duration::from_secs(10), repo.stop()).await;
+        }
+        Ok(json!({}))
+    }
+
+    /// Runs one request of the coordinator and gives its result.
     async fn run(self: &Arc<Self>, cmd: &str, args: &Value) -> Result<Value> {
         match cmd {
-            "start" => {
-                let dir = str_arg(args, "dir")?;
-                let peer = str_arg(args, "peer_id")?;
-                if str_arg(args, "role")? == "server" {
-                    self.start_server(dir, peer).await
-                } else {
-                    self.start_client(dir, peer, u64_arg(args, "port")?).await?;
-                    Ok(json!({}))
-                }
-            }
-            "create" => {
-                let handle = self
-                    .repo()?
-                    .create(Automerge::new())
-                    .await
-                    .map_err(|_| anyhow!("the repo stopped during create"))?;
-                let id = handle.document_id().to_string();
-                self.attach(handle);
-                Ok(json!({ "doc_id": id }))
-            }
+            "start" => self.start(args).await,
+            "create" => self.create().await,
             "find" => {
                 self.find(str_arg(args, "doc_id")?, u64_arg(args, "timeout_ms")?)
                     .await?;
@@ -429,107 +589,10 @@ impl State {
                     .insert(str_arg(args, "key")?.to_owned());
                 Ok(json!({}))
             }
-            "write" => {
-                let key = str_arg(args, "key")?.to_owned();
-                let value = str_arg(args, "value")?.to_owned();
-                let handle = self.handle()?;
-                let t = now_ms();
-                handle
-                    .with_document(|d| {
-                        d.transact::<_, _, automerge::AutomergeError>(|tx| {
-                            tx.put(ROOT, key.as_str(), value.as_str())?;
-                            Ok(())
-                        })
-                        .map(|_| ())
-                        .map_err(|f| f.error.to_string())
-                    })
-                    .map_err(|e| anyhow!("put {key}: {e}"))?;
-                Ok(json!({ "t_ms": t }))
-            }
-            "write_many" => {
-                let prefix = str_arg(args, "prefix")?.to_owned();
-                let count = u64_arg(args, "count")?;
-                let per_turn = u64_arg(args, "per_turn")?.max(1);
-                let handle = self.handle()?;
-                let t0 = now_ms();
-                for i in 0..count {
-                    let key = format!("{prefix}{i}");
-                    handle
-                        .with_document(|d| {
-                            d.transact::<_, _, automerge::AutomergeError>(|tx| {
-                                tx.put(ROOT, key.as_str(), value_for(i))?;
-                                Ok(())
-                            })
-                            .map(|_| ())
-                            .map_err(|f| f.error.to_string())
-                        })
-                        .map_err(|e| anyhow!("put {key}: {e}"))?;
-                    if (i + 1) % per_turn == 0 {
-                        // Lets samod's connection tasks run between turns.
-                        tokio::task::yield_now().await;
-                    }
-                }
-                let t1 = now_ms();
-                let heads = handle.with_document(|d| sorted_hex(&d.get_heads()));
-                Ok(json!({ "t_start_ms": t0, "t_end_ms": t1, "heads": heads }))
-            }
-            "write_batches" => {
-                // `count` items k{i} = i, `per_batch` puts per change.
-                let count = u64_arg(args, "count")?;
-                let per_batch = u64_arg(args, "per_batch")?.max(1);
-                let handle = self.handle()?;
-                let t0 = now_ms();
-                let mut start = 0;
-                while start < count {
-                    let end = (start + per_batch).min(count);
-                    handle
-                        .with_document(|d| {
-                            d.transact::<_, _, automerge::AutomergeError>(|tx| {
-                                for i in start..end {
-                                    tx.put(ROOT, format!("k{i}"), ScalarValue::Int(i as i64))?;
-                                }
-                                Ok(())
-                            })
-                            .map(|_| ())
-                            .map_err(|f| f.error.to_string())
-                        })
-                        .map_err(|e| anyhow!("batch from k{start}: {e}"))?;
-                    start = end;
-                    tokio::task::yield_now().await;
-                }
-                let t1 = now_ms();
-                let heads = handle.with_document(|d| sorted_hex(&d.get_heads()));
-                Ok(json!({ "t_start_ms": t0, "t_end_ms": t1, "heads": heads }))
-            }
-            "fill" => {
-                // `count` one-put changes built on a plain document, handed to
-                // the repo with `Repo::create` (samod's import).
-                let prefix = str_arg(args, "prefix")?.to_owned();
-                let count = u64_arg(args, "count")?;
-                let t0 = now_ms();
-                let doc = tokio::task::spawn_blocking(move || -> Result<Automerge> {
-                    let mut doc = Automerge::new();
-                    for i in 0..count {
-                        doc.transact::<_, _, automerge::AutomergeError>(|tx| {
-                            tx.put(ROOT, format!("{prefix}{i}"), value_for(i))?;
-                            Ok(())
-                        })
-                        .map_err(|f| anyhow!("fill put {i}: {}", f.error))?;
-                    }
-                    Ok(doc)
-                })
-                .await??;
-                let handle = self
-                    .repo()?
-                    .create(doc)
-                    .await
-                    .map_err(|_| anyhow!("the repo stopped during create"))?;
-                let id = handle.document_id().to_string();
-                let heads = handle.with_document(|d| sorted_hex(&d.get_heads()));
-                self.attach(handle);
-                let t1 = now_ms();
-                Ok(json!({ "doc_id": id, "heads": heads, "t_start_ms": t0, "t_end_ms": t1 }))
-            }
+            "write" => self.write(args),
+            "write_many" => self.write_many(args).await,
+            "write_batches" => self.write_batches(args).await,
+            "fill" => self.fill(args).await,
             "wait_heads" => {
                 let t = self
                     .wait_heads(heads_arg(args)?, u64_arg(args, "timeout_ms")?)
@@ -545,50 +608,13 @@ impl State {
                 "sent_bytes": self.sent.load(Ordering::Relaxed),
                 "recv_bytes": self.recv.load(Ordering::Relaxed),
             })),
-            "local_load" => {
-                let handle = self.handle()?;
-                tokio::task::spawn_blocking(move || -> Result<Value> {
-                    let bytes = handle.with_document(|d| d.save());
-                    let t0 = now_ms();
-                    let doc = Automerge::load(&bytes)?;
-                    let t1 = now_ms();
-                    Ok(json!({
-                        "ms": t1 - t0,
-                        "saved_bytes": bytes.len(),
-                        "keys": doc.keys(ROOT).count(),
-                    }))
-                })
-                .await?
-            }
-            "cold_sync" => {
-                let timeout_ms = u64_arg(args, "timeout_ms")?;
-                let want = heads_arg(args)?;
-                if args["warm_up"].as_bool().unwrap_or(false) {
-                    tokio::task::spawn_blocking(warm_up_automerge).await??;
-                }
-                let t0 = now_ms();
-                self.start_client(
-                    str_arg(args, "dir")?,
-                    str_arg(args, "peer_id")?,
-                    u64_arg(args, "port")?,
-                )
-                .await?;
-                self.find(str_arg(args, "doc_id")?, timeout_ms).await?;
-                let left = (timeout_ms as f64 - (now_ms() - t0)).max(1.0) as u64;
-                let t1 = self.wait_heads(want, left).await?;
-                Ok(json!({ "t_start_ms": t0, "t_done_ms": t1 }))
-            }
+            "local_load" => self.local_load().await,
+            "cold_sync" => self.cold_sync(args).await,
             "flush" => {
                 self.flush(u64_arg(args, "timeout_ms")?).await?;
                 Ok(json!({}))
             }
-            "stop" => {
-                let repo = self.repo.lock().unwrap().take();
-                if let Some(repo) = repo {
-                    let _ = tokio::time::timeout(Duration::from_secs(10), repo.stop()).await;
-                }
-                Ok(json!({}))
-            }
+            "stop" => self.stop().await,
             other => bail!("unknown command {other}"),
         }
     }
