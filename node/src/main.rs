@@ -697,47 +697,7 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Init {
             name,
             i_have_written_it_down,
-        } => {
-            recovery::check_can_confirm(i_have_written_it_down, json)?;
-            if home_dir.exists() {
-                home::ensure_empty(&home_dir)?;
-            }
-            let phrase = nuwa_identity::recovery::RecoveryPhrase::generate()
-                .context("cannot generate the recovery words")?;
-            if !json {
-                recovery::show(&phrase, None);
-            }
-            recovery::confirm(&phrase, i_have_written_it_down)?;
-            let h = home::init(&home_dir, &name, &phrase.key().public())?;
-            if json {
-                let mut v = serde_json::json!({
-                    "did": h.log.did(),
-                    "context_id": h.info.context_id,
-                    "name": h.info.name,
-                    "home": home_dir.display().to_string(),
-                });
-                if i_have_written_it_down {
-                    v["recovery_words"] = phrase.words().to_string().into();
-                }
-                client::print_json(&v)?;
-                return Ok(());
-            }
-            println!("agent did:   {}", h.log.did());
-            println!("context id:  {}", h.info.context_id);
-            println!("home:        {}", home_dir.display());
-            println!(
-                "this home holds the agent's master key, an admin key: it approves, provisions, \
-                 promotes and revokes devices. Make a second device an admin too (`device \
-                 promote`), so losing this one does not need the recovery words."
-            );
-            println!(
-                "back the master key up, offline (a USB stick, a password manager): \
-                 nuwa-node --home {} master-key backup --out /path/to/usb/nuwa-master.key",
-                home_dir.display()
-            );
-            println!("next: nuwa-node --home {} run", home_dir.display());
-            Ok(())
-        }
+        } => init(&home_dir, &name, i_have_written_it_down, json),
         Command::Recover {
             lost,
             words_file,
@@ -746,49 +706,14 @@ fn real_main(cli: Cli) -> Result<()> {
             sync_timeout,
             net,
         } if !home_dir.join(home::DEVICE_KEY).exists() => {
-            let _log = init_tracing_quiet()?;
-            recovery::check_can_confirm(i_have_written_it_down, json)?;
-            if home_dir.exists() {
-                home::ensure_empty(&home_dir)?;
-            }
-            let words = recovery::read_words(words_file.as_deref())?;
-            let next = nuwa_identity::recovery::RecoveryPhrase::generate()
-                .context("cannot generate new recovery words")?;
-            if !json {
-                println!(
-                    "the agent's NEW recovery words (they replace the old ones once this recovery completes):"
-                );
-                recovery::show(&next, None);
-            }
-            recovery::confirm(&next, i_have_written_it_down)?;
-            let opts = pair_options(
-                &home_dir,
-                String::new(),
+            let fresh = FreshRecovery {
+                lost,
+                words_file,
+                i_have_written_it_down,
                 ttl,
-                net,
-                Some(sync_timeout),
-                Some(pair::RecoveryJoin {
-                    key: words.key(),
-                    lost,
-                    next_public: next.key().public(),
-                }),
-            )?;
-            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-            rt.block_on(pair::run(&home_dir, opts))?;
-            if json {
-                let h = home::load(&home_dir)?;
-                let mut v = serde_json::json!({
-                    "did": h.log.did(),
-                    "admin": h.info.context_id,
-                    "epoch": h.keys.current().epoch(),
-                    "did_log_len": h.log.len(),
-                });
-                if i_have_written_it_down {
-                    v["recovery_words"] = next.words().to_string().into();
-                }
-                client::print_json(&v)?;
-            }
-            Ok(())
+                sync_timeout,
+            };
+            recover_fresh(&home_dir, fresh, net, json)
         }
         Command::Recover {
             lost,
@@ -807,55 +732,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 i_have_written_it_down,
             },
         } => recovery::create(&home_dir, i_have_written_it_down, json),
-        Command::Device {
-            command: DeviceCommand::Promote { context_id },
-        } => client::admin_change(&home_dir, true, &context_id, json),
-        Command::Device {
-            command: DeviceCommand::Rotate,
-        } => recovery::rotate(&home_dir, json),
-        Command::Device {
-            command: DeviceCommand::Demote { context_id, yes },
-        } => {
-            let context_id = context_id.trim();
-            if !yes {
-                client::confirm(
-                    &format!(
-                        "this takes admin rights from device {context_id}: it can no longer \
-                         approve, provision, promote or revoke devices."
-                    ),
-                    context_id,
-                )?;
-            }
-            client::admin_change(&home_dir, false, context_id, json)
-        }
-        Command::Device {
-            command: DeviceCommand::List,
-        } => client::device_list(&home_dir, json),
-        Command::Device {
-            command:
-                DeviceCommand::Approve {
-                    code,
-                    name,
-                    timeout,
-                    recovery,
-                },
-        } => client::approve(&home_dir, &code, name, timeout, recovery, json),
-        Command::Device {
-            command: DeviceCommand::Revoke { context_id, yes },
-        } => {
-            let context_id = context_id.trim();
-            if !yes {
-                client::confirm(
-                    &format!(
-                        "this revokes device {context_id}: it is removed from the agent's DID \
-                         document, gets nothing written from now on, and its writes are refused \
-                         by every device. It cannot be undone (pair the device again instead)."
-                    ),
-                    context_id,
-                )?;
-            }
-            client::revoke(&home_dir, context_id, json)
-        }
+        Command::Device { command } => device_command(&home_dir, command, json),
         Command::Pair {
             name,
             ttl,
@@ -875,41 +752,11 @@ fn real_main(cli: Cli) -> Result<()> {
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             rt.block_on(pair::run(&home_dir, opts))
         }
-        Command::Device {
-            command: DeviceCommand::Provision { out, name },
-        } => {
-            let info = client::provision(&home_dir, &out, &name)?;
-            if json {
-                return client::print_json(&info);
-            }
-            println!(
-                "provisioned device {} in {}",
-                info.context_id,
-                out.display()
-            );
-            println!("next: nuwa-node --home {} run", out.display());
-            Ok(())
-        }
         Command::Run {
             net,
             lifecycle_every,
             log,
-        } => {
-            // Held until `run` returns, so that queued file logs are flushed.
-            let _log = init_tracing(&log)?;
-            let mut opts = run_options(&home_dir, net, None)?;
-            opts.agent.lifecycle_every_ms = lifecycle_every
-                .max(std::time::Duration::from_millis(100))
-                .as_millis() as u64;
-            let h = home::load(&home_dir)?;
-            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-            let ran = rt.block_on(daemon::run(h, opts));
-            // Also in the log: with --log-file, stderr may be read by no one.
-            if let Err(e) = &ran {
-                tracing::error!(error = %format!("{e:#}"), "the daemon stopped on an error");
-            }
-            ran
-        }
+        } => run_daemon(&home_dir, net, lifecycle_every, &log),
         Command::Sync { once, timeout, net } => {
             if !once {
                 anyhow::bail!("only `sync --once` exists so far; for continuous sync use `run`");
@@ -920,34 +767,7 @@ fn real_main(cli: Cli) -> Result<()> {
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             rt.block_on(daemon::run(h, opts))
         }
-        Command::Rendezvous {
-            listen,
-            max_registrations_per_peer,
-            max_registrations,
-            keeper,
-            keeper_quota_mib,
-            keeper_quota_envelopes,
-            keeper_retention_days,
-            log,
-        } => {
-            let keeper = keeper.then(|| nuwa_keeper::KeeperConfig {
-                max_bytes_per_agent: keeper_quota_mib.saturating_mul(1024 * 1024),
-                max_envelopes_per_agent: keeper_quota_envelopes,
-                retention: std::time::Duration::from_secs(
-                    keeper_retention_days.saturating_mul(86_400),
-                ),
-                ..nuwa_keeper::KeeperConfig::default()
-            });
-            let _log = init_tracing(&log)?;
-            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-            rt.block_on(infra::run(
-                &home_dir,
-                listen,
-                max_registrations_per_peer,
-                max_registrations,
-                keeper,
-            ))
-        }
+        rendezvous @ Command::Rendezvous { .. } => run_infra(&home_dir, rendezvous),
         Command::Status => client::status(&home_dir, json),
         Command::Service { command } => service::run(&home_dir, command, json),
         Command::Open { print } => client::open(&home_dir, print, json),
@@ -961,20 +781,236 @@ fn real_main(cli: Cli) -> Result<()> {
         }
         Command::MasterKey {
             command: MasterKeyCommand::Backup { out },
-        } => {
-            let out = doctor::backup_master_key(&home_dir, &out)?;
-            if json {
-                client::print_json(&serde_json::json!({ "out": out }))?;
-            } else {
-                println!("master key copied to {} (mode 0600)", out.display());
-                println!(
-                    "keep it offline: whoever holds it can add and remove this agent's devices"
-                );
-            }
-            Ok(())
-        }
+        } => backup_master_key(&home_dir, &out, json),
         Command::State { command } => state_command(&home_dir, command, json),
     }
+}
+
+/// `init`: a new agent, its recovery words shown once and confirmed.
+fn init(home_dir: &std::path::Path, name: &str, written_down: bool, json: bool) -> Result<()> {
+    recovery::check_can_confirm(written_down, json)?;
+    if home_dir.exists() {
+        home::ensure_empty(home_dir)?;
+    }
+    let phrase = nuwa_identity::recovery::RecoveryPhrase::generate()
+        .context("cannot generate the recovery words")?;
+    if !json {
+        recovery::show(&phrase, None);
+    }
+    recovery::confirm(&phrase, written_down)?;
+    let h = home::init(home_dir, name, &phrase.key().public())?;
+    if json {
+        let mut v = serde_json::json!({
+            "did": h.log.did(),
+            "context_id": h.info.context_id,
+            "name": h.info.name,
+            "home": home_dir.display().to_string(),
+        });
+        if written_down {
+            v["recovery_words"] = phrase.words().to_string().into();
+        }
+        return client::print_json(&v);
+    }
+    println!("agent did:   {}", h.log.did());
+    println!("context id:  {}", h.info.context_id);
+    println!("home:        {}", home_dir.display());
+    println!(
+        "this home holds the agent's master key, an admin key: it approves, provisions, \
+         promotes and revokes devices. Make a second device an admin too (`device \
+         promote`), so losing this one does not need the recovery words."
+    );
+    println!(
+        "back the master key up, offline (a USB stick, a password manager): \
+         nuwa-node --home {} master-key backup --out /path/to/usb/nuwa-master.key",
+        home_dir.display()
+    );
+    println!("next: nuwa-node --home {} run", home_dir.display());
+    Ok(())
+}
+
+/// What `recover` on a fresh home was given.
+struct FreshRecovery {
+    lost: Vec<String>,
+    words_file: Option<std::path::PathBuf>,
+    i_have_written_it_down: bool,
+    ttl: std::time::Duration,
+    sync_timeout: std::time::Duration,
+}
+
+/// `recover` on a fresh home: new words shown and confirmed, then pairing
+/// takes the handover that only the old words open.
+fn recover_fresh(
+    home_dir: &std::path::Path,
+    r: FreshRecovery,
+    net: config::Settings,
+    json: bool,
+) -> Result<()> {
+    let _log = init_tracing_quiet()?;
+    recovery::check_can_confirm(r.i_have_written_it_down, json)?;
+    if home_dir.exists() {
+        home::ensure_empty(home_dir)?;
+    }
+    let words = recovery::read_words(r.words_file.as_deref())?;
+    let next = nuwa_identity::recovery::RecoveryPhrase::generate()
+        .context("cannot generate new recovery words")?;
+    if !json {
+        println!(
+            "the agent's NEW recovery words (they replace the old ones once this recovery completes):"
+        );
+        recovery::show(&next, None);
+    }
+    recovery::confirm(&next, r.i_have_written_it_down)?;
+    let opts = pair_options(
+        home_dir,
+        String::new(),
+        r.ttl,
+        net,
+        Some(r.sync_timeout),
+        Some(pair::RecoveryJoin {
+            key: words.key(),
+            lost: r.lost,
+            next_public: next.key().public(),
+        }),
+    )?;
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(pair::run(home_dir, opts))?;
+    if json {
+        let h = home::load(home_dir)?;
+        let mut v = serde_json::json!({
+            "did": h.log.did(),
+            "admin": h.info.context_id,
+            "epoch": h.keys.current().epoch(),
+            "did_log_len": h.log.len(),
+        });
+        if r.i_have_written_it_down {
+            v["recovery_words"] = next.words().to_string().into();
+        }
+        client::print_json(&v)?;
+    }
+    Ok(())
+}
+
+fn device_command(home_dir: &std::path::Path, command: DeviceCommand, json: bool) -> Result<()> {
+    match command {
+        DeviceCommand::Promote { context_id } => {
+            client::admin_change(home_dir, true, &context_id, json)
+        }
+        DeviceCommand::Rotate => recovery::rotate(home_dir, json),
+        DeviceCommand::Demote { context_id, yes } => {
+            let context_id = context_id.trim();
+            if !yes {
+                client::confirm(
+                    &format!(
+                        "this takes admin rights from device {context_id}: it can no longer \
+                         approve, provision, promote or revoke devices."
+                    ),
+                    context_id,
+                )?;
+            }
+            client::admin_change(home_dir, false, context_id, json)
+        }
+        DeviceCommand::List => client::device_list(home_dir, json),
+        DeviceCommand::Approve {
+            code,
+            name,
+            timeout,
+            recovery,
+        } => client::approve(home_dir, &code, name, timeout, recovery, json),
+        DeviceCommand::Revoke { context_id, yes } => {
+            let context_id = context_id.trim();
+            if !yes {
+                client::confirm(
+                    &format!(
+                        "this revokes device {context_id}: it is removed from the agent's DID \
+                         document, gets nothing written from now on, and its writes are refused \
+                         by every device. It cannot be undone (pair the device again instead)."
+                    ),
+                    context_id,
+                )?;
+            }
+            client::revoke(home_dir, context_id, json)
+        }
+        DeviceCommand::Provision { out, name } => {
+            let info = client::provision(home_dir, &out, &name)?;
+            if json {
+                return client::print_json(&info);
+            }
+            println!(
+                "provisioned device {} in {}",
+                info.context_id,
+                out.display()
+            );
+            println!("next: nuwa-node --home {} run", out.display());
+            Ok(())
+        }
+    }
+}
+
+/// `run`: the daemon, with its logs held until it returns (so that queued
+/// file logs are flushed).
+fn run_daemon(
+    home_dir: &std::path::Path,
+    net: config::Settings,
+    lifecycle_every: std::time::Duration,
+    log: &logging::LogArgs,
+) -> Result<()> {
+    let _log = init_tracing(log)?;
+    let mut opts = run_options(home_dir, net, None)?;
+    opts.agent.lifecycle_every_ms = lifecycle_every
+        .max(std::time::Duration::from_millis(100))
+        .as_millis() as u64;
+    let h = home::load(home_dir)?;
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let ran = rt.block_on(daemon::run(h, opts));
+    // Also in the log: with --log-file, stderr may be read by no one.
+    if let Err(e) = &ran {
+        tracing::error!(error = %format!("{e:#}"), "the daemon stopped on an error");
+    }
+    ran
+}
+
+/// `rendezvous`: an infrastructure node (rendezvous server, DHT
+/// bootstrap, relay, and a keeper with `--keeper`).
+fn run_infra(home_dir: &std::path::Path, command: Command) -> Result<()> {
+    let Command::Rendezvous {
+        listen,
+        max_registrations_per_peer,
+        max_registrations,
+        keeper,
+        keeper_quota_mib,
+        keeper_quota_envelopes,
+        keeper_retention_days,
+        log,
+    } = command
+    else {
+        anyhow::bail!("not the rendezvous command");
+    };
+    let keeper = keeper.then(|| nuwa_keeper::KeeperConfig {
+        max_bytes_per_agent: keeper_quota_mib.saturating_mul(1024 * 1024),
+        max_envelopes_per_agent: keeper_quota_envelopes,
+        retention: std::time::Duration::from_secs(keeper_retention_days.saturating_mul(86_400)),
+        ..nuwa_keeper::KeeperConfig::default()
+    });
+    let _log = init_tracing(&log)?;
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(infra::run(
+        home_dir,
+        listen,
+        max_registrations_per_peer,
+        max_registrations,
+        keeper,
+    ))
+}
+
+fn backup_master_key(home_dir: &std::path::Path, out: &std::path::Path, json: bool) -> Result<()> {
+    let out = doctor::backup_master_key(home_dir, out)?;
+    if json {
+        client::print_json(&serde_json::json!({ "out": out }))?;
+    } else {
+        println!("master key copied to {} (mode 0600)", out.display());
+        println!("keep it offline: whoever holds it can add and remove this agent's devices");
+    }
+    Ok(())
 }
 
 fn state_command(home_dir: &std::path::Path, command: StateCommand, json: bool) -> Result<()> {

@@ -129,17 +129,29 @@ pub struct Metrics {
     )>,
     write_ack: Histogram,
     propagation_apply: Histogram,
-    loop_turn: Histogram,
-    /// Longest loop turn since start, in microseconds.
-    pub loop_turn_longest_us: Gauge,
-    /// What the longest loop turn handled.
-    loop_turn_longest_what: Mutex<&'static str>,
+    /// How long turns of the daemon loop held it.
+    turns: Turns,
     api_requests: Family<RouteLabels, Histogram>,
     api_errors: Family<CodeLabels, Counter>,
-    pub peers_verified: Gauge,
+    /// What the daemon holds now, set every tick.
+    pub gauges: Gauges,
     /// Where the network's own counters are read from (set once the swarm
     /// runs); pulled into the registry whenever it is read.
     net: std::sync::OnceLock<nuwa_net::NetHandle>,
+}
+
+/// Turns of the daemon loop: their durations, and the longest so far.
+struct Turns {
+    histogram: Histogram,
+    /// Longest loop turn since start, in microseconds.
+    longest_us: Gauge,
+    /// What the longest loop turn handled.
+    longest_what: Mutex<&'static str>,
+}
+
+/// What the daemon holds now.
+pub struct Gauges {
+    pub peers_verified: Gauge,
     pub containers: Gauge,
     pub envelopes_held: Gauge,
 }
@@ -236,15 +248,19 @@ impl Metrics {
             seen: Mutex::new(Default::default()),
             write_ack,
             propagation_apply,
-            loop_turn,
-            loop_turn_longest_us,
-            loop_turn_longest_what: Mutex::new("nothing yet"),
+            turns: Turns {
+                histogram: loop_turn,
+                longest_us: loop_turn_longest_us,
+                longest_what: Mutex::new("nothing yet"),
+            },
             api_requests,
             api_errors,
-            peers_verified,
+            gauges: Gauges {
+                peers_verified,
+                containers,
+                envelopes_held,
+            },
             net: std::sync::OnceLock::new(),
-            containers,
-            envelopes_held,
         }
     }
 
@@ -313,12 +329,13 @@ impl Metrics {
 
     /// One turn of the daemon loop, handling `what`, took `d`.
     pub fn observe_loop_turn(&self, what: &'static str, d: Duration) {
-        self.loop_turn.observe(d.as_secs_f64());
+        self.turns.histogram.observe(d.as_secs_f64());
         let us = i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
-        if us > self.loop_turn_longest_us.get() {
-            self.loop_turn_longest_us.set(us);
+        if us > self.turns.longest_us.get() {
+            self.turns.longest_us.set(us);
             *self
-                .loop_turn_longest_what
+                .turns
+                .longest_what
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()) = what;
         }
@@ -328,10 +345,11 @@ impl Metrics {
     /// handled.
     pub fn loop_turn_longest(&self) -> (i64, &'static str) {
         let what = *self
-            .loop_turn_longest_what
+            .turns
+            .longest_what
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        (self.loop_turn_longest_us.get(), what)
+        (self.turns.longest_us.get(), what)
     }
 
     pub fn observe_propagation_apply(&self, d: Duration) {

@@ -496,11 +496,15 @@ impl Executor {
     /// The gauges `status` and `/metrics` show, as of this tick.
     pub(super) fn gauges(&self, agent: &Agent) {
         let s = agent.session();
-        self.metrics.peers_verified.set(s.verified().count() as i64);
         self.metrics
+            .gauges
+            .peers_verified
+            .set(s.verified().count() as i64);
+        self.metrics
+            .gauges
             .containers
             .set(s.engine().container_count() as i64);
-        self.metrics.envelopes_held.set(s.held_len() as i64);
+        self.metrics.gauges.envelopes_held.set(s.held_len() as i64);
     }
 }
 
