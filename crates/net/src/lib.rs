@@ -27,7 +27,7 @@
 //! `outbox`): the actor never awaits the event channel. When it is full,
 //! connection lifecycle events wait in a bounded, ordered backlog, while
 //! inbound frames, gossip and DHT or rendezvous results are dropped and
-//! counted in [`NetStats`] (anti-entropy and repeated lookups heal them).
+//! counted in [`NetCount`] (anti-entropy and repeated lookups heal them).
 //! The owner never waits to send a frame or a publish: past a share of the
 //! command queue they are dropped and counted; control commands keep order.
 //!
@@ -36,6 +36,7 @@
 //! addresses without depending on libp2p themselves.
 
 mod codec;
+mod counts;
 mod outbox;
 pub mod reach;
 
@@ -66,6 +67,8 @@ pub use libp2p::multiaddr::Protocol;
 pub use libp2p::{Multiaddr, PeerId};
 
 use codec::FrameCodec;
+pub use counts::NetCount;
+use nuwa_counters::Counters;
 use outbox::{Delivery, Outbox};
 pub use reach::Scope;
 
@@ -154,7 +157,7 @@ impl Default for InfraLimits {
 
 /// Caps on connections, checked by libp2p before a connection is used.
 /// Connections over a cap are refused and counted
-/// ([`NetStats::connections_refused`]).
+/// ([`NetCount::ConnectionsRefused`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
     /// Inbound connections still in their handshake.
@@ -427,93 +430,6 @@ pub enum NetError {
     Behind(&'static str),
 }
 
-/// Counters kept by the network actor.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NetStats {
-    pub oversized_frames_refused: u64,
-    /// Provider records refused because the provider was not the sender.
-    pub kad_forged_providers: u64,
-    /// Gossip publishes that did not go out: the held queue overflowed,
-    /// gossipsub refused them, or the command queue was behind.
-    pub gossip_publish_dropped: u64,
-    /// Commands the owner issued through the handle (sends, dials, ...),
-    /// counted as they are issued.
-    pub commands_issued: u64,
-    /// Inbound frames dropped because the owner was not reading events;
-    /// each one's stream was closed without a receipt.
-    pub frames_dropped: u64,
-    /// Inbound gossip messages dropped because the owner was not reading
-    /// events (reported to gossipsub as ignored, so not forwarded).
-    pub gossip_dropped: u64,
-    /// Other events dropped because the owner was not reading: droppable
-    /// ones (send failures, DHT and rendezvous results) when the event
-    /// channel was full, and must-deliver ones when even the backlog was.
-    pub events_dropped: u64,
-    /// Outbound frames dropped before leaving: the command queue was behind
-    /// or the peer's send queue was full.
-    pub outbound_frames_dropped: u64,
-    /// Connections refused by [`ConnectionLimits`], inbound and outbound.
-    pub connections_refused: u64,
-    /// Relay server: reservations accepted and refused (limits or rates).
-    pub relay_reservations_accepted: u64,
-    pub relay_reservations_denied: u64,
-    /// Relay server: circuits opened and refused.
-    pub relay_circuits_accepted: u64,
-    pub relay_circuits_denied: u64,
-    /// Relay server: circuits cut with an error (a limit reached, or a side
-    /// went away mid-stream).
-    pub relay_circuits_cut: u64,
-    /// Relay client: reservations we held that ended or were refused.
-    pub relay_reservations_lost: u64,
-    /// DCUtR hole punches that made a direct connection, and that failed.
-    pub hole_punches_ok: u64,
-    pub hole_punches_failed: u64,
-    /// AutoNAT v2 tests of our addresses: reachable, and not.
-    pub autonat_reachable: u64,
-    pub autonat_unreachable: u64,
-    /// Frame bytes sent over relayed connections, and over direct ones.
-    pub bytes_sent_relayed: u64,
-    pub bytes_sent_direct: u64,
-    /// Frames held back for a direct connection (too big for the relay).
-    pub frames_deferred_for_direct: u64,
-    /// Dials not made because the address was one of our own listeners, or
-    /// the peer was ourselves.
-    pub self_dials_skipped: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    oversized: Arc<AtomicU64>,
-    forged_providers: AtomicU64,
-    publish_dropped: AtomicU64,
-    commands: AtomicU64,
-    frames_dropped: AtomicU64,
-    gossip_dropped: AtomicU64,
-    events_dropped: AtomicU64,
-    outbound_frames_dropped: AtomicU64,
-    connections_refused: AtomicU64,
-    relay_reservations_accepted: AtomicU64,
-    relay_reservations_denied: AtomicU64,
-    relay_circuits_accepted: AtomicU64,
-    relay_circuits_denied: AtomicU64,
-    relay_circuits_cut: AtomicU64,
-    relay_reservations_lost: AtomicU64,
-    hole_punches_ok: AtomicU64,
-    hole_punches_failed: AtomicU64,
-    autonat_reachable: AtomicU64,
-    autonat_unreachable: AtomicU64,
-    bytes_sent_relayed: AtomicU64,
-    bytes_sent_direct: AtomicU64,
-    frames_deferred_for_direct: AtomicU64,
-    self_dials_skipped: AtomicU64,
-}
-
-impl Counters {
-    fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 impl Delivery for NetEvent {
     fn must_deliver(&self) -> bool {
         // What nothing repeats: the owner's picture of who is connected and
@@ -672,7 +588,10 @@ enum Command {
 pub struct NetHandle {
     tx: mpsc::Sender<Command>,
     local_peer_id: PeerId,
-    counters: Arc<Counters>,
+    counters: Counters<NetCount>,
+    /// Commands issued through any handle: not an operator's metric, but
+    /// how a test sees whether its code drove the network at a given moment.
+    commands: Arc<AtomicU64>,
 }
 
 impl NetHandle {
@@ -680,38 +599,20 @@ impl NetHandle {
         self.local_peer_id
     }
 
-    pub fn stats(&self) -> NetStats {
-        let c = &self.counters;
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        NetStats {
-            oversized_frames_refused: load(&c.oversized),
-            kad_forged_providers: load(&c.forged_providers),
-            gossip_publish_dropped: load(&c.publish_dropped),
-            commands_issued: load(&c.commands),
-            frames_dropped: load(&c.frames_dropped),
-            gossip_dropped: load(&c.gossip_dropped),
-            events_dropped: load(&c.events_dropped),
-            outbound_frames_dropped: load(&c.outbound_frames_dropped),
-            connections_refused: load(&c.connections_refused),
-            relay_reservations_accepted: load(&c.relay_reservations_accepted),
-            relay_reservations_denied: load(&c.relay_reservations_denied),
-            relay_circuits_accepted: load(&c.relay_circuits_accepted),
-            relay_circuits_denied: load(&c.relay_circuits_denied),
-            relay_circuits_cut: load(&c.relay_circuits_cut),
-            relay_reservations_lost: load(&c.relay_reservations_lost),
-            hole_punches_ok: load(&c.hole_punches_ok),
-            hole_punches_failed: load(&c.hole_punches_failed),
-            autonat_reachable: load(&c.autonat_reachable),
-            autonat_unreachable: load(&c.autonat_unreachable),
-            bytes_sent_relayed: load(&c.bytes_sent_relayed),
-            bytes_sent_direct: load(&c.bytes_sent_direct),
-            frames_deferred_for_direct: load(&c.frames_deferred_for_direct),
-            self_dials_skipped: load(&c.self_dials_skipped),
-        }
+    /// The network's counters (see [`NetCount`]), live: the returned set
+    /// shares its values with the actor.
+    pub fn counters(&self) -> Counters<NetCount> {
+        self.counters.clone()
+    }
+
+    /// Commands the owner issued through the handle (sends, dials, ...),
+    /// counted as they are issued, before the actor sees them.
+    pub fn commands_issued(&self) -> u64 {
+        self.commands.load(Ordering::Relaxed)
     }
 
     /// A handle with no swarm behind it: commands are counted
-    /// ([`NetStats::commands_issued`]) and dropped. For tests of code that
+    /// ([`NetHandle::commands_issued`]) and dropped. For tests of code that
     /// drives the network and must be observed doing so (or not) at a given
     /// moment. Needs a tokio runtime.
     pub fn detached(local_peer_id: PeerId) -> NetHandle {
@@ -720,7 +621,8 @@ impl NetHandle {
         NetHandle {
             tx,
             local_peer_id,
-            counters: Arc::new(Counters::default()),
+            counters: Counters::new(),
+            commands: Arc::default(),
         }
     }
 
@@ -730,23 +632,23 @@ impl NetHandle {
     /// because the actor never waits on its owner (see `outbox`).
     async fn cmd(&self, c: Command) -> Result<(), NetError> {
         // Counted when issued, before the actor sees it.
-        Counters::bump(&self.counters.commands);
+        self.commands.fetch_add(1, Ordering::Relaxed);
         self.tx.send(c).await.map_err(|_| NetError::Stopped)
     }
 
     /// A data command (a frame, a publish): queued at once or dropped and
     /// counted in `dropped`, never waited for.
-    fn data(&self, c: Command, what: &'static str, dropped: &AtomicU64) -> Result<(), NetError> {
-        Counters::bump(&self.counters.commands);
+    fn data(&self, c: Command, what: &'static str, dropped: NetCount) -> Result<(), NetError> {
+        self.commands.fetch_add(1, Ordering::Relaxed);
         let queued = self.tx.max_capacity() - self.tx.capacity();
         if queued >= outbox::DATA_SHARE {
-            Counters::bump(dropped);
+            self.counters.inc(dropped);
             return Err(NetError::Behind(what));
         }
         match self.tx.try_send(c) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => {
-                Counters::bump(dropped);
+                self.counters.inc(dropped);
                 Err(NetError::Behind(what))
             }
             Err(TrySendError::Closed(_)) => Err(NetError::Stopped),
@@ -800,14 +702,14 @@ impl NetHandle {
 
     /// Queues `frame` for `peer` without waiting. When the network is behind
     /// (the command queue holds its share of data already) the frame is
-    /// dropped, counted in [`NetStats::outbound_frames_dropped`], and
+    /// dropped, counted in [`NetCount::OutboundFramesDropped`], and
     /// [`NetError::Behind`] returned: frames carry state that anti-entropy
     /// re-sends, so dropping one is cheaper than stalling the caller.
     pub fn try_send(&self, peer: PeerId, frame: Vec<u8>) -> Result<(), NetError> {
         self.data(
             Command::Send { peer, frame },
             "frame",
-            &self.counters.outbound_frames_dropped,
+            NetCount::OutboundFramesDropped,
         )
     }
 
@@ -877,12 +779,12 @@ impl NetHandle {
     /// Publishes on `topic`. Before any peer has subscribed the message is
     /// held (bounded) and published when one does. Never waits: like
     /// [`NetHandle::try_send`], a publish is dropped when the network is
-    /// behind, counted in [`NetStats::gossip_publish_dropped`].
+    /// behind, counted in [`NetCount::GossipPublishDropped`].
     pub async fn gossip_publish(&self, topic: String, data: Vec<u8>) -> Result<(), NetError> {
         self.data(
             Command::GossipPublish { topic, data },
             "gossip publish",
-            &self.counters.publish_dropped,
+            NetCount::GossipPublishDropped,
         )
     }
 
@@ -919,7 +821,7 @@ struct Actor {
     events: Outbox<NetEvent>,
     queues: BTreeMap<PeerId, PeerQueue>,
     config: NetConfig,
-    counters: Arc<Counters>,
+    counters: Counters<NetCount>,
     pending_publishes: VecDeque<(String, Vec<u8>)>,
     /// Queries whose results carry the key we asked for.
     get_queries: HashMap<kad::QueryId, Vec<u8>>,
@@ -984,10 +886,10 @@ pub async fn spawn(
     // `ed25519_from_bytes` zeroizes the buffer it is given.
     let keypair = libp2p::identity::Keypair::ed25519_from_bytes(&mut seed_copy)
         .map_err(|e| NetError::Key(e.to_string()))?;
-    let counters = Arc::new(Counters::default());
+    let counters = Counters::<NetCount>::new();
     let codec = FrameCodec {
         max_frame_bytes: config.max_frame_bytes,
-        oversized: counters.oversized.clone(),
+        counters: counters.clone(),
     };
     let rr_config = request_response::Config::default()
         .with_request_timeout(config.request_timeout)
@@ -1163,6 +1065,7 @@ pub async fn spawn(
             tx: cmd_tx,
             local_peer_id,
             counters,
+            commands: Arc::default(),
         },
         ev_rx,
     ))
@@ -1222,8 +1125,8 @@ impl Actor {
         let dropped = self.events.push(ev)?;
         let c = &self.counters;
         match &dropped {
-            NetEvent::Frame { .. } => Counters::bump(&c.frames_dropped),
-            NetEvent::GossipMessage { .. } => Counters::bump(&c.gossip_dropped),
+            NetEvent::Frame { .. } => c.inc(NetCount::FramesDropped),
+            NetEvent::GossipMessage { .. } => c.inc(NetCount::GossipDropped),
             other => {
                 if other.must_deliver() {
                     warn!(
@@ -1231,7 +1134,7 @@ impl Actor {
                         "the owner is not reading network events; a connection event was dropped"
                     );
                 }
-                Counters::bump(&c.events_dropped)
+                c.inc(NetCount::EventsDropped)
             }
         }
         Some(dropped)
@@ -1245,7 +1148,7 @@ impl Actor {
                 reuse_port,
             } => {
                 if peer == Some(*self.swarm.local_peer_id()) {
-                    Counters::bump(&self.counters.self_dials_skipped);
+                    self.counters.inc(NetCount::SelfDialsSkipped);
                     return;
                 }
                 // Never our own listeners: a peer advertising a loopback
@@ -1260,7 +1163,7 @@ impl Actor {
                     })
                     .collect();
                 if addrs.len() < before {
-                    Counters::bump(&self.counters.self_dials_skipped);
+                    self.counters.inc(NetCount::SelfDialsSkipped);
                 }
                 if addrs.is_empty() {
                     return;
@@ -1330,7 +1233,7 @@ impl Actor {
                 if q.queue.len() >= max {
                     // Counted; per frame this would flood the log.
                     debug!(%peer, max, "send queue full; frame dropped");
-                    Counters::bump(&self.counters.outbound_frames_dropped);
+                    self.counters.inc(NetCount::OutboundFramesDropped);
                     self.emit(NetEvent::SendFailed {
                         peer,
                         reason: format!("send queue full ({max} frames)"),
@@ -1356,7 +1259,7 @@ impl Actor {
                         self.listener_relays.insert(id, relay);
                     }
                     Err(e) => {
-                        Counters::bump(&self.counters.relay_reservations_lost);
+                        self.counters.inc(NetCount::RelayReservationsLost);
                         self.emit(NetEvent::RelayClosed {
                             relay,
                             reason: e.to_string(),
@@ -1482,17 +1385,13 @@ impl Actor {
                 // covers the rest).
                 if self.pending_publishes.len() >= MAX_PENDING_PUBLISHES {
                     self.pending_publishes.pop_front();
-                    self.counters
-                        .publish_dropped
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.counters.inc(NetCount::GossipPublishDropped);
                 }
                 self.pending_publishes.push_back((topic, data));
             }
             Err(gossipsub::PublishError::Duplicate) => {}
             Err(e) => {
-                self.counters
-                    .publish_dropped
-                    .fetch_add(1, Ordering::Relaxed);
+                self.counters.inc(NetCount::GossipPublishDropped);
                 debug!(error = %e, "gossip publish failed");
             }
         }
@@ -1531,7 +1430,7 @@ impl Actor {
         {
             if !q.deferred {
                 q.deferred = true;
-                Counters::bump(&self.counters.frames_deferred_for_direct);
+                self.counters.inc(NetCount::FramesDeferredForDirect);
             }
             return;
         }
@@ -1540,11 +1439,11 @@ impl Actor {
             return;
         };
         let counter = if relayed_since.is_some() {
-            &self.counters.bytes_sent_relayed
+            NetCount::BytesSentRelayed
         } else {
-            &self.counters.bytes_sent_direct
+            NetCount::BytesSentDirect
         };
-        counter.fetch_add(frame.len() as u64, Ordering::Relaxed);
+        self.counters.add(counter, frame.len() as u64);
         // (frame, may it be sent again): not if this is already the retry.
         let is_retry = matches!(q.in_flight_frame.take(), Some((f, false)) if f == frame);
         q.in_flight_frame = Some((frame.clone(), !is_retry));
@@ -1690,7 +1589,7 @@ impl Actor {
                 match self.listener_relays.remove(&listener_id) {
                     Some(relay) => {
                         self.relay_listeners.remove(&relay);
-                        Counters::bump(&self.counters.relay_reservations_lost);
+                        self.counters.inc(NetCount::RelayReservationsLost);
                         let reason = match reason {
                             Ok(()) => "closed".to_owned(),
                             Err(e) => e.to_string(),
@@ -1793,7 +1692,7 @@ impl Actor {
             .downcast_ref::<connection_limits::Exceeded>()
             .is_some();
         if refused {
-            Counters::bump(&self.counters.connections_refused);
+            self.counters.inc(NetCount::ConnectionsRefused);
         }
         refused
     }
@@ -1855,10 +1754,10 @@ impl Actor {
                 ..
             }) => {
                 let reachable = result.is_ok();
-                Counters::bump(if reachable {
-                    &self.counters.autonat_reachable
+                self.counters.inc(if reachable {
+                    NetCount::AutonatReachable
                 } else {
-                    &self.counters.autonat_unreachable
+                    NetCount::AutonatUnreachable
                 });
                 debug!(%server, addr = %tested_addr, reachable, "AutoNAT test");
                 vec![NetEvent::AutonatTested {
@@ -1873,10 +1772,10 @@ impl Actor {
                 result,
             }) => {
                 let ok = result.is_ok();
-                Counters::bump(if ok {
-                    &self.counters.hole_punches_ok
+                self.counters.inc(if ok {
+                    NetCount::HolePunchesOk
                 } else {
-                    &self.counters.hole_punches_failed
+                    NetCount::HolePunchesFailed
                 });
                 let reason = result.err().map(|e| e.to_string()).unwrap_or_default();
                 info!(peer = %remote_peer_id, ok, %reason, "hole punch finished");
@@ -1895,20 +1794,20 @@ impl Actor {
         let c = &self.counters;
         match ev {
             relay::Event::ReservationReqAccepted { .. } => {
-                Counters::bump(&c.relay_reservations_accepted)
+                c.inc(NetCount::RelayReservationsAccepted)
             }
             relay::Event::ReservationReqDenied { src_peer_id, .. } => {
                 debug!(peer = %src_peer_id, "relay reservation refused");
-                Counters::bump(&c.relay_reservations_denied)
+                c.inc(NetCount::RelayReservationsDenied)
             }
-            relay::Event::CircuitReqAccepted { .. } => Counters::bump(&c.relay_circuits_accepted),
+            relay::Event::CircuitReqAccepted { .. } => c.inc(NetCount::RelayCircuitsAccepted),
             relay::Event::CircuitReqDenied {
                 src_peer_id,
                 dst_peer_id,
                 ..
             } => {
                 debug!(src = %src_peer_id, dst = %dst_peer_id, "relay circuit refused");
-                Counters::bump(&c.relay_circuits_denied)
+                c.inc(NetCount::RelayCircuitsDenied)
             }
             relay::Event::CircuitClosed {
                 src_peer_id,
@@ -1916,7 +1815,7 @@ impl Actor {
                 error: Some(e),
             } => {
                 debug!(src = %src_peer_id, dst = %dst_peer_id, error = %e, "relay circuit cut");
-                Counters::bump(&c.relay_circuits_cut)
+                c.inc(NetCount::RelayCircuitsCut)
             }
             _ => {}
         }
@@ -2437,11 +2336,11 @@ mod tests {
         let big = vec![7u8; 100 * 1024];
         b.try_send(a.local_peer_id(), big.clone()).unwrap();
         wait_until("the big frame is deferred", || {
-            b.stats().frames_deferred_for_direct == 1
+            b.counters().get(NetCount::FramesDeferredForDirect) == 1
         })
         .await;
         assert_eq!(
-            b.stats().bytes_sent_relayed,
+            b.counters().get(NetCount::BytesSentRelayed),
             0,
             "nothing big over the relay"
         );
@@ -2451,20 +2350,23 @@ mod tests {
         });
         let got = tokio::time::timeout(Duration::from_secs(30), got).await;
         assert_eq!(got.expect("frame within 30 s").len(), big.len());
-        let (sa, sb) = (a.stats(), b.stats());
+        let (sa, sb) = (a.counters(), b.counters());
         assert!(
-            sa.hole_punches_ok + sb.hole_punches_ok >= 1,
+            sa.get(NetCount::HolePunchesOk) + sb.get(NetCount::HolePunchesOk) >= 1,
             "a hole punch made the link direct: {sa:?} {sb:?}"
         );
-        assert!(sb.bytes_sent_direct >= big.len() as u64, "{sb:?}");
+        assert!(
+            sb.get(NetCount::BytesSentDirect) >= big.len() as u64,
+            "{sb:?}"
+        );
         let path = next_matching(&mut b_rx, |e| match e {
             NetEvent::PathChanged { peer, remote } if peer == a.local_peer_id() => Some(remote),
             _ => None,
         })
         .await;
         assert!(!path_of(&path).relayed, "now direct: {path}");
-        assert!(infra.stats().relay_reservations_accepted >= 1);
-        assert!(infra.stats().relay_circuits_accepted >= 1);
+        assert!(infra.counters().get(NetCount::RelayReservationsAccepted) >= 1);
+        assert!(infra.counters().get(NetCount::RelayCircuitsAccepted) >= 1);
     }
 
     // Goal: never dial ourselves, by PeerId or through one of our own
@@ -2479,7 +2381,10 @@ mod tests {
             .public()
             .to_peer_id();
         a.dial(Some(other), vec![a_addr.clone()]).await.unwrap();
-        wait_until("both dials skipped", || a.stats().self_dials_skipped == 2).await;
+        wait_until("both dials skipped", || {
+            a.counters().get(NetCount::SelfDialsSkipped) == 2
+        })
+        .await;
     }
 
     // Goal: the net actor never waits on its owner and the owner never waits
@@ -2527,7 +2432,8 @@ mod tests {
             .await
             .expect("the owners' sends returned within 60 s");
         wait_until("both sides dropping inbound frames", || {
-            a.stats().frames_dropped > 0 && b.stats().frames_dropped > 0
+            a.counters().get(NetCount::FramesDropped) > 0
+                && b.counters().get(NetCount::FramesDropped) > 0
         })
         .await;
 
@@ -2569,9 +2475,9 @@ mod tests {
         deliver((&a, &mut a_seen), (&c, &mut c_seen), b"late from a").await;
         deliver((&b, &mut b_seen), (&c, &mut c_seen), b"late from b").await;
         for h in [&a, &b] {
-            let s = h.stats();
-            assert!(s.frames_dropped > 0, "{s:?}");
-            assert_eq!(s.connections_refused, 0, "{s:?}");
+            let s = h.counters();
+            assert!(s.get(NetCount::FramesDropped) > 0, "{s:?}");
+            assert_eq!(s.get(NetCount::ConnectionsRefused), 0, "{s:?}");
         }
     }
 
@@ -2598,7 +2504,7 @@ mod tests {
             a.dial(None, vec![b_addr.clone()]).await.unwrap();
         }
         wait_until("b refusing a's extra connections", || {
-            b.stats().connections_refused >= 2
+            b.counters().get(NetCount::ConnectionsRefused) >= 2
         })
         .await;
         // A refused connection may still look open to a for a moment, and a
@@ -2622,8 +2528,8 @@ mod tests {
         .await
         .expect("a frame from a reaches b within 30 s");
         assert_eq!(landed, (a.local_peer_id(), vec![7; 8]));
-        assert_eq!(b.stats().connections_refused, 2);
-        assert_eq!(a.stats().connections_refused, 0);
+        assert_eq!(b.counters().get(NetCount::ConnectionsRefused), 2);
+        assert_eq!(a.counters().get(NetCount::ConnectionsRefused), 0);
     }
 
     // Goal: the role picks the connection caps unless they are configured.
@@ -2746,8 +2652,8 @@ mod tests {
             firsts, want,
             "frames out of order or the oversized one got through"
         );
-        assert_eq!(b.stats().oversized_frames_refused, 1);
-        assert_eq!(a.stats().oversized_frames_refused, 0);
+        assert_eq!(b.counters().get(NetCount::OversizedFramesRefused), 1);
+        assert_eq!(a.counters().get(NetCount::OversizedFramesRefused), 0);
         let failed = next_matching(&mut a_rx, |e| match e {
             NetEvent::SendFailed { peer, .. } => Some(peer),
             _ => None,

@@ -798,13 +798,13 @@ mod tests {
         let (put_tx, put_rx) = oneshot::channel();
         let (tool_tx, tool_rx) = oneshot::channel();
         let replies = Arc::new(Mutex::new((put_rx, tool_rx)));
-        let commands_before = net.stats().commands_issued;
+        let commands_before = net.commands_issued();
         {
             let net = net.clone();
             let replies = replies.clone();
             *store.check.lock().unwrap() = Some(Box::new(move |container: &str| {
                 assert_eq!(
-                    net.stats().commands_issued,
+                    net.commands_issued(),
                     commands_before,
                     "something went to the network before {container:?} was durable"
                 );
@@ -842,7 +842,7 @@ mod tests {
             "both writes persisted: {persisted:?}"
         );
         assert!(
-            net.stats().commands_issued > commands_before,
+            net.commands_issued() > commands_before,
             "the writes were pushed to the verified peer after persisting"
         );
         let mut r = replies.lock().unwrap();
