@@ -150,8 +150,8 @@ struct RouteLabels {
 
 /// A counter table kept by another crate, read into every scrape: its
 /// counters are exported under their table names and help, with values
-/// read at the moment of the scrape (nothing is copied in between). Empty
-/// (all zero) until the crate that counts hands over its set.
+/// read at the moment of the scrape (nothing is copied in between). They
+/// read as zeros until the crate that counts hands over its set.
 #[derive(Debug)]
 struct TableCollector<T: Table>(Arc<OnceLock<Counters<T>>>);
 
