@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use nuwa_identity::keys::DeviceKey;
-use nuwa_net::{Features, InfraLimits, Multiaddr, NetConfig, NetEvent, NetHandle, PeerId};
+use nuwa_net::{
+    Features, InfraLimits, Multiaddr, NetConfig, NetCount, NetEvent, NetHandle, PeerId,
+};
 use nuwa_proto::Frame;
 use nuwa_proto::keeper::KeeperRequest;
 use nuwa_sync::pointer::AgentPointer;
@@ -90,7 +92,7 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            _ = report.tick() => log_counters(&counters, &net.stats(), "rendezvous node counters"),
+            _ = report.tick() => log_counters(&counters, &net, "rendezvous node counters"),
             ev = events.recv() => {
                 let Some(ev) = ev else { break };
                 match ev {
@@ -133,7 +135,7 @@ pub async fn run(
             }
         }
     }
-    log_counters(&counters, &net.stats(), "rendezvous node counters at exit");
+    log_counters(&counters, &net, "rendezvous node counters at exit");
     if let Some(k) = keeper {
         k.stop();
     }
@@ -241,15 +243,16 @@ impl KeeperThread {
 
 /// One log line with the node's own counters and the relay's grants and
 /// refusals (operators and the NAT lab read it).
-fn log_counters(counters: &BTreeMap<&'static str, u64>, s: &nuwa_net::NetStats, what: &str) {
+fn log_counters(counters: &BTreeMap<&'static str, u64>, net: &NetHandle, what: &str) {
+    let net = net.counters();
     info!(
         ?counters,
-        relay_reservations_accepted = s.relay_reservations_accepted,
-        relay_reservations_denied = s.relay_reservations_denied,
-        relay_circuits_accepted = s.relay_circuits_accepted,
-        relay_circuits_denied = s.relay_circuits_denied,
-        relay_circuits_cut = s.relay_circuits_cut,
-        connections_refused = s.connections_refused,
+        relay_reservations_accepted = net.get(NetCount::RelayReservationsAccepted),
+        relay_reservations_denied = net.get(NetCount::RelayReservationsDenied),
+        relay_circuits_accepted = net.get(NetCount::RelayCircuitsAccepted),
+        relay_circuits_denied = net.get(NetCount::RelayCircuitsDenied),
+        relay_circuits_cut = net.get(NetCount::RelayCircuitsCut),
+        connections_refused = net.get(NetCount::ConnectionsRefused),
         "{what}"
     );
 }

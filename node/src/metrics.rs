@@ -5,15 +5,19 @@
 //!
 //! Every counted event is a variant of [`Event`]: adding one is one line in
 //! the table below (name, help). Rejections are counted by (source, reason)
-//! and refused envelopes by reason, both as labelled families.
+//! and refused envelopes by reason, both as labelled families. The
+//! network's counters are declared once, in `nuwa_net::NetCount`, kept by
+//! `nuwa-net`, and registered here as a whole table (`TableCollector`).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use nuwa_counters::Table;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use nuwa_counters::{Counters, Table};
+use nuwa_net::NetCount;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -44,28 +48,6 @@ events! {
     ContainersQuarantined => "containers_quarantined", "Containers moved aside at start because their records could not be read";
     ContainersLoaded => "containers_loaded", "Evicted containers loaded back into memory on use";
     CatchUpsOffLoop => "catch_ups_off_loop", "Big sync messages (a whole document, a long partition) applied on a worker thread instead of the daemon loop";
-    OversizedFramesRefused => "oversized_frames_refused", "Inbound frames over the frame cap, refused before they were read";
-    KadForgedProviders => "kad_forged_providers", "DHT provider records refused because the provider was not the sender";
-    GossipPublishDropped => "gossip_publish_dropped", "Gossip publishes that did not go out";
-    FramesDropped => "frames_dropped", "Inbound frames the network dropped rather than wait on the daemon (healed by anti-entropy)";
-    GossipDropped => "gossip_dropped", "Inbound gossip the network dropped rather than wait on the daemon";
-    EventsDropped => "events_dropped", "Other network events dropped rather than wait on the daemon";
-    OutboundFramesDropped => "outbound_frames_dropped", "Outbound frames dropped because the network was behind";
-    ConnectionsRefused => "connections_refused", "Connections refused by the connection limits";
-    RelayReservationsLost => "relay_reservations_lost", "Relay reservations of this device that ended or were refused";
-    HolePunchesOk => "hole_punches_ok", "Relayed connections made direct by hole punching (DCUtR)";
-    HolePunchesFailed => "hole_punches_failed", "Hole punches that failed (the relay carries the link)";
-    AutonatReachable => "autonat_reachable", "AutoNAT tests that found an address of this device reachable";
-    AutonatUnreachable => "autonat_unreachable", "AutoNAT tests that found an address of this device unreachable";
-    BytesSentRelayed => "bytes_sent_relayed", "Frame bytes sent over relayed connections";
-    BytesSentDirect => "bytes_sent_direct", "Frame bytes sent over direct connections";
-    FramesDeferredForDirect => "frames_deferred_for_direct", "Frames too big for the relay held for a direct connection";
-    SelfDialsSkipped => "self_dials_skipped", "Dials not made because they pointed at this device itself";
-    RelayReservationsAccepted => "relay_reservations_accepted", "Relay reservations granted (infrastructure node)";
-    RelayReservationsDenied => "relay_reservations_denied", "Relay reservations refused by limits or rates (infrastructure node)";
-    RelayCircuitsAccepted => "relay_circuits_accepted", "Relay circuits opened (infrastructure node)";
-    RelayCircuitsDenied => "relay_circuits_denied", "Relay circuits refused by limits or rates (infrastructure node)";
-    RelayCircuitsCut => "relay_circuits_cut", "Relay circuits cut by a limit or an error (infrastructure node)";
     ApiConnectionsEvicted => "api_connections_evicted", "Idle API connections closed to make room at the connection cap";
     ApiConnectionsRefused => "api_connections_refused", "API connections refused at the cap because every open one was busy";
     ApiConnectionsIdleClosed => "api_connections_idle_closed", "API connections closed after the idle timeout";
@@ -92,6 +74,34 @@ struct CodeLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
     route: String,
+}
+
+/// A counter table kept by another crate, read into every scrape: its
+/// counters are exported under their table names and help, with values
+/// read at the moment of the scrape (nothing is copied in between). They
+/// read as zeros until the crate that counts hands over its set.
+#[derive(Debug)]
+struct TableCollector<T: Table>(Arc<OnceLock<Counters<T>>>);
+
+impl<T: Table> TableCollector<T> {
+    fn get(&self, counter: T) -> u64 {
+        self.0.get().map_or(0, |c| c.get(counter))
+    }
+}
+
+impl<T: Table> Collector for TableCollector<T> {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        for counter in T::ALL {
+            let value = ConstCounter::new(self.get(*counter));
+            // `Registry::register` ends help with a period; so does this,
+            // so that the text is the same whichever way a counter came in.
+            let help = format!("{}.", counter.help());
+            let metric =
+                encoder.encode_descriptor(counter.name(), &help, None, value.metric_type())?;
+            value.encode(metric)?;
+        }
+        Ok(())
+    }
 }
 
 fn latency_histogram() -> Histogram {
@@ -135,9 +145,9 @@ pub struct Metrics {
     api_errors: Family<CodeLabels, Counter>,
     /// What the daemon holds now, set every tick.
     pub gauges: Gauges,
-    /// Where the network's own counters are read from (set once the swarm
-    /// runs); pulled into the registry whenever it is read.
-    net: std::sync::OnceLock<nuwa_net::NetHandle>,
+    /// The network's own counters (set once the swarm runs), read by the
+    /// registry's collector and by `counters`.
+    net: Arc<OnceLock<Counters<NetCount>>>,
 }
 
 /// Turns of the daemon loop: their durations, and the longest so far.
@@ -175,6 +185,8 @@ impl Metrics {
             .collect();
         let agent = register_table::<nuwa_agent::Count>(&mut registry);
         let sync = register_table::<nuwa_sync::Count>(&mut registry);
+        let net = Arc::new(OnceLock::new());
+        registry.register_collector(Box::new(TableCollector::<NetCount>(net.clone())));
         let rejections = Family::<RejectionLabels, Counter>::default();
         registry.register(
             "rejections",
@@ -260,7 +272,7 @@ impl Metrics {
                 containers,
                 envelopes_held,
             },
-            net: std::sync::OnceLock::new(),
+            net,
         }
     }
 
@@ -364,57 +376,16 @@ impl Metrics {
             .observe(d.as_secs_f64());
     }
 
-    /// Every non-zero counter by its `status` name: events by name,
-    /// rejections as `rejected_<source>_<reason>`, refused envelopes as
-    /// `envelope_rejected_<reason>`.
     /// Reads the network's counters from `net` from now on.
     pub fn watch_net(&self, net: nuwa_net::NetHandle) {
-        let _ = self.net.set(net);
+        let _ = self.net.set(net.counters());
     }
 
-    /// Brings the network's counters (kept by `nuwa-net` as totals) into the
-    /// registry.
-    fn pull_net(&self) {
-        let Some(net) = self.net.get() else {
-            return;
-        };
-        let s = net.stats();
-        for (e, total) in [
-            (Event::OversizedFramesRefused, s.oversized_frames_refused),
-            (Event::KadForgedProviders, s.kad_forged_providers),
-            (Event::GossipPublishDropped, s.gossip_publish_dropped),
-            (Event::FramesDropped, s.frames_dropped),
-            (Event::GossipDropped, s.gossip_dropped),
-            (Event::EventsDropped, s.events_dropped),
-            (Event::OutboundFramesDropped, s.outbound_frames_dropped),
-            (Event::ConnectionsRefused, s.connections_refused),
-            (Event::RelayReservationsLost, s.relay_reservations_lost),
-            (Event::HolePunchesOk, s.hole_punches_ok),
-            (Event::HolePunchesFailed, s.hole_punches_failed),
-            (Event::AutonatReachable, s.autonat_reachable),
-            (Event::AutonatUnreachable, s.autonat_unreachable),
-            (Event::BytesSentRelayed, s.bytes_sent_relayed),
-            (Event::BytesSentDirect, s.bytes_sent_direct),
-            (Event::FramesDeferredForDirect, s.frames_deferred_for_direct),
-            (Event::SelfDialsSkipped, s.self_dials_skipped),
-            (
-                Event::RelayReservationsAccepted,
-                s.relay_reservations_accepted,
-            ),
-            (Event::RelayReservationsDenied, s.relay_reservations_denied),
-            (Event::RelayCircuitsAccepted, s.relay_circuits_accepted),
-            (Event::RelayCircuitsDenied, s.relay_circuits_denied),
-            (Event::RelayCircuitsCut, s.relay_circuits_cut),
-        ] {
-            let now = self.get(e);
-            if total > now {
-                self.add(e, total - now);
-            }
-        }
-    }
-
+    /// Every non-zero counter by its `status` name: events and the
+    /// network's counters by name, rejections as
+    /// `rejected_<source>_<reason>`, refused envelopes as
+    /// `envelope_rejected_<reason>`.
     pub fn counters(&self) -> BTreeMap<String, u64> {
-        self.pull_net();
         let mut out = BTreeMap::new();
         for e in Event::ALL {
             let v = self.get(*e);
@@ -437,6 +408,13 @@ impl Metrics {
                 out.insert(name.to_owned(), counter.get());
             }
         }
+        if let Some(net) = self.net.get() {
+            out.extend(
+                net.values()
+                    .filter(|(_, v)| *v > 0)
+                    .map(|(name, v)| (name.to_owned(), v)),
+            );
+        }
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         for l in &seen.0 {
             let v = self.rejections.get_or_create(l).get();
@@ -454,7 +432,6 @@ impl Metrics {
 
     /// The registry as OpenMetrics text.
     pub fn encode(&self) -> String {
-        self.pull_net();
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -552,5 +529,42 @@ mod tests {
         assert_eq!(status["bytes_sent"], 1234);
         assert_eq!(status["rejected_connection_unknown_key"], 2);
         assert_eq!(status["envelope_rejected_replay"], 1);
+    }
+
+    /// Goal: the network's counters reach `/metrics` and `status` under the
+    /// names and help of `nuwa_net::NetCount`'s table, with the values the
+    /// network holds at the moment of reading, and a table that is not
+    /// watched yet reads as zeros. Method: a detached network handle; count
+    /// through its shared counters, then read both views.
+    #[tokio::test]
+    async fn net_counters_are_registered_by_table() {
+        let m = Metrics::new();
+        let before = m.encode();
+        for c in NetCount::ALL {
+            assert!(
+                before.contains(&format!("# HELP nuwa_{} {}.\n", c.name(), c.help())),
+                "{c:?} described: {before}"
+            );
+            assert!(before.contains(&format!("# TYPE nuwa_{} counter\n", c.name())));
+            assert!(before.contains(&format!("nuwa_{}_total 0\n", c.name())));
+        }
+        let peer = nuwa_net::PeerId::random();
+        let net = nuwa_net::NetHandle::detached(peer);
+        m.watch_net(net.clone());
+        net.counters().add(NetCount::BytesSentRelayed, 4096);
+        net.counters().inc(NetCount::HolePunchesOk);
+        let text = m.encode();
+        assert!(
+            text.contains("nuwa_bytes_sent_relayed_total 4096\n"),
+            "{text}"
+        );
+        assert!(text.contains("nuwa_hole_punches_ok_total 1\n"), "{text}");
+        let status = m.counters();
+        assert_eq!(status["bytes_sent_relayed"], 4096);
+        assert_eq!(status["hole_punches_ok"], 1);
+        assert!(
+            !status.contains_key("hole_punches_failed"),
+            "zero counters stay out of status"
+        );
     }
 }

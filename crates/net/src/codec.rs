@@ -2,20 +2,21 @@
 //! cap checked before a body is buffered.
 
 use std::io;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::{AsyncReadExt, AsyncWriteExt};
 use libp2p::StreamProtocol;
 use libp2p::request_response;
+use nuwa_counters::Counters;
+
+use crate::NetCount;
 
 /// Length-prefixed opaque frames with a size cap.
 #[derive(Debug, Clone)]
 pub(crate) struct FrameCodec {
     pub(crate) max_frame_bytes: usize,
-    /// Inbound frames refused for size. libp2p drops a failed inbound read
-    /// without an event, so the codec counts them itself.
-    pub(crate) oversized: Arc<AtomicU64>,
+    /// Where inbound frames refused for size are counted. libp2p drops a
+    /// failed inbound read without an event, so the codec counts them itself.
+    pub(crate) counters: Counters<NetCount>,
 }
 
 /// Responses are short receipts.
@@ -68,7 +69,7 @@ impl request_response::Codec for FrameCodec {
     {
         let r = read_frame(io, self.max_frame_bytes).await;
         if matches!(&r, Err(e) if e.kind() == io::ErrorKind::InvalidData) {
-            self.oversized.fetch_add(1, Ordering::Relaxed);
+            self.counters.inc(NetCount::OversizedFramesRefused);
         }
         r
     }
