@@ -114,6 +114,7 @@ nuwa_counters::table! {
         EnvelopesHeldForEpoch => "envelopes_held_for_epoch", "Envelopes held until their key epoch's grant arrives";
         HeldEnvelopesDropped => "held_envelopes_dropped", "Held envelopes dropped because the hold was full";
         HeldEnvelopesExpired => "held_envelopes_expired", "Held envelopes whose grant never came";
+        EpochGrantMissed => "epoch_grant_missed", "Verified peers hung up on because their envelopes' epoch grant never came (the redial's Hellos bring it)";
         EpochGrantsAdopted => "epoch_grants_adopted", "Key epochs adopted from forwarded grants";
         EpochGrantRejected => "epoch_grant_rejected", "Forwarded epoch grants refused";
         GossipDeltasApplied => "gossip_deltas_applied", "Gossip deltas opened and applied";
@@ -1142,12 +1143,26 @@ impl Session {
     pub fn tick(&mut self, now_ms: u64) -> Vec<Effect> {
         let mut out = Vec::new();
         self.secure.prune(now_ms);
+        let mut stale: Vec<PeerKey> = Vec::new();
         while let Some(h) = self.held.front() {
             if now_ms.saturating_sub(h.at_ms) <= self.config.held_for_ms {
                 break;
             }
-            self.held.pop_front();
+            if let Some(h) = self.held.pop_front() {
+                if self.secure.keys().get(h.env.epoch).is_none() && !stale.contains(&h.peer) {
+                    stale.push(h.peer);
+                }
+            }
             out.push(Effect::Count(Count::HeldEnvelopesExpired));
+        }
+        // A verified peer seals under an epoch whose grant never reached us
+        // (the Hello that carried it was lost): hang up, so that the redial
+        // exchanges Hellos again, and the grant comes with the peer's.
+        for peer in stale {
+            if matches!(self.peers.get(&peer), Some(PeerState::Verified { .. })) {
+                out.push(Effect::Count(Count::EpochGrantMissed));
+                self.drop_peer(&peer, &mut out);
+            }
         }
         let due: Vec<PeerKey> = self
             .closing
