@@ -590,32 +590,89 @@ async fn metrics_text(State(s): State<AppState>) -> Response {
 }
 
 /// Every route the API serves, for the suggestion of an unknown one.
-const ENDPOINTS: &[&str] = &[
-    "/v1/status",
-    "/v1/devices",
-    "/v1/devices/revoke",
-    "/v1/devices/approve",
-    "/v1/devices/provision",
-    "/v1/devices/promote",
-    "/v1/devices/demote",
-    "/v1/did/recovery-key",
-    "/v1/state/put",
-    "/v1/state/get",
-    "/v1/state/export",
-    "/v1/schemas",
-    "/v1/state.create",
-    "/v1/state.update",
-    "/v1/state.query",
-    "/v1/state.delete",
-    "/v1/state.describe",
-    "/v1/state.compact",
-    "/v1/state.reset",
-    "/v1/state.batch",
-    "/v1/state.events",
-    "/v1/login-link",
-    "/v1/challenge",
-    "/metrics",
-];
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// The bearer token (or the socket; a page session for the page's reads).
+    Token,
+    /// Anyone who can reach the address (no state behind it).
+    Open,
+}
+
+impl Access {
+    /// As docs/api.md's route table names it.
+    #[cfg_attr(not(test), allow(dead_code))]
+    fn as_str(self) -> &'static str {
+        match self {
+            Access::Token => "token",
+            Access::Open => "none",
+        }
+    }
+}
+
+/// One route of the API.
+struct Route {
+    methods: &'static str,
+    path: &'static str,
+    access: Access,
+    handler: axum::routing::MethodRouter<AppState>,
+}
+
+fn route(
+    methods: &'static str,
+    path: &'static str,
+    access: Access,
+    handler: axum::routing::MethodRouter<AppState>,
+) -> Route {
+    Route {
+        methods,
+        path,
+        access,
+        handler,
+    }
+}
+
+/// Every route, declared once: the router, the suggestions for a
+/// mistyped path and docs/api.md's route table come from it (a test holds
+/// the docs to it).
+fn routes() -> Vec<Route> {
+    use Access::{Open, Token};
+    vec![
+        route("GET", "/v1/status", Token, get(status)),
+        route("GET", "/v1/devices", Token, get(devices)),
+        route("POST", "/v1/devices/revoke", Token, post(revoke)),
+        route("POST", "/v1/devices/approve", Token, post(approve)),
+        route("POST", "/v1/devices/provision", Token, post(provision)),
+        route("POST", "/v1/devices/promote", Token, post(promote)),
+        route("POST", "/v1/devices/demote", Token, post(demote)),
+        route("POST", "/v1/did/recovery-key", Token, post(recovery_key)),
+        route("POST", "/v1/state/put", Token, post(put)),
+        route("GET", "/v1/state/get", Token, get(get_state)),
+        route("GET", "/v1/state/export", Token, get(export)),
+        route(
+            "GET, POST",
+            "/v1/schemas",
+            Token,
+            get(schemas_list).post(schemas_add),
+        ),
+        route("POST", "/v1/state.create", Token, post(state_create)),
+        route("POST", "/v1/state.update", Token, post(state_update)),
+        route("POST", "/v1/state.query", Token, post(state_query)),
+        route("POST", "/v1/state.delete", Token, post(state_delete)),
+        route("POST", "/v1/state.describe", Token, post(state_describe)),
+        route("POST", "/v1/state.compact", Token, post(state_compact)),
+        route("POST", "/v1/state.reset", Token, post(state_reset)),
+        route("POST", "/v1/state.batch", Token, post(state_batch)),
+        route("GET", "/v1/state.events", Token, get(events)),
+        route("GET", "/metrics", Token, get(metrics_text)),
+        route("POST", "/v1/login-link", Token, post(login_link)),
+        route("POST", "/v1/challenge", Open, post(challenge)),
+        route("GET", "/", Open, get(index)),
+        route("GET", "/login", Open, get(login)),
+        route("GET", "/assets/status.js", Open, get(page::script)),
+        route("GET", "/assets/status.css", Open, get(page::style)),
+    ]
+}
 
 /// The endpoint a mistyped path most likely meant: within two edits.
 fn closest_endpoint(path: &str) -> Option<&'static str> {
@@ -623,9 +680,10 @@ fn closest_endpoint(path: &str) -> Option<&'static str> {
     if path.len() > 64 {
         return None;
     }
-    ENDPOINTS
+    routes()
         .iter()
-        .map(|e| (strsim::levenshtein(path, e), *e))
+        .filter(|r| r.path != "/")
+        .map(|r| (strsim::levenshtein(path, r.path), r.path))
         .filter(|(d, _)| *d <= 2)
         .min()
         .map(|(_, e)| e)
@@ -639,50 +697,32 @@ async fn not_found(uri: axum::http::Uri) -> Failure {
     Failure(ApiError::new(ErrorCode::NotFound, message))
 }
 
-async fn method_not_allowed() -> Failure {
+async fn method_not_allowed(uri: axum::http::Uri) -> Failure {
+    let takes = routes()
+        .into_iter()
+        .find(|r| r.path == uri.path())
+        .map(|r| format!(" (it takes {})", r.methods))
+        .unwrap_or_default();
     Failure(ApiError::new(
         ErrorCode::MethodNotAllowed,
-        "this endpoint does not take that HTTP method; see docs/api.md",
+        format!("this endpoint does not take that HTTP method{takes}; see docs/api.md"),
     ))
 }
 
 /// The router, with every layer but the connection guard.
 fn router(state: AppState) -> Router {
-    let guarded = Router::new()
-        .route("/v1/status", get(status))
-        .route("/v1/devices", get(devices))
-        .route("/v1/devices/revoke", post(revoke))
-        .route("/v1/devices/approve", post(approve))
-        .route("/v1/devices/provision", post(provision))
-        .route("/v1/devices/promote", post(promote))
-        .route("/v1/devices/demote", post(demote))
-        .route("/v1/did/recovery-key", post(recovery_key))
-        .route("/v1/state/put", post(put))
-        .route("/v1/state/get", get(get_state))
-        .route("/v1/state/export", get(export))
-        .route("/v1/schemas", get(schemas_list).post(schemas_add))
-        .route("/v1/state.create", post(state_create))
-        .route("/v1/state.update", post(state_update))
-        .route("/v1/state.query", post(state_query))
-        .route("/v1/state.delete", post(state_delete))
-        .route("/v1/state.describe", post(state_describe))
-        .route("/v1/state.compact", post(state_compact))
-        .route("/v1/state.reset", post(state_reset))
-        .route("/v1/state.batch", post(state_batch))
-        .route("/v1/state.events", get(events))
-        .route("/metrics", get(metrics_text))
-        .route("/v1/login-link", post(login_link))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            require_token,
-        ));
-    Router::new()
-        .route("/v1/challenge", post(challenge))
-        .route("/", get(index))
-        .route("/login", get(login))
-        .route("/assets/status.js", get(page::script))
-        .route("/assets/status.css", get(page::style))
-        .merge(guarded)
+    let (mut guarded, mut open) = (Router::new(), Router::new());
+    for r in routes() {
+        match r.access {
+            Access::Token => guarded = guarded.route(r.path, r.handler),
+            Access::Open => open = open.route(r.path, r.handler),
+        }
+    }
+    let guarded = guarded.route_layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        require_token,
+    ));
+    open.merge(guarded)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -774,6 +814,31 @@ fn app(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Goal: docs/api.md's route table is the router's: the same methods,
+    // paths and access, in the same order, and nothing else.
+    #[test]
+    fn the_route_table_in_the_docs_is_the_routers() {
+        let doc = include_str!("../../../docs/api.md");
+        let rows: Vec<(String, String, String)> = doc
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let path = cells.get(2)?.strip_prefix('`')?.strip_suffix('`')?;
+                let access = *cells.get(3)?;
+                (cells.len() == 5 && matches!(access, "token" | "none"))
+                    .then(|| (cells[1].to_owned(), path.to_owned(), access.to_owned()))
+            })
+            .collect();
+        let want: Vec<(String, String, String)> = routes()
+            .iter()
+            .map(|r| {
+                let access = r.access.as_str().to_owned();
+                (r.methods.to_owned(), r.path.to_owned(), access)
+            })
+            .collect();
+        assert_eq!(rows, want);
+    }
 
     // Goal: a mistyped route gets the one it most likely meant, and nothing
     // is suggested for paths far from every route (or absurdly long ones).
