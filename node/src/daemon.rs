@@ -83,8 +83,8 @@ pub async fn run(home: Home, mut opts: RunOptions) -> Result<()> {
     let (reads, read_lane, reader_events) = reader::spawn(
         store.clone(),
         home.device.public().to_vec(),
-        nuwa_asm::registry::Registry::with_core(),
-        nuwa_sync::Config::default().max_containers,
+        nuwa_agent::asm_model::registry::Registry::with_core(),
+        nuwa_agent::sync::Config::default().max_containers,
     )
     .context("cannot start the reader thread")?;
     let (api_tx, api_rx) = mpsc::channel::<ApiRequest>(1024);

@@ -301,7 +301,7 @@ fn check_recovery(home: &Path) -> Check {
     let me_admin = doc
         .method_for_public(
             &device.public(),
-            nuwa_identity::document::Relationship::CapabilityDelegation,
+            nuwa_agent::identity::document::Relationship::CapabilityDelegation,
             now,
         )
         .is_ok();
@@ -561,7 +561,7 @@ fn check_clock(st: &Status) -> Check {
             format!(
                 "{who}'s clock is {:+.1} s off this device's; sync stops beyond ±{} s",
                 off as f64 / 1000.0,
-                nuwa_sync::secure::REPLAY_WINDOW_SECS
+                nuwa_agent::sync::secure::REPLAY_WINDOW_SECS
             ),
             NTP,
         );
@@ -883,14 +883,14 @@ fn check_peers(home: &Path, st: &Status) -> Check {
 fn read_identity(
     home: &Path,
 ) -> Result<(
-    nuwa_identity::keys::DeviceKey,
-    nuwa_identity::chain::DidChain,
+    nuwa_agent::identity::keys::DeviceKey,
+    nuwa_agent::identity::chain::DidChain,
 )> {
     let seed = zeroize::Zeroizing::new(
         fs::read(home.join(home::DEVICE_KEY))
             .with_context(|| format!("cannot read {}", home::DEVICE_KEY))?,
     );
-    let device = nuwa_identity::keys::DeviceKey::from_seed_file_bytes(&seed)
+    let device = nuwa_agent::identity::keys::DeviceKey::from_seed_file_bytes(&seed)
         .with_context(|| format!("cannot read {}", home::DEVICE_KEY))?;
     let log = serde_json::from_slice(
         &fs::read(home.join(home::DID_LOG))
@@ -904,7 +904,7 @@ fn read_identity(
 /// cannot be read).
 fn other_active_devices(home: &Path) -> Option<usize> {
     let (device, log) = read_identity(home).ok()?;
-    let me = nuwa_identity::keys::context_id_for(&device.public());
+    let me = nuwa_agent::identity::keys::context_id_for(&device.public());
     let list = nuwa_agent::devices::list(
         &log,
         &nuwa_agent::devices::Seen::default(),
@@ -926,9 +926,9 @@ fn other_active_devices(home: &Path) -> Option<usize> {
 /// this agent's DID document signed by this device (`AgentPointer`, built as
 /// `daemon/wide.rs`'s `publish_pointer` builds it), from the home's files.
 fn pointer_bytes(home: &Path) -> Result<usize> {
-    use nuwa_sync::pointer::{AgentPointer, PointerError};
+    use nuwa_agent::sync::pointer::{AgentPointer, PointerError};
     let (device, log) = read_identity(home)?;
-    let context_id = nuwa_identity::keys::context_id_for(&device.public());
+    let context_id = nuwa_agent::identity::keys::context_id_for(&device.public());
     let peer_id = nuwa_net::peer_id_from_public(&device.public())
         .map_err(|e| anyhow::anyhow!("cannot derive the peer id: {e}"))?;
     let pointer = AgentPointer::new_signed(
@@ -948,7 +948,7 @@ fn pointer_bytes(home: &Path) -> Result<usize> {
 
 fn check_dht_pointer(home: &Path, s: Option<&config::Effective>) -> Check {
     const NAME: &str = "dht-pointer";
-    let limit = nuwa_sync::pointer::MAX_POINTER_BYTES;
+    let limit = nuwa_agent::sync::pointer::MAX_POINTER_BYTES;
     let bytes = match pointer_bytes(home) {
         Ok(b) => b,
         Err(e) => {
@@ -1146,7 +1146,7 @@ pub fn backup_master_key(home: &Path, out: &Path) -> Result<PathBuf> {
             anyhow::anyhow!("cannot read {}: {e}", src.display())
         }
     })?);
-    nuwa_identity::keys::DeviceKey::from_seed_file_bytes(&key)
+    nuwa_agent::identity::keys::DeviceKey::from_seed_file_bytes(&key)
         .with_context(|| format!("{} is not a valid key file", src.display()))?;
 
     let file_name = out
@@ -1263,7 +1263,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().join("home");
         fs::create_dir(&home).unwrap();
-        let key = nuwa_identity::keys::DeviceKey::generate().unwrap();
+        let key = nuwa_agent::identity::keys::DeviceKey::generate().unwrap();
         fs::write(home.join(home::MASTER_KEY), key.to_seed_file_bytes()).unwrap();
         let inside = backup_master_key(&home, &home.join("copy.key")).unwrap_err();
         assert!(inside.to_string().contains("inside the home"), "{inside}");

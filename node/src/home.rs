@@ -23,11 +23,11 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use nuwa_crypto::epoch::KeyRing;
-use nuwa_crypto::{AtRestKey, SyncKey};
-use nuwa_identity::chain::DidChain;
-use nuwa_identity::keys::{DeviceKey, context_id_for};
-use nuwa_identity::resolver::{ChainResolver, StaticLog};
+use nuwa_agent::crypto::epoch::KeyRing;
+use nuwa_agent::crypto::{AtRestKey, SyncKey};
+use nuwa_agent::identity::chain::DidChain;
+use nuwa_agent::identity::keys::{DeviceKey, context_id_for};
+use nuwa_agent::identity::resolver::{ChainResolver, StaticLog};
 use serde::{Deserialize, Serialize};
 
 pub const DEVICE_KEY: &str = "device.key";
@@ -188,13 +188,15 @@ pub fn read_log(dir: &Path) -> Result<DidChain> {
 pub fn parse_log(bytes: &[u8]) -> Result<(DidChain, bool)> {
     match serde_json::from_slice::<DidChain>(bytes) {
         Ok(log) => Ok((log, false)),
-        Err(chain_err) => match serde_json::from_slice::<nuwa_identity::log::DidLog>(bytes) {
-            Ok(v1) => Ok((
-                DidChain::from_v1(&v1).context("cannot convert the old DID log")?,
-                true,
-            )),
-            Err(_) => Err(chain_err.into()),
-        },
+        Err(chain_err) => {
+            match serde_json::from_slice::<nuwa_agent::identity::log::DidLog>(bytes) {
+                Ok(v1) => Ok((
+                    DidChain::from_v1(&v1).context("cannot convert the old DID log")?,
+                    true,
+                )),
+                Err(_) => Err(chain_err.into()),
+            }
+        }
     }
 }
 
@@ -224,7 +226,7 @@ fn add_device(
 ) -> Result<String> {
     // The device's X25519 key (the Montgomery form of its Ed25519 key) goes
     // under `keyAgreement`: new sync-key epochs are sealed to it.
-    let x25519 = nuwa_identity::did_key::x25519_public_from_ed25519(&device.public())
+    let x25519 = nuwa_agent::identity::did_key::x25519_public_from_ed25519(&device.public())
         .context("cannot derive the device's key-agreement key")?;
     Ok(nuwa_agent::lifecycle::add_device(
         log,

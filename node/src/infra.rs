@@ -18,13 +18,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use nuwa_identity::keys::DeviceKey;
+use nuwa_agent::identity::keys::DeviceKey;
+use nuwa_agent::proto::Frame;
+use nuwa_agent::proto::keeper::KeeperRequest;
+use nuwa_agent::sync::pointer::AgentPointer;
 use nuwa_net::{
     Features, InfraLimits, Multiaddr, NetConfig, NetCount, NetEvent, NetHandle, PeerId,
 };
-use nuwa_proto::Frame;
-use nuwa_proto::keeper::KeeperRequest;
-use nuwa_sync::pointer::AgentPointer;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 

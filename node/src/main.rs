@@ -7,6 +7,7 @@
 mod api;
 mod client;
 mod config;
+mod constants;
 mod daemon;
 mod doctor;
 mod home;
@@ -371,9 +372,9 @@ fn run_options(
         memory_budget_bytes: eff.memory_budget_mb.saturating_mul(1_000_000),
         once_ms: once.map(|t| t.as_millis() as u64),
         once_tty: once.is_some() && daemon::stderr_is_tty(),
-        lifecycle_every_ms: nuwa_agent::asm::LIFECYCLE_EVERY_MS,
+        lifecycle_every_ms: nuwa_agent::constants::LIFECYCLE_EVERY_MS,
         api_url: String::new(),
-        session: nuwa_sync::SessionConfig::default(),
+        session: nuwa_agent::sync::SessionConfig::default(),
     };
     Ok(daemon::RunOptions {
         listen: parse_addrs("--listen", &eff.listen)?,
@@ -792,7 +793,7 @@ fn init(home_dir: &std::path::Path, name: &str, written_down: bool, json: bool) 
     if home_dir.exists() {
         home::ensure_empty(home_dir)?;
     }
-    let phrase = nuwa_identity::recovery::RecoveryPhrase::generate()
+    let phrase = nuwa_agent::identity::recovery::RecoveryPhrase::generate()
         .context("cannot generate the recovery words")?;
     if !json {
         recovery::show(&phrase, None);
@@ -851,7 +852,7 @@ fn recover_fresh(
         home::ensure_empty(home_dir)?;
     }
     let words = recovery::read_words(r.words_file.as_deref())?;
-    let next = nuwa_identity::recovery::RecoveryPhrase::generate()
+    let next = nuwa_agent::identity::recovery::RecoveryPhrase::generate()
         .context("cannot generate new recovery words")?;
     if !json {
         println!(

@@ -127,7 +127,7 @@ pub struct Metrics {
     registry: Registry,
     counters: Vec<Counter>,
     /// The agent's table (`nuwa_agent::Count`) and the sync session's
-    /// (`nuwa_sync::Count`), in their declaration order.
+    /// (`nuwa_agent::sync::Count`), in their declaration order.
     agent: Vec<Counter>,
     sync: Vec<Counter>,
     rejections: Family<RejectionLabels, Counter>,
@@ -184,7 +184,7 @@ impl Metrics {
             })
             .collect();
         let agent = register_table::<nuwa_agent::Count>(&mut registry);
-        let sync = register_table::<nuwa_sync::Count>(&mut registry);
+        let sync = register_table::<nuwa_agent::sync::Count>(&mut registry);
         let net = Arc::new(OnceLock::new());
         registry.register_collector(Box::new(TableCollector::<NetCount>(net.clone())));
         let rejections = Family::<RejectionLabels, Counter>::default();
@@ -305,7 +305,7 @@ impl Metrics {
     }
 
     /// Counts one of a sync session counter.
-    pub fn sync(&self, c: nuwa_sync::Count) {
+    pub fn sync(&self, c: nuwa_agent::sync::Count) {
         if let Some(counter) = self.sync.get(c.index()) {
             counter.inc();
         }
@@ -398,7 +398,7 @@ impl Metrics {
             .map(|c| c.name())
             .zip(&self.agent)
             .chain(
-                nuwa_sync::Count::ALL
+                nuwa_agent::sync::Count::ALL
                     .iter()
                     .map(|c| c.name())
                     .zip(&self.sync),
@@ -485,7 +485,7 @@ mod tests {
     #[test]
     fn export_parses_and_agrees_with_status() {
         let m = Metrics::new();
-        m.sync(nuwa_sync::Count::PeersVerified);
+        m.sync(nuwa_agent::sync::Count::PeersVerified);
         m.agent(nuwa_agent::Count::BytesSent, 1234);
         m.rejected("connection", "unknown_key");
         m.rejected("connection", "unknown_key");

@@ -13,14 +13,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use nuwa_agent::announce::Announcement;
+use nuwa_agent::crypto::pairing::PairingCode;
+use nuwa_agent::identity::keys::{DeviceKey, context_id_for};
 pub use nuwa_agent::join::RecoveryJoin;
 use nuwa_agent::join::{JoinFlow, JoinStep, PairedHome};
 use nuwa_agent::pairing::{mdns_agent, rendezvous_namespace};
-use nuwa_crypto::pairing::PairingCode;
+use nuwa_agent::proto::Frame;
 use nuwa_discovery::{Mdns, MdnsConfig};
-use nuwa_identity::keys::{DeviceKey, context_id_for};
 use nuwa_net::{Multiaddr, NetConfig, NetEvent, NetHandle, PeerId, peer_of};
-use nuwa_proto::Frame;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 

@@ -5,14 +5,14 @@
 //! reach the daemon: only the recovery key's public half leaves this
 //! process (`POST /v1/did/recovery-key`).
 //!
-//! What the words are and how they make a key is `nuwa_identity::recovery`;
+//! What the words are and how they make a key is `nuwa_agent::identity::recovery`;
 //! the DID updates they sign are `crate::lifecycle`.
 
 use std::io::{BufRead as _, IsTerminal as _, Read as _, Write as _};
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use nuwa_identity::recovery::{
+use nuwa_agent::identity::recovery::{
     CONFIRM_WORDS, RecoveryPhrase, WORD_COUNT, check_confirmation, random_confirmation_positions,
 };
 use serde::Serialize;
@@ -269,7 +269,7 @@ pub fn recover(
     let old_key = words.key();
     drop(words);
     // Check the words before anything else is generated or shown.
-    nuwa_identity::recovery::check_belongs(h.log.current(), &old_key, now)
+    nuwa_agent::identity::recovery::check_belongs(h.log.current(), &old_key, now)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("the recovery words were not accepted; nothing was changed")?;
     let next = RecoveryPhrase::generate().context("cannot generate new recovery words")?;
@@ -372,7 +372,8 @@ pub fn rotate(home_dir: &Path, json: bool) -> Result<()> {
             h.info.context_id
         )
     })?;
-    let new = nuwa_identity::keys::DeviceKey::generate().context("cannot generate the new key")?;
+    let new =
+        nuwa_agent::identity::keys::DeviceKey::generate().context("cannot generate the new key")?;
     let r = nuwa_agent::lifecycle::rotate(&h.log, &h.keys, &admin, &h.device, &new, now)?;
     drop(admin);
     home::rotate_device(home_dir, &new, &h.info.name, &r.log, &r.keys, &r.grant)?;

@@ -9,7 +9,7 @@
 use std::io::{Read, Write};
 
 use anyhow::{Context, Result, bail};
-use nuwa_asm::model::Compression;
+use nuwa_agent::asm_model::model::Compression;
 
 const MAGIC: &[u8; 3] = b"NZ1";
 /// Largest decompressed snapshot accepted (bounds a corrupt or hostile
@@ -88,11 +88,11 @@ mod tests {
     // error, never a panic.
     #[test]
     fn round_trip_each_algorithm() {
-        let mut doc = nuwa_state::automerge::AutoCommit::new();
+        let mut doc = nuwa_agent::state::automerge::AutoCommit::new();
         for i in 0..500 {
-            nuwa_state::automerge::transaction::Transactable::put(
+            nuwa_agent::state::automerge::transaction::Transactable::put(
                 &mut doc,
-                nuwa_state::automerge::ROOT,
+                nuwa_agent::state::automerge::ROOT,
                 format!("key{i}"),
                 "the same value again and again",
             )

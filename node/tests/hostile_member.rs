@@ -8,10 +8,10 @@ mod common;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use nuwa_crypto::epoch::KeyRing;
-use nuwa_identity::keys::DeviceKey;
-use nuwa_proto::{Frame, SyncPayload};
-use nuwa_sync::SecureChannel;
+use nuwa_agent::crypto::epoch::KeyRing;
+use nuwa_agent::identity::keys::DeviceKey;
+use nuwa_agent::proto::{Frame, SyncPayload};
+use nuwa_agent::sync::SecureChannel;
 use serde_json::json;
 
 /// A well-signed Automerge change that automerge 0.12 panics on while
@@ -57,7 +57,7 @@ fn a_member_sending_poison_does_not_take_the_daemon_down() {
             let cancel = tokio_util::sync::CancellationToken::new();
             let (net, mut events) = gossip_node(&rt, device.seed(), &did, &a_addr, cancel.clone());
             rt.spawn(async move { while events.recv().await.is_some() {} });
-            let topic = nuwa_sync::pointer::gossip_topic(&did);
+            let topic = nuwa_agent::sync::pointer::gossip_topic(&did);
             wait_for(
                 "a to count a poisoned container",
                 Duration::from_secs(20),

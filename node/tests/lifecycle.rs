@@ -9,12 +9,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use nuwa_crypto::SyncKey;
-use nuwa_crypto::epoch::KeyRing;
-use nuwa_identity::chain::DidChain;
-use nuwa_identity::keys::DeviceKey;
+use nuwa_agent::crypto::SyncKey;
+use nuwa_agent::crypto::epoch::KeyRing;
+use nuwa_agent::identity::chain::DidChain;
+use nuwa_agent::identity::keys::DeviceKey;
+use nuwa_agent::proto::{Frame, SyncPayload};
 use nuwa_net::NetEvent;
-use nuwa_proto::{Frame, SyncPayload};
 use serde_json::{Value, json};
 use zeroize::Zeroizing;
 
@@ -364,13 +364,13 @@ fn revoked_device_gets_nothing_new() {
         let revoked_ring = key_ring(&r);
         assert!(revoked_ring.get(env.epoch).is_none());
         let old = revoked_ring.current();
-        assert!(nuwa_crypto::open(&env, old, &a_public, &did).is_err());
+        assert!(nuwa_agent::crypto::open(&env, old, &a_public, &did).is_err());
         // Even relabelling its old key as epoch 1 does not decrypt.
         let relabelled = SyncKey::from_bytes(1, *old.expose_secret());
-        let err = nuwa_crypto::open(&env, &relabelled, &a_public, &did).unwrap_err();
+        let err = nuwa_agent::crypto::open(&env, &relabelled, &a_public, &did).unwrap_err();
         assert!(err.to_string().contains("decrypt"), "{err}");
         // Positive control: a remaining device's key opens it.
-        let plain = nuwa_crypto::open(&env, key_ring(&b).get(1).unwrap(), &a_public, &did)
+        let plain = nuwa_agent::crypto::open(&env, key_ring(&b).get(1).unwrap(), &a_public, &did)
             .expect("b's epoch-1 key opens a's envelope");
         assert!(matches!(
             SyncPayload::decode(&plain).unwrap(),

@@ -11,9 +11,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use nuwa_identity::chain::DidChain;
-use nuwa_identity::keys::DeviceKey;
-use nuwa_identity::log::DidLog;
+use nuwa_agent::identity::chain::DidChain;
+use nuwa_agent::identity::keys::DeviceKey;
+use nuwa_agent::identity::log::DidLog;
 use serde_json::json;
 
 /// Target of the issue: a `Hello` of at most 32 KiB after 1,000 updates.

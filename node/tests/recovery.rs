@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use nuwa_crypto::epoch::KeyRing;
+use nuwa_agent::crypto::epoch::KeyRing;
 use serde_json::{Value, json};
 
 fn key_ring(home: &Path) -> KeyRing {
@@ -178,8 +178,8 @@ fn losing_the_admin_is_recovered_with_the_words() {
             let mut t = w.clone();
             t[11] = cand;
             matches!(
-                nuwa_identity::recovery::RecoveryPhrase::parse(&t.join(" ")),
-                Err(nuwa_identity::recovery::RecoveryError::Checksum)
+                nuwa_agent::identity::recovery::RecoveryPhrase::parse(&t.join(" ")),
+                Err(nuwa_agent::identity::recovery::RecoveryError::Checksum)
             )
         })
         .expect("a last word with a bad checksum");
@@ -346,7 +346,7 @@ fn losing_the_admin_is_recovered_with_the_words() {
 }
 
 fn did_log_head(home: &Path) -> String {
-    let log: nuwa_identity::chain::DidChain =
+    let log: nuwa_agent::identity::chain::DidChain =
         serde_json::from_slice(&std::fs::read(home.join("did-log.json")).unwrap()).unwrap();
     log.head_hash().to_owned()
 }

@@ -10,10 +10,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use nuwa_identity::chain::DidChain;
-use nuwa_identity::keys::DeviceKey;
+use nuwa_agent::identity::chain::DidChain;
+use nuwa_agent::identity::keys::DeviceKey;
+use nuwa_agent::sync::pointer::{AgentPointer, dht_key, gossip_topic, rendezvous_namespace};
 use nuwa_net::{Features, NetConfig, NetEvent, PeerId};
-use nuwa_sync::pointer::{AgentPointer, dht_key, gossip_topic, rendezvous_namespace};
 use serde_json::{Value, json};
 use zeroize::Zeroizing;
 

@@ -72,7 +72,7 @@ impl Default for Config {
             memory_budget_bytes: 256_000_000,
             once_ms: None,
             once_tty: false,
-            lifecycle_every_ms: crate::asm::LIFECYCLE_EVERY_MS,
+            lifecycle_every_ms: crate::constants::LIFECYCLE_EVERY_MS,
             api_url: String::new(),
             session: SessionConfig::default(),
         }

@@ -19,29 +19,13 @@ use tracing::{debug, info, warn};
 use crate::agent::{Agent, Out};
 use crate::announce::{AgentRef, Announcement};
 use crate::api::{ApiError, ApproveBody, ApproveReply, ErrorCode, Reply};
+use crate::constants::*;
 use crate::count::Count;
 use crate::effect::Effect;
 use crate::input::RequestId;
 use crate::lifecycle;
 use crate::pairing::{GrantPlaintext, PAIR_AGENT_PREFIX, rendezvous_namespace};
 use crate::peer::{self, Multiaddr, PeerId};
-
-/// How long one approval may take in total, unless the request says.
-const APPROVE_TIMEOUT_MS: u64 = 60_000;
-const MAX_APPROVE_TIMEOUT_MS: u64 = 10 * 60_000;
-/// How long a dialed candidate has to start the exchange.
-const CANDIDATE_TIMEOUT_MS: u64 = 10_000;
-/// Rendezvous lookups while searching.
-const RV_LOOKUP_MS: u64 = 2_000;
-/// Pairing candidates remembered (mDNS and rendezvous), and for how long.
-const MAX_CANDIDATES: usize = 64;
-const CANDIDATE_TTL_MS: u64 = 15 * 60_000;
-/// Longest abort reason accepted or sent.
-const MAX_REASON_BYTES: usize = 256;
-/// Longest nameplate taken from a candidate (codes have two symbols).
-const MAX_NAMEPLATE_BYTES: usize = 8;
-/// Addresses kept per candidate.
-const MAX_CANDIDATE_ADDRS: usize = 16;
 
 struct Candidate {
     nameplate: String,
@@ -341,7 +325,7 @@ impl Agent {
             .verify(
                 &public,
                 (now_ms / 1000) as i64,
-                crate::discovery::ANNOUNCE_MAX_AGE_SECS,
+                crate::constants::ANNOUNCE_MAX_AGE_SECS,
             )
             .is_ok();
         if !fresh || addrs.is_empty() {

@@ -8,7 +8,7 @@
 //! in the replicated map container [`REGISTRY_CONTAINER`] (`$id` → schema
 //! JSON), so every device validates and queries with the same schemas.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nuwa_asm::model::RetentionStrategy;
 use nuwa_asm::registry::{Registered, Registry};
@@ -19,8 +19,12 @@ use tracing::{info, warn};
 
 use crate::agent::{Agent, Out};
 use crate::api::{ApiError, BatchOp, DeleteMode, ErrorCode, Tool};
+use crate::constants::*;
 use crate::count::Count;
 use crate::effect::Effect;
+
+/// The replicated map container holding registered schemas.
+pub const REGISTRY_CONTAINER: &str = "nuwa:schemas";
 
 /// Refuses an object over [`MAX_OBJECT_BYTES`].
 pub(crate) fn check_object_size(v: &Value) -> Result<(), ApiError> {
@@ -33,19 +37,6 @@ pub(crate) fn check_object_size(v: &Value) -> Result<(), ApiError> {
     }
     Ok(())
 }
-
-/// The replicated map container holding registered schemas.
-pub const REGISTRY_CONTAINER: &str = "nuwa:schemas";
-/// Largest object accepted by `state.create` / `state.update` (NIP-8).
-pub const MAX_OBJECT_BYTES: usize = 32 * 1024 * 1024;
-/// Items a query may scan, and its time budget.
-const QUERY_MAX_SCANNED: usize = 1_000_000;
-const QUERY_TIME_BUDGET: Duration = Duration::from_secs(2);
-/// How often the lifecycle task runs.
-pub const LIFECYCLE_EVERY_MS: u64 = 30_000;
-/// `evict_low_importance`: items outside the window whose `importance` is
-/// below this are evicted; the rest are kept.
-pub const KEEP_IMPORTANCE: f64 = 0.5;
 
 /// The agent's typed-state state.
 pub(crate) struct Asm {

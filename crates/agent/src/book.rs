@@ -8,13 +8,11 @@ use std::collections::{BTreeMap, VecDeque};
 use nuwa_sync::Rejection;
 
 use crate::agent::{Agent, Boot, Out};
+use crate::constants::*;
 use crate::devices::Seen;
 use crate::effect::Effect;
 use crate::peer::{Multiaddr, PeerId};
 use crate::status::QuarantineStatus;
-
-/// Rejection records kept for `status`.
-const MAX_REJECTIONS: usize = 256;
 
 #[derive(Debug, Clone)]
 pub(crate) struct RejectionRecord {

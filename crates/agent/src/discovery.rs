@@ -27,38 +27,14 @@ use tracing::{debug, info, warn};
 
 use crate::agent::{Agent, Boot, Config, Out};
 use crate::announce::{AgentRef, Announcement};
+use crate::constants::*;
 use crate::count::Count;
 use crate::effect::{Effect, KadOp};
 use crate::input::{MdnsEvent, NetEvent};
 use crate::peer::{self, Multiaddr, PeerId, Protocol};
 
-/// How long a rendezvous registration lasts (devices and pairing codes);
-/// refreshed at half of it.
-pub const RENDEZVOUS_TTL_SECS: u64 = 2 * 3600;
-/// Oldest mDNS announcement accepted, and how often ours is re-signed.
-pub const ANNOUNCE_MAX_AGE_SECS: i64 = 600;
-pub const ANNOUNCE_REFRESH_MS: u64 = 120_000;
-/// Known peers kept in the cache.
-const MAX_KNOWN_PEERS: usize = 64;
 /// The metadata record of the known-peers cache.
 pub const KNOWN_PEERS_META: &str = "known_peers";
-/// Redial known and static peers that are not connected this often.
-const REDIAL_MS: u64 = 5_000;
-/// Longest pause between redials of a revoked device.
-const REVOKED_REDIAL_MAX_MS: u64 = 15 * 60_000;
-/// DHT and rendezvous lookups: fast while starting, then slower.
-const LOOKUP_FAST_MS: u64 = 2_000;
-const LOOKUP_SLOW_MS: u64 = 30_000;
-const FAST_PHASE_MS: u64 = 60_000;
-/// Re-publish our DHT pointer and provider record this often.
-const POINTER_REPUT_MS: u64 = 10 * 60_000;
-/// Retry a relay reservation that ended or was refused after this long.
-const RELAY_RETRY_MS: u64 = 5_000;
-/// Announcements of our agent whose key we do not know yet, kept for a
-/// retry when the DID chain grows.
-const MAX_UNKNOWN_ANNOUNCEMENTS: usize = 64;
-/// Peers whose identify report is remembered.
-const MAX_IDENTIFIED: usize = 1024;
 
 /// What AutoNAT found about this device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

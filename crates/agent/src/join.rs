@@ -17,13 +17,9 @@ use nuwa_identity::chain::DidChain;
 use nuwa_identity::keys::{DeviceKey, context_id_for};
 use nuwa_proto::{Frame, PairingStep};
 
+use crate::constants::*;
 use crate::pairing::GrantPlaintext;
 use crate::peer::PeerId;
-
-/// An exchange that stalls this long is abandoned (the code stays usable).
-pub const SESSION_TIMEOUT_MS: u64 = 30_000;
-/// Longest abort reason shown.
-const MAX_REASON_BYTES: usize = 256;
 
 /// What `recover` on a fresh home brings to pairing.
 pub struct RecoveryJoin {

@@ -35,29 +35,10 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use crate::agent::{Agent, Out};
+use crate::constants::*;
 use crate::count::Count;
 use crate::effect::Effect;
 use crate::peer::{Multiaddr, PeerId};
-
-/// Bytes of sealed changes per push (the frame cap is 8 MiB).
-const PUSH_BYTES: usize = 2 * 1024 * 1024;
-/// Changes per envelope, and bytes of changes per envelope.
-const ENVELOPE_CHANGES: usize = 1024;
-const ENVELOPE_BYTES: usize = 512 * 1024;
-/// At most one snapshot per keeper this often.
-const COMPACT_EVERY_MS: u64 = 60_000;
-/// How soon a compaction that found nothing pulled yet is tried again.
-const COMPACT_RETRY_MS: u64 = 1_000;
-/// Largest snapshot push (the frame cap is 8 MiB).
-const SNAPSHOT_BYTES: usize = 6 * 1024 * 1024;
-/// Bytes asked for per pull.
-const PULL_BYTES: u32 = 4 * 1024 * 1024;
-const PULL_IDLE_MS: u64 = 2_000;
-const PULL_BUSY_MS: u64 = 30_000;
-/// A request unanswered this long is given up (and made again).
-const REQUEST_TIMEOUT_MS: u64 = 30_000;
-/// After a refusal, wait this long before asking again.
-const REFUSED_BACKOFF_MS: u64 = 30_000;
 
 /// The metadata record of what was pushed to and pulled from `peer`.
 pub fn meta_key(peer: &PeerId) -> String {

@@ -54,13 +54,23 @@ mod standing;
 pub mod status;
 
 pub use agent::{Agent, Boot, Config};
+
+// The data crates of the core, whole: a shell (the daemon, a browser
+// runtime) handles their types (keys, chains, containers, frames) when it
+// loads, persists and shows them, and depends on the core through this
+// crate alone.
+pub use constants::{ANNOUNCE_MAX_AGE_SECS, ANNOUNCE_REFRESH_MS, RENDEZVOUS_TTL_SECS};
 pub use count::Count;
-pub use discovery::{
-    ANNOUNCE_MAX_AGE_SECS, ANNOUNCE_REFRESH_MS, KNOWN_PEERS_META, Nat, RENDEZVOUS_TTL_SECS,
-};
+pub use discovery::{KNOWN_PEERS_META, Nat};
 pub use effect::{Effect, KadOp, NewHome, Phase};
 pub use input::{Input, MdnsEvent, NetEvent, Registration, RequestId};
 pub use keeper::meta_key as keeper_meta_key;
+pub use nuwa_asm as asm_model;
+pub use nuwa_crypto as crypto;
+pub use nuwa_identity as identity;
+pub use nuwa_proto as proto;
+pub use nuwa_state as state;
+pub use nuwa_sync as sync;
 
 /// An error and every source below it, joined with ": " (what a person
 /// reads in a reply or a log line).

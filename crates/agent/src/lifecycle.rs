@@ -7,12 +7,16 @@
 //! Pure functions: no IO, no clock (time is a parameter). The agent and
 //! the shell's offline commands persist what they return.
 
+use crate::constants::*;
 use nuwa_crypto::SyncKey;
 use nuwa_crypto::epoch::{EpochGrant, KeyRing};
 use nuwa_identity::chain::{ChainError, DidChain};
 use nuwa_identity::document::{DidDocument, DidError, KeyStatus, Relationship, shorten};
 use nuwa_identity::keys::{DeviceKey, context_id_for};
 use nuwa_identity::recovery::{RECOVERY_FRAGMENT_PREFIX, add_recovery_key, check_belongs};
+
+/// Fragment suffix of a device's X25519 `keyAgreement` key.
+pub const X25519_SUFFIX: &str = "-x25519";
 
 /// Relationships every device key gets. `authentication` is what sync
 /// membership checks; the others let a device sign state and invoke
@@ -89,9 +93,6 @@ macro_rules! bail {
         return Err(refused(format!($($arg)*)))
     };
 }
-
-/// Fragment suffix of a device's X25519 `keyAgreement` key.
-pub const X25519_SUFFIX: &str = "-x25519";
 
 /// A key this home holds that may change the DID document: it is listed
 /// with `capabilityDelegation` in the current version. The master key of
@@ -526,11 +527,6 @@ fn not_listed(log: &DidChain, key_id: &str, target: &str) -> LifecycleError {
         ))
     }
 }
-
-/// Most bytes the proof of the DID document may take after an admin
-/// change: the DHT pointer (60 KiB) carries it with about 600 bytes of its
-/// own, and a `Hello` carries it whole.
-pub const MAX_PROOF_AFTER_CHANGE: usize = 56 * 1024;
 
 /// Refuses an update that would make the document's proof too big to
 /// travel: every authority change (promote, demote, a recovery key or an

@@ -9,6 +9,7 @@ use nuwa_sync::{PeerState, PeerSyncState};
 use tracing::debug;
 
 use crate::agent::{Agent, Out};
+use crate::constants::*;
 use crate::count::Count;
 use crate::devices::DeviceEntry;
 use crate::effect::Effect;
@@ -17,11 +18,6 @@ use crate::status::{
     CatchUpStatus, ClockSkewStatus, ContainerStatus, DeviceStatus, DhtPointerStatus, MdnsStatus,
     PeerStatus, PeerSyncStatus, ReachabilityStatus, RejectionStatus, Status,
 };
-
-/// How often memory is checked and idle containers evicted.
-const EVICT_EVERY_MS: u64 = 5_000;
-/// A container unused this long leaves memory.
-const IDLE_EVICT_MS: u64 = 60_000;
 
 /// `sync --once`: the deadline and what was last said.
 pub(crate) struct Once {

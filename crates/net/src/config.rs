@@ -8,6 +8,10 @@ use libp2p::{Multiaddr, connection_limits};
 
 use crate::reach::Scope;
 
+/// Bytes a relay lets one circuit carry by default: twice the largest
+/// frame, so any one frame fits in a fresh circuit (the shell asserts
+/// that relation; the network does not know frames' sizes).
+pub const RELAY_CIRCUIT_BYTES: u64 = 16 * 1024 * 1024;
 /// Which optional behaviours run.
 #[derive(Debug, Clone)]
 pub struct Features {
@@ -75,7 +79,7 @@ impl Default for InfraLimits {
             max_relay_circuits: 1024,
             max_relay_circuits_per_peer: 8,
             max_circuit_duration: Duration::from_secs(3600),
-            max_circuit_bytes: 16 * 1024 * 1024,
+            max_circuit_bytes: RELAY_CIRCUIT_BYTES,
         }
     }
 }

@@ -62,7 +62,7 @@ use zeroize::Zeroizing;
 pub use libp2p::multiaddr::Protocol;
 pub use libp2p::{Multiaddr, PeerId};
 
-pub use config::{ConnectionLimits, Features, InfraLimits, NetConfig};
+pub use config::{ConnectionLimits, Features, InfraLimits, NetConfig, RELAY_CIRCUIT_BYTES};
 pub use counts::NetCount;
 pub use handle::NetHandle;
 pub use reach::Scope;

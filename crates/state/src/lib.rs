@@ -28,10 +28,9 @@ pub const MAX_KEY_BYTES: usize = 1024;
 /// Deepest JSON nesting accepted in a value (bounds recursion).
 pub const MAX_JSON_DEPTH: usize = 64;
 
-/// Longest container name, in UTF-8 bytes. Storage backends enforce the
-/// same limit (`nuwa_store::MAX_CONTAINER_NAME_BYTES`; a test in nuwa-node
-/// holds the two equal).
-pub const MAX_CONTAINER_NAME_BYTES: usize = 256;
+/// Longest container name, in UTF-8 bytes: the wire's limit, declared once
+/// in `nuwa-proto` (storage enforces the same one).
+pub use nuwa_proto::MAX_CONTAINER_NAME_BYTES;
 
 /// Why a container name is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

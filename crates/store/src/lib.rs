@@ -38,8 +38,9 @@ pub const MAX_CHANGE_BYTES: usize = 64 << 20;
 pub const MAX_BATCH_BYTES: usize = 256 << 20;
 /// Largest snapshot accepted by [`Storage::save_snapshot`]: 256 MiB.
 pub const MAX_SNAPSHOT_BYTES: usize = 256 << 20;
-/// Longest container name, in UTF-8 bytes.
-pub const MAX_CONTAINER_NAME_BYTES: usize = 256;
+/// Longest container name, in UTF-8 bytes: the wire's limit, declared once
+/// in `nuwa-proto`.
+pub use nuwa_proto::MAX_CONTAINER_NAME_BYTES;
 /// Longest metadata key, in UTF-8 bytes.
 pub const MAX_META_KEY_BYTES: usize = 256;
 /// Largest metadata value: 1 MiB. Metadata is for small node records, not state.

@@ -168,7 +168,7 @@ fn json_body<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError
 /// Container names are checked here, at the door, so nothing invalid
 /// reaches the loop or the store.
 fn container_name(name: &str) -> Result<(), ApiError> {
-    nuwa_state::check_container_name(name)
+    nuwa_agent::state::check_container_name(name)
         .map_err(|e| ApiError::new(ErrorCode::InvalidContainerName, e.to_string()))
 }
 

@@ -72,19 +72,3 @@ pub fn challenge_mac(token: &str, nonce: &[u8]) -> [u8; 32] {
     mac.update(nonce);
     mac.finalize().into_bytes().into()
 }
-
-#[cfg(test)]
-mod tests {
-    // Goal: the name rule checked at the door (nuwa-state) is the limit
-    // the store enforces, and a schema's `$id` (its container's name) always
-    // fits it; the three crates cannot depend on one another, so this test
-    // holds them together.
-    #[test]
-    fn one_container_name_limit() {
-        assert_eq!(
-            nuwa_state::MAX_CONTAINER_NAME_BYTES,
-            nuwa_store::MAX_CONTAINER_NAME_BYTES
-        );
-        const { assert!(nuwa_asm::schema::MAX_ID_BYTES <= nuwa_state::MAX_CONTAINER_NAME_BYTES) };
-    }
-}

@@ -1,5 +1,5 @@
 //! Catch-up off the loop: the engine sets aside a sync message that carries
-//! a big document ([`nuwa_sync::CatchUp`]); this module runs it on a
+//! a big document ([`nuwa_agent::sync::CatchUp`]); this module runs it on a
 //! blocking thread, together with the snapshot that will make it durable
 //! (saving and compressing a big document costs as much as the apply), and
 //! hands the result back to the loop, which swaps the document in and
@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use nuwa_state::Hash;
-use nuwa_sync::{CatchUp, CaughtUp};
+use nuwa_agent::state::Hash;
+use nuwa_agent::sync::{CatchUp, CaughtUp};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -106,7 +106,7 @@ impl CatchUps {
     }
 }
 
-fn run(job: CatchUp, compression: Option<nuwa_asm::model::Compression>) -> Finished {
+fn run(job: CatchUp, compression: Option<nuwa_agent::asm_model::model::Compression>) -> Finished {
     let done = job.run();
     let snapshot = if done.new_changes() as u64 >= COMPACT_AFTER_CHANGES
         || done.new_change_bytes() >= SNAPSHOT_AFTER_BYTES

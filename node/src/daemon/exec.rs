@@ -25,11 +25,11 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use nuwa_agent::api::{ApiError, ErrorCode};
+use nuwa_agent::sync::Origin;
 use nuwa_agent::{Agent, Boot, Effect, Input, KadOp, Phase, RequestId};
 use nuwa_discovery::Mdns;
 use nuwa_net::{GossipId, NetHandle};
 use nuwa_store::{SledStore, Storage};
-use nuwa_sync::Origin;
 use tracing::{debug, warn};
 
 use super::catch_up::CatchUps;
@@ -121,7 +121,7 @@ impl Executor {
             })
             .collect();
         let boot = Boot {
-            device: nuwa_identity::keys::DeviceKey::from_seed(&home.device.seed()),
+            device: nuwa_agent::identity::keys::DeviceKey::from_seed(&home.device.seed()),
             master: home::read_master(&home.dir)?,
             name: home.info.name.clone(),
             log: home.log.clone(),
@@ -471,7 +471,7 @@ impl Executor {
         &mut self,
         id: RequestId,
         out: &str,
-    ) -> Result<nuwa_identity::keys::DeviceKey, ApiError> {
+    ) -> Result<nuwa_agent::identity::keys::DeviceKey, ApiError> {
         let (lock, device) = home::prepare_new_home(std::path::Path::new(out))
             .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("{e:#}")))?;
         self.replies.hold_home_lock(id, lock);

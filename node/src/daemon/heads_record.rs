@@ -8,7 +8,7 @@
 //! the container's digest then differs from its peers', reconciliation
 //! loads it, and the load brings the newer heads.
 
-use nuwa_state::Hash;
+use nuwa_agent::state::Hash;
 use sha2::{Digest as _, Sha256};
 
 const VERSION: u8 = 1;

@@ -24,8 +24,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use nuwa_asm::registry::Registry;
-use nuwa_state::Container;
+use nuwa_agent::asm_model::registry::Registry;
+use nuwa_agent::state::Container;
 use nuwa_store::Storage;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -51,7 +51,7 @@ pub(crate) enum ReadMsg {
     Registry(Box<Registry>),
     /// Lifecycle: which items of these containers have expired?
     Scan {
-        schemas: Vec<nuwa_asm::schema::AsmSchema>,
+        schemas: Vec<nuwa_agent::asm_model::schema::AsmSchema>,
         now_secs: i64,
     },
     /// Drop the replicas not read for [`REPLICA_IDLE`].
@@ -119,7 +119,11 @@ impl ReaderHandle {
         let _ = self.tx.try_send(ReadMsg::Trim);
     }
 
-    pub(in crate::daemon) fn scan(&self, schemas: Vec<nuwa_asm::schema::AsmSchema>, now_secs: i64) {
+    pub(in crate::daemon) fn scan(
+        &self,
+        schemas: Vec<nuwa_agent::asm_model::schema::AsmSchema>,
+        now_secs: i64,
+    ) {
         let _ = self.tx.try_send(ReadMsg::Scan { schemas, now_secs });
     }
 }
@@ -392,7 +396,7 @@ impl Reader {
         }
     }
 
-    fn scan(&mut self, schemas: Vec<nuwa_asm::schema::AsmSchema>, now_secs: i64) {
+    fn scan(&mut self, schemas: Vec<nuwa_agent::asm_model::schema::AsmSchema>, now_secs: i64) {
         for schema in schemas {
             let name = schema.id.full.clone();
             if self.ensure(&name).is_err() {
@@ -401,7 +405,7 @@ impl Reader {
             let Some(c) = self.replicas.get(&name) else {
                 continue;
             };
-            let Ok(items) = nuwa_asm::doc::items(c.doc(), &schema.layout) else {
+            let Ok(items) = nuwa_agent::asm_model::doc::items(c.doc(), &schema.layout) else {
                 continue;
             };
             let ids = asm::expired_ids(&schema, &items, now_secs);
@@ -421,18 +425,18 @@ impl Reader {
 /// with `id`, that one object.
 fn user_view(
     c: &Container,
-    schema: &nuwa_asm::schema::AsmSchema,
+    schema: &nuwa_agent::asm_model::schema::AsmSchema,
     name: &str,
     id: Option<&str>,
 ) -> Result<serde_json::Value, ApiError> {
-    let failed = |e: nuwa_asm::doc::DocError| {
+    let failed = |e: nuwa_agent::asm_model::doc::DocError| {
         ApiError::new(
             ErrorCode::Internal,
             format!("cannot read typed container {name:?}: {e}"),
         )
     };
     if let Some(id) = id {
-        return nuwa_asm::doc::get(c.doc(), &schema.layout, id)
+        return nuwa_agent::asm_model::doc::get(c.doc(), &schema.layout, id)
             .map_err(failed)?
             .map(|view| view.value)
             .ok_or_else(|| {
@@ -442,9 +446,10 @@ fn user_view(
                 )
             });
     }
-    let items = nuwa_asm::doc::items(c.doc(), &schema.layout).map_err(failed)?;
+    let items = nuwa_agent::asm_model::doc::items(c.doc(), &schema.layout).map_err(failed)?;
     Ok(match schema.layout.container {
-        nuwa_asm::model::ContainerKind::List | nuwa_asm::model::ContainerKind::Log => {
+        nuwa_agent::asm_model::model::ContainerKind::List
+        | nuwa_agent::asm_model::model::ContainerKind::Log => {
             serde_json::Value::Array(items.into_iter().map(|(_, v)| v).collect())
         }
         _ => serde_json::Value::Object(items.into_iter().collect()),

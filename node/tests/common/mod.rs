@@ -331,7 +331,7 @@ pub fn gossip_node(
         )
         .await
         .unwrap();
-        net.gossip_subscribe(nuwa_sync::pointer::gossip_topic(did))
+        net.gossip_subscribe(nuwa_agent::sync::pointer::gossip_topic(did))
             .await
             .unwrap();
         net.dial(None, vec![dial.parse().unwrap()]).await.unwrap();

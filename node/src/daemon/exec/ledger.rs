@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use nuwa_agent::Agent;
+use nuwa_agent::sync::Origin;
 use nuwa_store::Storage;
-use nuwa_sync::Origin;
 use tracing::debug;
 
 use super::super::catch_up::CatchUps;

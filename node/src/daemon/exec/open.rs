@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use nuwa_agent::state::Container;
 use nuwa_agent::status::QuarantineStatus;
-use nuwa_state::Container;
+use nuwa_agent::sync::Engine;
 use nuwa_store::Storage;
-use nuwa_sync::Engine;
 use tracing::{debug, info, warn};
 
 use super::super::heads_record;
@@ -81,7 +81,7 @@ pub(super) fn open_engine(
 ) -> Result<Opened> {
     let store = shared.as_ref();
     let actor = home.device.public().to_vec();
-    let mut engine = Engine::new(actor.clone(), nuwa_sync::Config::default());
+    let mut engine = Engine::new(actor.clone(), nuwa_agent::sync::Config::default());
     let mut ledger = Ledger::default();
     let (names, unnamed) = store.list_containers_quarantining()?;
     let mut quarantined: Vec<QuarantineStatus> = unnamed
@@ -99,7 +99,7 @@ pub(super) fn open_engine(
         "loading containers"
     );
     let mut cold: Vec<Cold> = Vec::new();
-    let mut cold_heads: Vec<nuwa_state::Hash> = Vec::new();
+    let mut cold_heads: Vec<nuwa_agent::state::Hash> = Vec::new();
     if cold_at_start {
         cold.reserve_exact(names.len());
     }
@@ -197,7 +197,11 @@ fn quarantine(store: &dyn Storage, name: String, e: anyhow::Error) -> Result<Qua
 
 /// How the engine loads an evicted container again: from the store, on
 /// the loop (issue 26 moves this off it).
-fn loader(store: Arc<dyn Storage>, actor: Vec<u8>, metrics: Arc<Metrics>) -> nuwa_sync::Loader {
+fn loader(
+    store: Arc<dyn Storage>,
+    actor: Vec<u8>,
+    metrics: Arc<Metrics>,
+) -> nuwa_agent::sync::Loader {
     Box::new(move |name: &str| {
         metrics.add(Event::ContainersLoaded, 1);
         load_container(store.as_ref(), &actor, name)
