@@ -8,8 +8,6 @@
 //! in the replicated map container [`REGISTRY_CONTAINER`] (`$id` → schema
 //! JSON), so every device validates and queries with the same schemas.
 
-use std::time::Instant;
-
 use nuwa_asm::model::RetentionStrategy;
 use nuwa_asm::registry::{Registered, Registry};
 use nuwa_asm::schema::AsmSchema;
@@ -289,7 +287,9 @@ impl Agent {
             ),
             // Reads run on the reader, off this loop; these arms serve a
             // request that reached the loop anyway.
-            Tool::Query(q) => query(&self.asm.registry, self.session.engine(), &q),
+            // Reads run on the shell's reader, with its clock; one that
+            // reached the agent gets the scan budget alone.
+            Tool::Query(q) => query(&self.asm.registry, self.session.engine(), &q, &|| false),
             Tool::Delete {
                 schema_uri,
                 id,
@@ -454,11 +454,13 @@ impl Containers for nuwa_sync::Engine {
 }
 
 /// `state.query`: ASM-QL over the items of one container, within the scan
-/// and time budget.
+/// budget and the caller's time budget (`expired` says when it is spent;
+/// the core reads no clock).
 pub fn query(
     registry: &Registry,
     containers: &dyn Containers,
     q: &Value,
+    expired: &dyn Fn() -> bool,
 ) -> Result<Value, ApiError> {
     let parsed =
         query::parse(q).map_err(|e| ApiError::new(ErrorCode::InvalidQuery, e.to_string()))?;
@@ -467,11 +469,9 @@ pub fn query(
         Some(c) => doc::items(c.doc(), &schema.layout).map_err(doc_error)?,
         None => Vec::new(),
     };
-    let deadline = Instant::now() + QUERY_TIME_BUDGET;
-    let expired = move || Instant::now() > deadline;
     let budget = query::Budget {
         max_scanned: QUERY_MAX_SCANNED,
-        expired: &expired,
+        expired,
     };
     let r = query::execute(
         &parsed,

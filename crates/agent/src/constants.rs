@@ -105,9 +105,8 @@ pub(crate) const MAX_REJECTIONS: usize = 256;
 
 /// Largest object accepted by `state.create` / `state.update` (NIP-8).
 pub const MAX_OBJECT_BYTES: usize = 32 * 1024 * 1024;
-/// Items a query may scan, and its time budget.
+/// Items a query may scan (its time budget is the shell's: the core reads no clock).
 pub(crate) const QUERY_MAX_SCANNED: usize = 1_000_000;
-pub(crate) const QUERY_TIME_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 /// How often the lifecycle task runs.
 pub const LIFECYCLE_EVERY_MS: u64 = 30_000;
 /// `evict_low_importance`: items outside the window whose `importance` is

@@ -29,7 +29,7 @@ use nuwa_agent::sync::Origin;
 use nuwa_agent::{Agent, Boot, Effect, Input, KadOp, Phase, RequestId};
 use nuwa_discovery::Mdns;
 use nuwa_net::{GossipId, NetHandle};
-use nuwa_store::{SledStore, Storage};
+use nuwa_store::Storage;
 use tracing::{debug, warn};
 
 use super::catch_up::CatchUps;
@@ -43,6 +43,7 @@ pub(super) use replies::Waiting;
 mod ledger;
 pub(super) mod open;
 mod replies;
+pub(super) mod setup;
 use crate::home::{self, Home};
 use crate::metrics::{Event, Metrics};
 
@@ -77,13 +78,6 @@ pub(super) struct Hands {
     pub reader: ReaderHandle,
     pub events: tokio::sync::broadcast::Sender<nuwa_agent::api::ChangeEvent>,
     pub metrics: Arc<Metrics>,
-}
-
-/// Opens the home's store (sled, encrypted at rest).
-pub(super) fn open_store(home: &Home) -> Result<Arc<dyn Storage>> {
-    let store = SledStore::open(&home.dir.join(home::STORE_DIR), home.at_rest.clone())
-        .with_context(|| format!("cannot open the store in {}", home.dir.display()))?;
-    Ok(Arc::new(store))
 }
 
 impl Executor {

@@ -36,6 +36,8 @@ use nuwa_agent::asm::{self, Containers};
 
 /// Messages waiting for the reader.
 pub(in crate::daemon) const QUEUE: usize = 4096;
+/// How long one `state.query` may run on the reader.
+const QUERY_TIME_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 /// Messages taken per turn: their change batches are applied together.
 const TURN: usize = 1024;
 
@@ -377,9 +379,11 @@ impl Reader {
             }
             ApiRequest::Tool(Tool::Query(q), reply) => {
                 let from = q["from"].as_str().unwrap_or_default().to_owned();
-                let r = self
-                    .ensure(&from)
-                    .and_then(|()| asm::query(&self.registry, self, &q));
+                let r = self.ensure(&from).and_then(|()| {
+                    let deadline = std::time::Instant::now() + QUERY_TIME_BUDGET;
+                    let expired = move || std::time::Instant::now() > deadline;
+                    asm::query(&self.registry, self, &q, &expired)
+                });
                 let _ = reply.send(r);
             }
             ApiRequest::Tool(Tool::Describe(name), reply) => {
