@@ -38,6 +38,10 @@ pub struct SessionConfig {
     pub hello_deadline_ms: u64,
     /// How long an envelope of an unknown (newer) epoch waits for its grant.
     pub held_for_ms: u64,
+    /// A verified peer gets our `Hello` again at least this often, so that
+    /// one lost on a live connection (a full queue drops frames) delays a
+    /// newer DID chain or key epoch by this much at most, never for good.
+    pub hello_refresh_ms: u64,
     /// Envelopes held at once; the oldest goes first.
     pub max_held: usize,
 }
@@ -47,6 +51,7 @@ impl Default for SessionConfig {
         SessionConfig {
             hello_deadline_ms: 10_000,
             held_for_ms: 30_000,
+            hello_refresh_ms: 300_000,
             max_held: 256,
         }
     }
@@ -290,6 +295,8 @@ pub struct Session {
     /// Refused peers that were sent entries: their connection closes at
     /// this time (closing at once could cut the page off).
     closing: BTreeMap<PeerKey, u64>,
+    /// When each peer last got our `Hello`.
+    hello_sent_ms: BTreeMap<PeerKey, u64>,
 }
 
 /// How long a refused peer that was sent the entries past its head keeps
@@ -320,6 +327,7 @@ impl Session {
             fetching: BTreeMap::new(),
             next_unasked_ms: 0,
             closing: BTreeMap::new(),
+            hello_sent_ms: BTreeMap::new(),
         }
     }
 
@@ -463,6 +471,7 @@ impl Session {
     pub fn disconnected(&mut self, peer: &str) -> Vec<Effect> {
         let mut out = Vec::new();
         self.fetching.remove(peer);
+        self.hello_sent_ms.remove(peer);
         if let Some(PeerState::Verified { context_id, .. }) = self.peers.remove(peer) {
             out.push(Effect::PeerGone {
                 peer: peer.to_owned(),
@@ -492,6 +501,7 @@ impl Session {
     /// Forgets a peer's state; nothing more is taken from it.
     fn forget_peer(&mut self, peer: &str) {
         self.peers.remove(peer);
+        self.hello_sent_ms.remove(peer);
         self.fetching.remove(peer);
         self.engine.peer_down(peer);
     }
@@ -504,7 +514,8 @@ impl Session {
         }
     }
 
-    fn push_hello(&self, peer: &str, now_ms: u64, out: &mut Vec<Effect>) {
+    fn push_hello(&mut self, peer: &str, now_ms: u64, out: &mut Vec<Effect>) {
+        self.hello_sent_ms.insert(peer.to_owned(), now_ms);
         // `hello` fails only if the OS has no randomness or the log cannot
         // be serialised; the peer then times out and is redialed.
         if let Ok(hello) = self.membership.hello(now_ms) {
@@ -1198,9 +1209,30 @@ impl Session {
             });
             self.drop_peer(&peer, &mut out);
         }
+        self.refresh_hellos(now_ms, &mut out);
         let actions = self.engine.tick(now_ms);
         self.engine_actions(actions, &mut out);
         out
+    }
+
+    /// Our `Hello` again to every verified peer that has not had it for
+    /// [`SessionConfig::hello_refresh_ms`].
+    fn refresh_hellos(&mut self, now_ms: u64, out: &mut Vec<Effect>) {
+        let every = self.config.hello_refresh_ms;
+        let due: Vec<PeerKey> = self
+            .peers
+            .iter()
+            .filter(|(_, s)| matches!(s, PeerState::Verified { .. }))
+            .filter(|(p, _)| {
+                let last = self.hello_sent_ms.get(*p).copied().unwrap_or(0);
+                now_ms.saturating_sub(last) >= every
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        for peer in due {
+            out.push(Effect::Count(Count::HelloRefreshSent));
+            self.push_hello(&peer, now_ms, out);
+        }
     }
 
     // ---- engine glue -----------------------------------------------------------

@@ -337,6 +337,9 @@ impl Sim {
             mdns: true,
             ..Config::default()
         };
+        // The daemon refreshes Hellos every 5 minutes; the world settles in
+        // 90 s, so a lost Hello must be healed sooner here.
+        c.session.hello_refresh_ms = 20_000;
         if let Some(k) = &self.keeper {
             let (addr, _) = addr_of(9_999);
             c.keepers = vec![(k.peer, addr.with(peer::Protocol::P2p(k.peer)))];
