@@ -3,8 +3,6 @@
 //! direct stream), and the bookkeeping of verified, refused and departed
 //! peers, adopted chains and epochs, and poisoned containers.
 
-use std::collections::BTreeSet;
-
 use nuwa_proto::{Frame, SyncPayload};
 use nuwa_sync::{Door, Effect as SessionEffect};
 use tracing::{debug, info, warn};
@@ -17,7 +15,6 @@ use crate::peer::PeerId;
 impl Agent {
     /// Turns the session's effects into the agent's.
     pub(crate) fn absorb(&mut self, effects: Vec<SessionEffect>, now_ms: u64, out: &mut Out) {
-        let mut published: BTreeSet<String> = BTreeSet::new();
         for e in effects {
             match e {
                 SessionEffect::Persist {
@@ -37,7 +34,10 @@ impl Agent {
                     grant,
                 }),
                 SessionEffect::Send { peer, payload } => {
-                    self.send_payload(&peer, payload, now_ms, &mut published, out)
+                    self.send_payload(&peer, payload, now_ms, out)
+                }
+                SessionEffect::Broadcast { peers, payload } => {
+                    self.broadcast(peers, payload, now_ms, out)
                 }
                 SessionEffect::SendHello { peer, hello } => {
                     if let Ok(p) = peer.parse::<PeerId>() {
@@ -60,64 +60,65 @@ impl Agent {
         }
     }
 
-    /// Seals one payload. A live delta goes once per container through
-    /// gossip when it fits (one publish reaches every device), else over
-    /// the direct stream.
-    fn send_payload(
-        &mut self,
-        peer: &str,
-        payload: SyncPayload,
-        now_ms: u64,
-        published: &mut BTreeSet<String>,
-        out: &mut Out,
-    ) {
-        let Ok(peer_id) = peer.parse::<PeerId>() else {
+    /// Seals a payload for one peer and sends it over the direct stream.
+    fn send_payload(&mut self, peer: &str, payload: SyncPayload, now_ms: u64, out: &mut Out) {
+        let Ok(peer) = peer.parse::<PeerId>() else {
             return;
         };
-        // A live delta is published once, whatever the number of peers;
-        // packs partition containers, so their first one names them.
-        let delta = match &payload {
-            SyncPayload::Delta { container, .. } => Some(container.clone()),
-            SyncPayload::Deltas(list) => list.first().map(|(c, _)| format!("\0pack:{c}")),
-            _ => None,
-        };
-        if let Some(c) = &delta {
-            if published.contains(c) {
-                return;
-            }
+        if let Some(bytes) = self.sealed(&payload, now_ms, out) {
+            out.count(Count::FramesSent);
+            out.count_by(Count::BytesSent, bytes.len() as u64);
+            out.push(Effect::Send { peer, frame: bytes });
         }
-        let bytes = match self.session.seal(&payload, now_ms) {
+    }
+
+    /// Seals a live delta once for all its peers: one gossip publish where
+    /// it fits (it reaches every device), else the same sealed frame over
+    /// each peer's direct stream.
+    fn broadcast(&mut self, peers: Vec<String>, payload: SyncPayload, now_ms: u64, out: &mut Out) {
+        let Some(bytes) = self.sealed(&payload, now_ms, out) else {
+            return;
+        };
+        if bytes.len() <= crate::constants::MAX_GOSSIP_BYTES {
+            out.count(Count::GossipDeltasPublished);
+            // Sealed bytes handed to gossip (each mesh peer gets a copy).
+            out.count_by(Count::BytesSent, bytes.len() as u64);
+            out.push(Effect::Publish {
+                topic: self.discovery.topic().to_owned(),
+                bytes,
+            });
+            return;
+        }
+        out.count(Count::DeltasOverStream);
+        for peer in peers.iter().filter_map(|p| p.parse::<PeerId>().ok()) {
+            out.count(Count::FramesSent);
+            out.count_by(Count::BytesSent, bytes.len() as u64);
+            out.push(Effect::Send {
+                peer,
+                frame: bytes.clone(),
+            });
+        }
+    }
+
+    /// The payload sealed under the current epoch as a frame, if it fits
+    /// one (a bigger one is left to the sync protocol, which chunks).
+    fn sealed(&self, payload: &SyncPayload, now_ms: u64, out: &mut Out) -> Option<Vec<u8>> {
+        let bytes = match self.session.seal(payload, now_ms) {
             Ok(env) => Frame::Envelope(env).encode(),
             Err(e) => {
                 warn!(error = %e, "cannot seal a payload");
-                return;
+                return None;
             }
         };
-        if let Some(c) = delta {
-            if bytes.len() <= crate::constants::MAX_GOSSIP_BYTES {
-                out.count(Count::GossipDeltasPublished);
-                // Sealed bytes handed to gossip (each mesh peer gets a copy).
-                out.count_by(Count::BytesSent, bytes.len() as u64);
-                out.push(Effect::Publish {
-                    topic: self.discovery.topic().to_owned(),
-                    bytes,
-                });
-                published.insert(c);
-                return;
-            }
-            out.count(Count::DeltasOverStream);
-        }
         if bytes.len() > nuwa_proto::MAX_FRAME_BYTES {
             out.count(Count::FrameTooLarge);
-            warn!(%peer_id, len = bytes.len(), "payload exceeds the frame cap; relying on the sync protocol");
-            return;
+            warn!(
+                len = bytes.len(),
+                "payload exceeds the frame cap; relying on the sync protocol"
+            );
+            return None;
         }
-        out.count(Count::FramesSent);
-        out.count_by(Count::BytesSent, bytes.len() as u64);
-        out.push(Effect::Send {
-            peer: peer_id,
-            frame: bytes,
-        });
+        Some(bytes)
     }
 
     fn bookkeep(&mut self, e: SessionEffect, now_ms: u64, out: &mut Out) {
@@ -211,6 +212,7 @@ impl Agent {
             | SessionEffect::PersistLog
             | SessionEffect::PersistKeys { .. }
             | SessionEffect::Send { .. }
+            | SessionEffect::Broadcast { .. }
             | SessionEffect::SendHello { .. }
             | SessionEffect::SendFrame { .. }
             | SessionEffect::Disconnect { .. }

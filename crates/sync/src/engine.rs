@@ -303,6 +303,12 @@ pub enum Action {
         peer: PeerKey,
         payload: SyncPayload,
     },
+    /// The same payload for every one of `peers` (live deltas): sealed
+    /// once, published once where it fits gossip.
+    Broadcast {
+        peers: Vec<PeerKey>,
+        payload: SyncPayload,
+    },
     /// Remote changes newly integrated into `container`; persist them.
     Persist {
         container: String,
@@ -1049,16 +1055,17 @@ impl Engine {
             pack.push((container, changes));
         }
         close(&mut pack, &mut payloads);
-        let mut out = Vec::new();
-        for payload in payloads {
-            for peer in self.peers.keys() {
-                out.push(Action::Send {
-                    peer: peer.clone(),
-                    payload: payload.clone(),
-                });
-            }
+        if self.peers.is_empty() {
+            return Vec::new();
         }
-        out
+        let peers: Vec<PeerKey> = self.peers.keys().cloned().collect();
+        payloads
+            .into_iter()
+            .map(|payload| Action::Broadcast {
+                peers: peers.clone(),
+                payload,
+            })
+            .collect()
     }
 
     fn digest_payload(&mut self) -> SyncPayload {

@@ -167,6 +167,12 @@ pub enum Effect {
         peer: PeerKey,
         payload: SyncPayload,
     },
+    /// Seal this payload once and send it to every one of `peers` (a live
+    /// delta: one gossip publish where it fits).
+    Broadcast {
+        peers: Vec<PeerKey>,
+        payload: SyncPayload,
+    },
     /// Close every connection to the peer.
     Disconnect {
         peer: PeerKey,
@@ -1250,6 +1256,7 @@ impl Session {
         for a in actions {
             out.push(match a {
                 Action::Send { peer, payload } => Effect::Send { peer, payload },
+                Action::Broadcast { peers, payload } => Effect::Broadcast { peers, payload },
                 Action::Persist { container, changes } => Effect::Persist {
                     container,
                     changes,

@@ -324,6 +324,13 @@ impl World {
                     let env = self.devices[i].session.seal(&payload, self.now).unwrap();
                     self.send(i, index_of(&peer), Wire::Envelope(Box::new(env)));
                 }
+                Effect::Broadcast { peers, payload } => {
+                    let env = self.devices[i].session.seal(&payload, self.now).unwrap();
+                    for peer in peers {
+                        let env = Box::new(env.clone());
+                        self.send(i, index_of(&peer), Wire::Envelope(env));
+                    }
+                }
                 Effect::Disconnect { peer } => {
                     let j = index_of(&peer);
                     let down = self.rng.range(500, 3000);

@@ -450,6 +450,11 @@ impl Sim {
                         .extend(changes);
                 }
                 Action::Send { peer, payload } => self.send(node, &peer, payload),
+                Action::Broadcast { peers, payload } => {
+                    for peer in peers {
+                        self.send(node, &peer, payload.clone());
+                    }
+                }
                 Action::Converged { .. } => self.stats.converged_actions += 1,
             }
         }
@@ -1429,7 +1434,7 @@ fn duplicate_and_reordered_deltas() {
         changes.push(change.expect("each put changes the value"));
         let actions = engines[0].flush();
         assert_eq!(actions.len(), 1);
-        let Action::Send { payload, .. } = &actions[0] else {
+        let Action::Broadcast { payload, .. } = &actions[0] else {
             panic!("flush produced {actions:?}");
         };
         deltas.push(payload.clone());

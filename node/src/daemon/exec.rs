@@ -511,3 +511,186 @@ pub(super) fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Goal: the executor persists before it acknowledges or sends, for
+    //! local writes and a writing tool in one batch. Method: the real agent
+    //! and executor over a store that, at every write it makes durable,
+    //! checks that no network command has been issued and no reply
+    //! delivered since the batch began; a verified peer is connected so
+    //! that the writes have somewhere to go.
+
+    use std::sync::{Arc, Mutex};
+
+    use nuwa_agent::api::{PutBody, Request, Tool};
+    use nuwa_agent::{Agent, Input, NetEvent, RequestId};
+    use nuwa_store::{ContainerRecord, MemStore, Storage, StoreError};
+    use tokio::sync::oneshot;
+
+    use super::{Executor, Hands, Waiting};
+    use crate::home;
+
+    type Check = Box<dyn Fn(&str) + Send + Sync>;
+
+    /// A store that runs a check before every write it makes durable.
+    struct CheckingStore {
+        inner: MemStore,
+        check: Mutex<Option<Check>>,
+        persisted: Mutex<Vec<String>>,
+    }
+
+    impl CheckingStore {
+        fn before_write(&self, what: &str) {
+            if let Some(check) = self.check.lock().unwrap().as_ref() {
+                check(what);
+            }
+            self.persisted.lock().unwrap().push(what.to_owned());
+        }
+    }
+
+    impl Storage for CheckingStore {
+        fn append_changes(&self, c: &str, changes: &[Vec<u8>]) -> Result<u64, StoreError> {
+            self.before_write(c);
+            self.inner.append_changes(c, changes)
+        }
+        fn save_snapshot(&self, c: &str, s: &[u8], covers: u64) -> Result<(), StoreError> {
+            self.before_write(c);
+            self.inner.save_snapshot(c, s, covers)
+        }
+        fn load_container(&self, c: &str) -> Result<Option<ContainerRecord>, StoreError> {
+            self.inner.load_container(c)
+        }
+        fn list_containers(&self) -> Result<Vec<String>, StoreError> {
+            self.inner.list_containers()
+        }
+        fn put_meta(&self, k: &str, v: &[u8]) -> Result<(), StoreError> {
+            self.inner.put_meta(k, v)
+        }
+        fn get_meta(&self, k: &str) -> Result<Option<Vec<u8>>, StoreError> {
+            self.inner.get_meta(k)
+        }
+        fn flush(&self) -> Result<(), StoreError> {
+            self.inner.flush()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_persisted_before_it_is_acknowledged_or_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
+        let recovery = nuwa_agent::identity::keys::DeviceKey::generate().unwrap();
+        home::init(&a_dir, "a", &recovery.public()).unwrap();
+        home::provision(&a_dir, &b_dir, "b").unwrap();
+        let (a, b) = (home::load(&a_dir).unwrap(), home::load(&b_dir).unwrap());
+        let store = Arc::new(CheckingStore {
+            inner: MemStore::new(),
+            check: Mutex::new(None),
+            persisted: Mutex::new(Vec::new()),
+        });
+        let a_peer = nuwa_agent::peer::id_of(&a.device.public()).unwrap();
+        let net = nuwa_net::NetHandle::detached(a_peer);
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let (reader, _, _) = super::super::reader::spawn(
+            store.clone(),
+            a.device.public().to_vec(),
+            nuwa_agent::asm_model::registry::Registry::with_core(),
+            16,
+        )
+        .unwrap();
+        let hands = Hands {
+            home: a,
+            store: store.clone(),
+            net: net.clone(),
+            reader,
+            events: tokio::sync::broadcast::channel(16).0,
+            metrics,
+        };
+        let config = nuwa_agent::Config::default();
+        let (mut exec, boot) = Executor::open(hands, &config, Vec::new(), Vec::new()).unwrap();
+        let now = home::now_ms();
+        let mut agent = Agent::new(config, boot, now);
+        let effects = agent.handle(Input::Start, now);
+        exec.execute(&agent, effects).await;
+
+        // B connects and proves itself, so writes have somewhere to go.
+        let b_peer = nuwa_agent::peer::id_of(&b.device.public()).unwrap();
+        let connected = NetEvent::Connected {
+            peer: b_peer,
+            public: Some(b.device.public()),
+            remote: "/ip4/127.0.0.1/tcp/1".parse().unwrap(),
+        };
+        let effects = agent.handle(Input::Net(vec![connected]), now);
+        exec.execute(&agent, effects).await;
+        let b_membership = nuwa_agent::sync::Membership::new(
+            b.log.clone(),
+            b.info.context_id.clone(),
+            "b".into(),
+            nuwa_agent::identity::keys::DeviceKey::from_seed(&b.device.seed()),
+        );
+        let hello = nuwa_agent::proto::Frame::Hello(b_membership.hello(now).unwrap());
+        let frame = NetEvent::Frame {
+            peer: b_peer,
+            bytes: hello.encode(),
+        };
+        let effects = agent.handle(Input::Net(vec![frame]), now);
+        exec.execute(&agent, effects).await;
+        assert_eq!(agent.session().verified().count(), 1, "b must be verified");
+
+        // The batch: a put, then a tool that writes (a schema registration).
+        let (put_tx, put_rx) = oneshot::channel();
+        let (tool_tx, tool_rx) = oneshot::channel();
+        let put_id: RequestId = exec.replies.wait(Waiting::Put(put_tx));
+        let tool_id: RequestId = exec.replies.wait(Waiting::Value(tool_tx));
+        let replies = Arc::new(Mutex::new((put_rx, tool_rx)));
+        let commands_before = net.commands_issued();
+        {
+            let net = net.clone();
+            let replies = replies.clone();
+            *store.check.lock().unwrap() = Some(Box::new(move |container: &str| {
+                assert_eq!(
+                    net.commands_issued(),
+                    commands_before,
+                    "something went to the network before {container:?} was durable"
+                );
+                let mut r = replies.lock().unwrap();
+                assert!(
+                    r.0.try_recv().is_err() && r.1.try_recv().is_err(),
+                    "a reply was delivered before {container:?} was durable"
+                );
+            }));
+        }
+        store.persisted.lock().unwrap().clear();
+        let schema: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../crates/asm/schemas/examples/note.json"
+        ))
+        .unwrap();
+        let put = Request::Put(PutBody {
+            container: "notes".into(),
+            key: "today".into(),
+            value: serde_json::json!("buy milk"),
+        });
+        let tool = Request::Tool(Tool::SchemaAdd(schema));
+        let effects = agent.handle(Input::Api(vec![(put_id, put), (tool_id, tool)]), now);
+        exec.execute(&agent, effects).await;
+        assert!(exec.take_fatal().is_none());
+        let persisted = store.persisted.lock().unwrap().clone();
+        assert!(
+            persisted.iter().any(|c| c == "notes")
+                && persisted
+                    .iter()
+                    .any(|c| c == nuwa_agent::asm::REGISTRY_CONTAINER),
+            "both writes persisted: {persisted:?}"
+        );
+        assert!(
+            net.commands_issued() > commands_before,
+            "the writes were pushed to the verified peer after persisting"
+        );
+        let mut r = replies.lock().unwrap();
+        let put = r.0.try_recv().expect("put answered").expect("put accepted");
+        assert!(put.durable);
+        r.1.try_recv()
+            .expect("tool answered")
+            .expect("tool accepted");
+    }
+}
