@@ -18,7 +18,6 @@ mod pair;
 mod panic_hook;
 mod recovery;
 mod service;
-mod snapshot;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -13,3 +13,4 @@ pub mod model;
 pub mod query;
 pub mod registry;
 pub mod schema;
+pub mod snapshot;

@@ -114,7 +114,7 @@ fn run(job: CatchUp, compression: Option<nuwa_agent::asm_model::model::Compressi
         let saved = done.doc().save();
         match compression {
             None => Some(saved),
-            Some(c) => match crate::snapshot::compress(&saved, c) {
+            Some(c) => match nuwa_agent::asm_model::snapshot::compress(&saved, c) {
                 Ok(bytes) => Some(bytes),
                 Err(e) => {
                     warn!(container = done.container(), error = %e, "cannot compress the catch-up snapshot; the loop saves it");

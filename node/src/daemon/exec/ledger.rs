@@ -164,7 +164,7 @@ impl Ledger {
         };
         if let (false, Some(c)) = (final_form, io.agent.compression_of(container)) {
             let plain = snapshot.len();
-            snapshot = crate::snapshot::compress(&snapshot, c)?;
+            snapshot = nuwa_agent::asm_model::snapshot::compress(&snapshot, c)?;
             debug!(
                 container,
                 plain,

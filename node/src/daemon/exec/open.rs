@@ -47,7 +47,7 @@ pub(in crate::daemon) fn load_container(
     let logged = rec.changes.len() as u64;
     let snapshot = match rec.snapshot.as_deref() {
         Some(s) => Some(
-            crate::snapshot::decompress(s)
+            nuwa_agent::asm_model::snapshot::decompress(s)
                 .with_context(|| format!("cannot read the snapshot of container {name:?}"))?,
         ),
         None => None,
