@@ -43,6 +43,7 @@ pub mod devices;
 mod discovery;
 pub mod effect;
 mod glue;
+pub mod infra;
 pub mod input;
 pub mod join;
 mod keeper;
