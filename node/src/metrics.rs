@@ -3,8 +3,8 @@
 //! `GET /metrics` (token-protected like the rest of the API). `status`
 //! reads the same registry, so the two never disagree.
 //!
-//! Every counted event is a variant of [`Event`]: adding one is one line in
-//! the table below (name, help). Rejections are counted by (source, reason)
+//! Every counted event of the shell is a variant of [`Event`]: adding one
+//! is one line in its table (name, help). Rejections are counted by (source, reason)
 //! and refused envelopes by reason, both as labelled families. The
 //! network's counters are declared once, in `nuwa_net::NetCount`, kept by
 //! `nuwa-net`, and registered here as a whole table (`TableCollector`).
@@ -23,36 +23,18 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-macro_rules! events {
-    ($($variant:ident => $name:literal, $help:literal;)*) => {
-        /// A counted event.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-        pub enum Event { $($variant),* }
-
-        impl Event {
-            pub const ALL: &'static [Event] = &[$(Event::$variant),*];
-
-            /// The counter's name (also its key in `status`).
-            pub fn name(self) -> &'static str {
-                match self { $(Event::$variant => $name),* }
-            }
-
-            fn help(self) -> &'static str {
-                match self { $(Event::$variant => $help),* }
-            }
-        }
-    };
-}
-
-events! {
-    ContainersQuarantined => "containers_quarantined", "Containers moved aside at start because their records could not be read";
-    ContainersLoaded => "containers_loaded", "Evicted containers loaded back into memory on use";
-    CatchUpsOffLoop => "catch_ups_off_loop", "Big sync messages (a whole document, a long partition) applied on a worker thread instead of the daemon loop";
-    ApiConnectionsEvicted => "api_connections_evicted", "Idle API connections closed to make room at the connection cap";
-    ApiConnectionsRefused => "api_connections_refused", "API connections refused at the cap because every open one was busy";
-    ApiConnectionsIdleClosed => "api_connections_idle_closed", "API connections closed after the idle timeout";
-    ApiSocketConnections => "api_socket_connections", "Connections accepted on the local API socket (HOME/api.sock) from the daemon's own user";
-    ApiSocketRefused => "api_socket_refused", "Connections on the local API socket refused because the peer runs as another user";
+nuwa_counters::table! {
+    /// A counted event of the shell.
+    pub enum Event {
+        ContainersQuarantined => "containers_quarantined", "Containers moved aside at start because their records could not be read";
+        ContainersLoaded => "containers_loaded", "Evicted containers loaded back into memory on use";
+        CatchUpsOffLoop => "catch_ups_off_loop", "Big sync messages (a whole document, a long partition) applied on a worker thread instead of the daemon loop";
+        ApiConnectionsEvicted => "api_connections_evicted", "Idle API connections closed to make room at the connection cap";
+        ApiConnectionsRefused => "api_connections_refused", "API connections refused at the cap because every open one was busy";
+        ApiConnectionsIdleClosed => "api_connections_idle_closed", "API connections closed after the idle timeout";
+        ApiSocketConnections => "api_socket_connections", "Connections accepted on the local API socket (HOME/api.sock) from the daemon's own user";
+        ApiSocketRefused => "api_socket_refused", "Connections on the local API socket refused because the peer runs as another user";
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
@@ -175,14 +157,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("nuwa");
-        let counters: Vec<Counter> = Event::ALL
-            .iter()
-            .map(|e| {
-                let c = Counter::default();
-                registry.register(e.name(), e.help(), c.clone());
-                c
-            })
-            .collect();
+        let counters = register_table::<Event>(&mut registry);
         let agent = register_table::<nuwa_agent::Count>(&mut registry);
         let sync = register_table::<nuwa_agent::sync::Count>(&mut registry);
         let net = Arc::new(OnceLock::new());
@@ -276,25 +251,18 @@ impl Metrics {
         }
     }
 
-    fn index(e: Event) -> usize {
-        Event::ALL.iter().position(|x| *x == e).unwrap_or(0)
-    }
-
     pub fn inc(&self, e: Event) {
         self.add(e, 1);
     }
 
     pub fn add(&self, e: Event, n: u64) {
-        if let Some(c) = self.counters.get(Self::index(e)) {
+        if let Some(c) = self.counters.get(e.index()) {
             c.inc_by(n);
         }
     }
 
     pub fn get(&self, e: Event) -> u64 {
-        self.counters
-            .get(Self::index(e))
-            .map(Counter::get)
-            .unwrap_or(0)
+        self.counters.get(e.index()).map(Counter::get).unwrap_or(0)
     }
 
     /// Counts `n` of an agent counter.
