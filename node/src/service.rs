@@ -13,7 +13,6 @@
 //! not as PID 1: the unit is then written and the command to start it is
 //! printed). Windows services are out of scope.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -215,84 +214,75 @@ pub fn systemd_unit(spec: &Spec) -> Result<String> {
         .map(|p| Ok(systemd_exec_word(checked(p)?)))
         .collect::<Result<_>>()?;
     exec.push(systemd_exec_word(log_dir));
-    // A private /tmp would hide a home or executable that lives in /tmp.
     let in_tmp = [exe, home]
         .iter()
         .any(|p| p.starts_with("/tmp/") || p.starts_with("/var/tmp/"));
 
-    let mut u = String::new();
-    // `writeln!` into a String cannot fail.
-    let _ = writeln!(u, "# {MARKER}; `nuwa-node service uninstall` removes it.");
-    let _ = writeln!(u, "[Unit]");
-    // Specifiers (`%`) are expanded in the description too.
-    let _ = writeln!(
-        u,
-        "Description=nuwa-sync daemon for the home {}",
-        home.replace('%', "%%")
+    let description = home.replace('%', "%%");
+    let mut u = format!(
+        "# {MARKER}; `nuwa-node service uninstall` removes it.
+[Unit]
+Description=nuwa-sync daemon for the home {description}
+"
     );
     if !spec.user {
         // The user manager has no network-online.target; the daemon copes
         // with networks that come and go anyway.
-        let _ = writeln!(u, "Wants=network-online.target");
-        let _ = writeln!(u, "After=network-online.target");
+        u.push_str("Wants=network-online.target\nAfter=network-online.target\n");
     }
-    let _ = writeln!(u);
-    let _ = writeln!(u, "[Service]");
-    let _ = writeln!(u, "Type=exec");
-    let _ = writeln!(u, "ExecStart={}", exec.join(" "));
+    let exec = exec.join(" ");
+    u.push_str(&format!("\n[Service]\nType=exec\nExecStart={exec}\n"));
     if let Some(account) = &spec.run_as {
         let who = account
             .name
             .clone()
             .unwrap_or_else(|| account.uid.to_string());
-        let _ = writeln!(u, "User={}", systemd_quote(&who));
+        u.push_str(&format!("User={}\n", systemd_quote(&who)));
     }
-    let _ = writeln!(u, "Restart=on-failure");
-    let _ = writeln!(u, "RestartSec={RESTART_SECS}");
-    let _ = writeln!(
-        u,
-        "# SIGTERM starts a clean shutdown (flush the store, remove api.json)."
-    );
-    let _ = writeln!(u, "KillSignal=SIGTERM");
-    let _ = writeln!(u, "TimeoutStopSec={STOP_TIMEOUT_SECS}");
-    let _ = writeln!(u, "UMask=0077");
-    let _ = writeln!(u, "NoNewPrivileges=yes");
-    let _ = writeln!(u, "LockPersonality=yes");
-    let _ = writeln!(u, "RestrictRealtime=yes");
-    let _ = writeln!(u, "RestrictSUIDSGID=yes");
+    u.push_str(&format!(
+        "Restart=on-failure
+RestartSec={RESTART_SECS}
+# SIGTERM starts a clean shutdown (flush the store, remove api.json).
+KillSignal=SIGTERM
+TimeoutStopSec={STOP_TIMEOUT_SECS}
+UMask=0077
+NoNewPrivileges=yes
+LockPersonality=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+"
+    ));
     if !spec.user {
         // A user manager cannot set up mount namespaces without user
         // namespaces, so the file-system sandbox is for system units only.
-        let _ = writeln!(u, "ProtectSystem=strict");
-        let _ = writeln!(u, "ProtectHome=read-only");
-        let _ = writeln!(u, "ReadWritePaths={}", systemd_quote(home));
-        if !in_tmp {
-            let _ = writeln!(u, "PrivateTmp=yes");
-        }
-        let _ = writeln!(u, "PrivateDevices=yes");
-        let _ = writeln!(u, "ProtectKernelTunables=yes");
-        let _ = writeln!(u, "ProtectKernelModules=yes");
-        let _ = writeln!(u, "ProtectKernelLogs=yes");
-        let _ = writeln!(u, "ProtectControlGroups=yes");
-        let _ = writeln!(u, "ProtectClock=yes");
-        let _ = writeln!(u, "ProtectHostname=yes");
-        let _ = writeln!(u, "RestrictNamespaces=yes");
+        // A private /tmp would hide a home or executable that lives in /tmp.
         // Netlink: the daemon watches the host's interfaces (mDNS, listen
         // addresses).
-        let _ = writeln!(
-            u,
-            "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK"
-        );
-        let _ = writeln!(u, "SystemCallArchitectures=native");
+        let private_tmp = if in_tmp { "" } else { "PrivateTmp=yes\n" };
+        u.push_str(&format!(
+            "ProtectSystem=strict
+ProtectHome=read-only
+ReadWritePaths={}
+{private_tmp}PrivateDevices=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictNamespaces=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
+SystemCallArchitectures=native
+",
+            systemd_quote(home)
+        ));
     }
-    let _ = writeln!(u);
-    let _ = writeln!(u, "[Install]");
     let target = if spec.user {
         "default.target"
     } else {
         "multi-user.target"
     };
-    let _ = writeln!(u, "WantedBy={target}");
+    u.push_str(&format!("\n[Install]\nWantedBy={target}\n"));
     Ok(u)
 }
 
@@ -324,58 +314,53 @@ pub fn launchd_plist(spec: &Spec) -> Result<String> {
     let stderr_file = log_dir.join("launchd-stderr.log");
     let stderr_file = xml_escape(checked(&stderr_file)?);
 
-    let mut p = String::new();
-    let _ = writeln!(p, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
-    let _ = writeln!(
-        p,
-        r#"<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">"#
+    let args: String = args
+        .iter()
+        .map(|a| format!("    <string>{a}</string>\n"))
+        .collect();
+    let user = match spec.run_as.as_ref().and_then(|a| a.name.as_ref()) {
+        Some(name) => format!(
+            "  <key>UserName</key>\n  <string>{}</string>\n",
+            xml_escape(name)
+        ),
+        None => String::new(),
+    };
+    // KeepAlive: restart after a crash, not after a clean stop. Umask: 0077,
+    // in decimal as launchd wants it. StandardErrorPath: the daemon logs to
+    // files; this catches what is written before the logger starts (a bad
+    // config, say).
+    let p = format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+<!-- {MARKER}; `nuwa-node service uninstall` removes it. -->
+<plist version="1.0">
+<dict>
+  <key>Label</key>
+  <string>{LAUNCHD_LABEL}</string>
+  <key>ProgramArguments</key>
+  <array>
+{args}  </array>
+  <key>RunAtLoad</key>
+  <true/>
+  <key>KeepAlive</key>
+  <dict>
+    <key>SuccessfulExit</key>
+    <false/>
+  </dict>
+  <key>ThrottleInterval</key>
+  <integer>{RESTART_SECS}</integer>
+  <key>ExitTimeOut</key>
+  <integer>{STOP_TIMEOUT_SECS}</integer>
+  <key>ProcessType</key>
+  <string>Background</string>
+  <key>Umask</key>
+  <integer>63</integer>
+  <key>StandardErrorPath</key>
+  <string>{stderr_file}</string>
+{user}</dict>
+</plist>
+"#
     );
-    let _ = writeln!(
-        p,
-        "<!-- {MARKER}; `nuwa-node service uninstall` removes it. -->"
-    );
-    let _ = writeln!(p, r#"<plist version="1.0">"#);
-    let _ = writeln!(p, "<dict>");
-    let _ = writeln!(p, "  <key>Label</key>\n  <string>{LAUNCHD_LABEL}</string>");
-    let _ = writeln!(p, "  <key>ProgramArguments</key>\n  <array>");
-    for a in &args {
-        let _ = writeln!(p, "    <string>{a}</string>");
-    }
-    let _ = writeln!(p, "  </array>");
-    let _ = writeln!(p, "  <key>RunAtLoad</key>\n  <true/>");
-    // Restart after a crash, not after a clean stop.
-    let _ = writeln!(
-        p,
-        "  <key>KeepAlive</key>\n  <dict>\n    <key>SuccessfulExit</key>\n    <false/>\n  </dict>"
-    );
-    let _ = writeln!(
-        p,
-        "  <key>ThrottleInterval</key>\n  <integer>{RESTART_SECS}</integer>"
-    );
-    let _ = writeln!(
-        p,
-        "  <key>ExitTimeOut</key>\n  <integer>{STOP_TIMEOUT_SECS}</integer>"
-    );
-    let _ = writeln!(p, "  <key>ProcessType</key>\n  <string>Background</string>");
-    // 0077, in decimal as launchd wants it.
-    let _ = writeln!(p, "  <key>Umask</key>\n  <integer>63</integer>");
-    // The daemon logs to files; this catches what is written before the
-    // logger starts (a bad config, say).
-    let _ = writeln!(
-        p,
-        "  <key>StandardErrorPath</key>\n  <string>{stderr_file}</string>"
-    );
-    if let Some(account) = &spec.run_as {
-        if let Some(name) = &account.name {
-            let _ = writeln!(
-                p,
-                "  <key>UserName</key>\n  <string>{}</string>",
-                xml_escape(name)
-            );
-        }
-    }
-    let _ = writeln!(p, "</dict>");
-    let _ = writeln!(p, "</plist>");
     Ok(p)
 }
 
