@@ -12,23 +12,17 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use nuwa_agent::announce::Announcement;
 use nuwa_agent::crypto::pairing::PairingCode;
-use nuwa_agent::identity::keys::{DeviceKey, context_id_for};
+use nuwa_agent::identity::keys::DeviceKey;
 pub use nuwa_agent::join::RecoveryJoin;
 use nuwa_agent::join::{JoinFlow, JoinStep, PairedHome};
-use nuwa_agent::pairing::{mdns_agent, rendezvous_namespace};
-use nuwa_agent::proto::Frame;
 use nuwa_discovery::{Mdns, MdnsConfig};
 use nuwa_net::{Multiaddr, NetConfig, NetEvent, NetHandle, PeerId, peer_of};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::home;
-use nuwa_agent::RENDEZVOUS_TTL_SECS;
-
-/// Re-sign the mDNS announcement this often (accepted for 10 minutes).
-const ANNOUNCE_REFRESH: Duration = Duration::from_secs(120);
+use nuwa_agent::{ANNOUNCE_REFRESH_MS, RENDEZVOUS_TTL_SECS};
 
 pub struct PairOptions {
     pub name: String,
@@ -60,7 +54,7 @@ struct Waiting {
     port: u16,
 }
 
-pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
+pub async fn run(dir: &Path, mut opts: PairOptions) -> Result<()> {
     home::create_dir_private(dir)?;
     // Held until the home is written; the daemon that syncs afterwards
     // takes it again.
@@ -75,16 +69,18 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
     } else {
         opts.name.clone()
     };
-    let mut w = start(&opts, &device, &code).await?;
-    print_code(&code, ttl_secs, opts.recovery.is_some());
+    let local = nuwa_agent::peer::id_of(&device.public()).context("invalid device key")?;
+    let recovery = opts.recovery.is_some();
+    print_code(&code, ttl_secs, recovery);
     let mut flow = JoinFlow::new(
         code,
         DeviceKey::from_seed(&device.seed()),
         name,
-        w.net.local_peer_id(),
-        opts.recovery,
+        local,
+        opts.recovery.take(),
     )
     .context("cannot derive the key-agreement key")?;
+    let mut w = start(&opts, &device, &flow).await?;
     let paired = wait_for_approval(&mut w, &mut flow, &device, dir).await;
     // Let the last frame (an abort, or the confirmation) reach the
     // approver before the network goes: it hangs up on it.
@@ -103,7 +99,7 @@ pub async fn run(dir: &Path, opts: PairOptions) -> Result<()> {
 
 /// The network, mDNS with the code's nameplate, and the rendezvous
 /// servers dialed.
-async fn start(opts: &PairOptions, device: &DeviceKey, code: &PairingCode) -> Result<Waiting> {
+async fn start(opts: &PairOptions, device: &DeviceKey, flow: &JoinFlow) -> Result<Waiting> {
     let cancel = CancellationToken::new();
     let listen = if opts.listen.is_empty() {
         vec!["/ip4/0.0.0.0/tcp/0".parse().expect("valid multiaddr")]
@@ -149,7 +145,7 @@ async fn start(opts: &PairOptions, device: &DeviceKey, code: &PairingCode) -> Re
             instance_name: w.net.local_peer_id().to_string(),
             port,
             interfaces: opts.mdns_interfaces.clone(),
-            txt: announcement(&w, device, code),
+            txt: flow.announcement(port, home::now_ms()),
             refresh_secs: 0,
         }) {
             // Browse events are not needed: the approver dials us.
@@ -193,20 +189,6 @@ async fn listening_port(events: &mut mpsc::Receiver<NetEvent>, n: usize) -> Resu
         .context("no TCP listen address came up within 5 s; check --listen")
 }
 
-/// Our mDNS record: the code's nameplate as the agent, self-signed by the
-/// new device key.
-fn announcement(w: &Waiting, device: &DeviceKey, code: &PairingCode) -> Vec<(String, String)> {
-    Announcement::new_signed(
-        &mdns_agent(&code.nameplate()),
-        context_id_for(&device.public()),
-        w.net.local_peer_id().to_string(),
-        w.port,
-        home::now_unix_secs(),
-        |b| device.sign(b),
-    )
-    .to_txt()
-}
-
 fn print_code(code: &PairingCode, ttl_secs: u64, recovery: bool) {
     let shown = code.to_string();
     println!("pairing code: {shown}");
@@ -237,9 +219,8 @@ async fn wait_for_approval(
     device: &DeviceKey,
     dir: &Path,
 ) -> Result<Paired> {
-    let mut identified: std::collections::BTreeMap<PeerId, Vec<Multiaddr>> = Default::default();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
-    let mut announce = tokio::time::interval(ANNOUNCE_REFRESH);
+    let mut announce = tokio::time::interval(Duration::from_millis(ANNOUNCE_REFRESH_MS));
     announce.tick().await;
     let shutdown = tokio::signal::ctrl_c();
     tokio::pin!(shutdown);
@@ -248,39 +229,31 @@ async fn wait_for_approval(
             _ = &mut shutdown => bail!("pairing cancelled; nothing was written"),
             _ = announce.tick() => {
                 if let Some(m) = &w.mdns {
-                    let _ = m.update_txt(announcement(w, device, flow.code()));
+                    let _ = m.update_txt(flow.announcement(w.port, home::now_ms()));
                 }
                 continue;
             }
             _ = tick.tick() => flow.tick(home::now_ms()),
             ev = w.events.recv() => {
                 let Some(ev) = ev else { bail!("the network stopped") };
-                match on_event(w, flow, &mut identified, ev).await {
+                match on_event(w, flow, ev).await {
                     Some(steps) => steps,
                     None => continue,
                 }
             }
         };
-        if let Some(approver) = perform(w, steps, device, dir).await? {
-            return Ok(Paired {
-                approver_addrs: identified.remove(&approver).unwrap_or_default(),
-                approver,
-            });
+        if let Some(paired) = perform(w, steps, device, dir).await? {
+            return Ok(paired);
         }
     }
 }
 
 /// A network event: registrations, addresses, and the pairing steps the
 /// flow decides on.
-async fn on_event(
-    w: &Waiting,
-    flow: &mut JoinFlow,
-    identified: &mut std::collections::BTreeMap<PeerId, Vec<Multiaddr>>,
-    ev: NetEvent,
-) -> Option<Vec<JoinStep>> {
+async fn on_event(w: &Waiting, flow: &mut JoinFlow, ev: NetEvent) -> Option<Vec<JoinStep>> {
     match ev {
         NetEvent::Connected { peer, .. } if w.servers.iter().any(|(p, _)| *p == peer) => {
-            let ns = rendezvous_namespace(&flow.code().nameplate());
+            let ns = flow.namespace();
             let _ = w
                 .net
                 .rendezvous_register(peer, ns, RENDEZVOUS_TTL_SECS)
@@ -288,16 +261,10 @@ async fn on_event(
             None
         }
         NetEvent::Identified { peer, listen_addrs } => {
-            identified.insert(peer, listen_addrs.into_iter().take(16).collect());
+            flow.on_identified(peer, listen_addrs);
             None
         }
-        NetEvent::Frame { peer, frame } => match Frame::decode(&frame) {
-            Ok(Frame::Pairing { step, body }) => {
-                Some(flow.on_step(peer, step, &body, home::now_ms()))
-            }
-            // The approver's Hello and the like.
-            _ => None,
-        },
+        NetEvent::Frame { peer, frame } => Some(flow.on_frame(peer, &frame, home::now_ms())),
         NetEvent::RendezvousFailed { server, reason } => {
             eprintln!("warning: rendezvous server {server} refused the registration: {reason}");
             None
@@ -312,7 +279,7 @@ async fn perform(
     steps: Vec<JoinStep>,
     device: &DeviceKey,
     dir: &Path,
-) -> Result<Option<PeerId>> {
+) -> Result<Option<Paired>> {
     for step in steps {
         match step {
             JoinStep::Send { peer, frame } => {
@@ -324,10 +291,14 @@ async fn perform(
                 peer,
                 home: paired,
                 confirm,
+                dial,
             } => {
                 write_home(dir, device, &paired)?;
                 let _ = w.net.send(peer, confirm.encode()).await;
-                return Ok(Some(peer));
+                return Ok(Some(Paired {
+                    approver: peer,
+                    approver_addrs: dial,
+                }));
             }
         }
     }
@@ -376,15 +347,8 @@ async fn initial_sync(
         println!("next: nuwa-node --home {} run", dir.display());
         return Ok(());
     };
-    for a in &paired.approver_addrs {
-        let with_p2p = if peer_of(a).is_some() {
-            a.clone()
-        } else {
-            a.clone().with(nuwa_net::Protocol::P2p(paired.approver))
-        };
-        sync.agent
-            .static_peers
-            .push((Some(paired.approver), with_p2p));
+    for a in paired.approver_addrs {
+        sync.agent.static_peers.push((Some(paired.approver), a));
     }
     println!("initial sync...");
     std::io::stdout().flush().ok();

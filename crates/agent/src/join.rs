@@ -17,9 +17,17 @@ use nuwa_identity::chain::DidChain;
 use nuwa_identity::keys::{DeviceKey, context_id_for};
 use nuwa_proto::{Frame, PairingStep};
 
+use crate::announce::Announcement;
 use crate::constants::*;
 use crate::pairing::GrantPlaintext;
-use crate::peer::PeerId;
+use crate::pairing::{mdns_agent, rendezvous_namespace};
+use crate::peer::{Multiaddr, PeerId, Protocol, peer_in};
+
+/// Listen addresses kept per peer that identified itself.
+const MAX_IDENTIFIED_ADDRS: usize = 16;
+/// Peers whose listen addresses are kept (the approver is one of them;
+/// a crowd of others cannot grow the map).
+const MAX_IDENTIFIED_PEERS: usize = 64;
 
 /// What `recover` on a fresh home brings to pairing.
 pub struct RecoveryJoin {
@@ -48,10 +56,13 @@ pub enum JoinStep {
     /// Tell the person waiting.
     Say(String),
     /// Write this home, then send `confirm` (the approver waits for it).
+    /// `dial` is where the approver listens (each address with its
+    /// `/p2p/`), for the first sync.
     Paired {
         peer: PeerId,
         home: Box<PairedHome>,
         confirm: Frame,
+        dial: Vec<Multiaddr>,
     },
     /// Pairing failed for good (the code is spent, expired, or recovery
     /// was refused); nothing was written.
@@ -76,6 +87,8 @@ pub struct JoinFlow {
     exchange: Option<Exchange>,
     /// The last device that sent a step (the one to let hang up).
     last_peer: Option<PeerId>,
+    /// Listen addresses of the peers that identified themselves.
+    identified: std::collections::BTreeMap<PeerId, Vec<Multiaddr>>,
 }
 
 fn abort(peer: PeerId, reason: String) -> JoinStep {
@@ -119,6 +132,7 @@ impl JoinFlow {
             limiter: AttemptLimiter::default(),
             exchange: None,
             last_peer: None,
+            identified: Default::default(),
         })
     }
 
@@ -130,6 +144,48 @@ impl JoinFlow {
     /// The last device that sent a pairing step.
     pub fn last_peer(&self) -> Option<PeerId> {
         self.last_peer
+    }
+
+    /// Our mDNS TXT record: the code's nameplate as the agent, naming our
+    /// TCP `port`, self-signed by the new device's key (refresh it every
+    /// [`ANNOUNCE_REFRESH_MS`]).
+    pub fn announcement(&self, port: u16, now_ms: u64) -> Vec<(String, String)> {
+        Announcement::new_signed(
+            &mdns_agent(&self.code.nameplate()),
+            context_id_for(&self.device.public()),
+            self.local.to_string(),
+            port,
+            (now_ms / 1000) as i64,
+            |b| self.device.sign(b),
+        )
+        .to_txt()
+    }
+
+    /// The rendezvous namespace to register under at each server.
+    pub fn namespace(&self) -> String {
+        rendezvous_namespace(&self.code.nameplate())
+    }
+
+    /// `peer`'s listen addresses, as identify reports them.
+    pub fn on_identified(&mut self, peer: PeerId, addrs: Vec<Multiaddr>) {
+        if self.identified.len() >= MAX_IDENTIFIED_PEERS && !self.identified.contains_key(&peer) {
+            return;
+        }
+        let addrs = addrs.into_iter().take(MAX_IDENTIFIED_ADDRS);
+        let with_p2p = addrs.map(|a| match peer_in(&a) {
+            Some(_) => a,
+            None => a.with(Protocol::P2p(peer)),
+        });
+        self.identified.insert(peer, with_p2p.collect());
+    }
+
+    /// A frame from `peer`: a pairing step goes to [`JoinFlow::on_step`];
+    /// anything else (the approver's Hello) is not for pairing.
+    pub fn on_frame(&mut self, peer: PeerId, frame: &[u8], now_ms: u64) -> Vec<JoinStep> {
+        match Frame::decode(frame) {
+            Ok(Frame::Pairing { step, body }) => self.on_step(peer, step, &body, now_ms),
+            _ => Vec::new(),
+        }
     }
 
     /// The code expired, or an exchange stalled.
@@ -273,6 +329,7 @@ impl JoinFlow {
                         step: PairingStep::Done,
                         body: Vec::new(),
                     },
+                    dial: self.identified.remove(&peer).unwrap_or_default(),
                 }]
             }
             Err(reason) => {
@@ -354,4 +411,69 @@ fn recovered_home(
         log: rec.log,
         recovered: Some(said),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flow() -> (JoinFlow, DeviceKey) {
+        let device = DeviceKey::generate().unwrap();
+        let local = crate::peer::id_of(&device.public()).unwrap();
+        let code = PairingCode::generate(1_000).unwrap();
+        let flow = JoinFlow::new(
+            code,
+            DeviceKey::from_seed(&device.seed()),
+            "new".into(),
+            local,
+            None,
+        )
+        .unwrap();
+        (flow, device)
+    }
+
+    fn peer() -> PeerId {
+        crate::peer::id_of(&DeviceKey::generate().unwrap().public()).unwrap()
+    }
+
+    // Goal: the new device's mDNS record names the code's nameplate and
+    // verifies under the new device's own key, and no other.
+    #[test]
+    fn the_announcement_is_self_signed_for_the_nameplate() {
+        let (flow, device) = flow();
+        let a = Announcement::from_txt(flow.announcement(4001, 1_000_000)).unwrap();
+        assert!(a.matches_agent(&mdns_agent(&flow.code().nameplate())));
+        assert_eq!(a.port, 4001);
+        a.verify(&device.public(), 1_000, 600).unwrap();
+        let other = DeviceKey::generate().unwrap();
+        assert!(a.verify(&other.public(), 1_000, 600).is_err());
+    }
+
+    // Goal: what identify reports is bounded (addresses per peer, peers in
+    // all), and every kept address names its peer, ready to dial.
+    #[test]
+    fn identified_addresses_are_bounded_and_name_their_peer() {
+        let (mut flow, _) = flow();
+        let p = peer();
+        let addrs: Vec<Multiaddr> = (0..40)
+            .map(|i| format!("/ip4/10.0.0.{i}/tcp/4001").parse().unwrap())
+            .collect();
+        flow.on_identified(p, addrs);
+        let kept = &flow.identified[&p];
+        assert_eq!(kept.len(), MAX_IDENTIFIED_ADDRS);
+        assert!(kept.iter().all(|a| peer_in(a) == Some(p)));
+        for _ in 0..2 * MAX_IDENTIFIED_PEERS {
+            flow.on_identified(peer(), vec!["/ip4/10.0.0.1/tcp/1".parse().unwrap()]);
+        }
+        assert_eq!(flow.identified.len(), MAX_IDENTIFIED_PEERS);
+    }
+
+    // Goal: frames that are not pairing steps (the approver's Hello,
+    // garbage) change nothing and ask for nothing.
+    #[test]
+    fn frames_other_than_pairing_steps_are_not_for_the_flow() {
+        let (mut flow, _) = flow();
+        assert!(flow.on_frame(peer(), &[0xff; 12], 1_000_000).is_empty());
+        assert!(flow.last_peer().is_none());
+    }
 }

@@ -904,7 +904,9 @@ impl Sim {
         if !self.devices[i].running() {
             return;
         }
-        let n = self.acked.len() + self.rng.usize(0..1_000_000);
+        // Unique in the run (the request's id): two devices never write
+        // the same key, so every acknowledged value must survive as is.
+        let n = self.next_request + 1;
         let key = format!("w{n}");
         let value = serde_json::json!({ "by": i, "n": n });
         let req = Request::Put(PutBody {
@@ -1020,6 +1022,7 @@ impl Sim {
                     peer,
                     home,
                     confirm,
+                    ..
                 } => {
                     let d = &mut self.devices[j];
                     d.disk = Some(Disk {
