@@ -218,6 +218,42 @@ impl Client {
         let code = body["error"]["code"].as_str().unwrap_or("error");
         bail!("daemon refused the request ({status}, {code}): {msg}")
     }
+
+    /// The request builder for `path` (`/v1/...`) with `method`.
+    fn to(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, format!("{}{path}", self.api.url))
+    }
+
+    /// Sends `req` on `rt` and decodes the JSON reply.
+    fn call_on<R: serde::de::DeserializeOwned>(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        req: reqwest::RequestBuilder,
+    ) -> Result<R> {
+        rt.block_on(async {
+            let r = self.send(req).await?;
+            r.json().await.context("malformed reply from the daemon")
+        })
+    }
+
+    /// Sends `req` and decodes the JSON reply.
+    fn call<R: serde::de::DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<R> {
+        self.call_on(&runtime()?, req)
+    }
+
+    /// GETs `path` and decodes the JSON reply.
+    fn get<R: serde::de::DeserializeOwned>(&self, path: &str) -> Result<R> {
+        self.call(self.to(reqwest::Method::GET, path))
+    }
+
+    /// POSTs `body` as JSON to `path` and decodes the JSON reply.
+    fn post<R: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<R> {
+        self.call(self.to(reqwest::Method::POST, path).json(body))
+    }
 }
 
 /// Stdout was closed by its reader (e.g. `| head`): not a failure of the
@@ -282,13 +318,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 pub fn status(home: &Path, json: bool) -> Result<()> {
-    let c = Client::new(home)?;
-    let st: Status = runtime()?.block_on(async {
-        let r = c
-            .send(c.http.get(format!("{}/v1/status", c.api.url)))
-            .await?;
-        r.json().await.context("malformed status from the daemon")
-    })?;
+    let st: Status = Client::new(home)?.get("/v1/status")?;
     if json {
         print_json(&st)?;
     } else {
@@ -301,14 +331,7 @@ pub fn status(home: &Path, json: bool) -> Result<()> {
 /// unless `print_only`, opened in the user's browser.
 pub fn open(home: &Path, print_only: bool, json: bool) -> Result<()> {
     let c = Client::new(home)?;
-    let link: crate::api::LoginLink = runtime()?.block_on(async {
-        let r = c
-            .send(c.http.post(format!("{}/v1/login-link", c.api.url)))
-            .await?;
-        r.json()
-            .await
-            .context("malformed login link from the daemon")
-    })?;
+    let link: crate::api::LoginLink = c.call(c.to(reqwest::Method::POST, "/v1/login-link"))?;
     if json {
         return print_json(&link);
     }
@@ -353,32 +376,13 @@ fn open_in_browser(url: &str) -> Result<()> {
 /// token is sent, and at most `timeout` for the answer.
 pub fn fetch_status(home: &Path, timeout: std::time::Duration) -> Result<Status> {
     let c = Client::new(home)?;
-    runtime()?.block_on(async {
-        let r = c
-            .send(
-                c.http
-                    .get(format!("{}/v1/status", c.api.url))
-                    .timeout(timeout),
-            )
-            .await?;
-        r.json().await.context("malformed status from the daemon")
-    })
+    c.call(c.to(reqwest::Method::GET, "/v1/status").timeout(timeout))
 }
 
 pub fn device_list(home: &Path, json: bool) -> Result<()> {
     let now = home::now_ms();
     let (entries, offline) = match Client::new(home) {
-        Ok(c) => (
-            runtime()?.block_on(async {
-                let r = c
-                    .send(c.http.get(format!("{}/v1/devices", c.api.url)))
-                    .await?;
-                r.json::<Vec<nuwa_agent::devices::DeviceEntry>>()
-                    .await
-                    .context("malformed device list from the daemon")
-            })?,
-            None,
-        ),
+        Ok(c) => (c.get("/v1/devices")?, None),
         Err(_) => {
             let (entries, note) = device_list_offline(home, now)?;
             (entries, Some(note))
@@ -462,22 +466,12 @@ fn format_unix_ms(ms: u64) -> String {
 pub fn put(home: &Path, container: &str, key: &str, value: &str, json: bool) -> Result<()> {
     let value: serde_json::Value = serde_json::from_str(value)
         .with_context(|| format!("{value:?} is not valid JSON; quote strings, e.g. '\"text\"'"))?;
-    let c = Client::new(home)?;
-    let reply: PutReply = runtime()?.block_on(async {
-        let body = PutBody {
-            container: container.to_owned(),
-            key: key.to_owned(),
-            value,
-        };
-        let r = c
-            .send(
-                c.http
-                    .post(format!("{}/v1/state/put", c.api.url))
-                    .json(&body),
-            )
-            .await?;
-        r.json().await.context("malformed reply from the daemon")
-    })?;
+    let body = PutBody {
+        container: container.to_owned(),
+        key: key.to_owned(),
+        value,
+    };
+    let reply: PutReply = Client::new(home)?.post("/v1/state/put", &body)?;
     if json {
         return print_json(&reply);
     }
@@ -585,16 +579,10 @@ pub fn import(home: &Path, file: &Path, batch_size: usize, json: bool) -> Result
         let body = serde_json::json!({
             "ops": chunk.iter().map(|(_, v)| v).collect::<Vec<_>>(),
         });
-        let reply: crate::api::BatchReply = rt.block_on(async {
-            let r = c
-                .send(
-                    c.http
-                        .post(format!("{}/v1/state.batch", c.api.url))
-                        .json(&body),
-                )
-                .await?;
-            r.json().await.context("malformed reply from the daemon")
-        })?;
+        let reply: crate::api::BatchReply = c.call_on(
+            &rt,
+            c.to(reqwest::Method::POST, "/v1/state.batch").json(&body),
+        )?;
         applied += reply.applied;
         failed += reply.failed;
         for ((line, _), r) in chunk.iter().zip(&reply.results) {
@@ -644,19 +632,14 @@ pub fn import(home: &Path, file: &Path, batch_size: usize, json: bool) -> Result
 
 pub fn get(home: &Path, container: &str, key: Option<&str>, raw: bool, json: bool) -> Result<()> {
     let c = Client::new(home)?;
-    let value: serde_json::Value = runtime()?.block_on(async {
-        let mut q = vec![("container", container)];
-        if let Some(k) = key {
-            q.push(("key", k));
-        }
-        if raw {
-            q.push(("raw", "true"));
-        }
-        let r = c
-            .send(c.http.get(format!("{}/v1/state/get", c.api.url)).query(&q))
-            .await?;
-        r.json().await.context("malformed reply from the daemon")
-    })?;
+    let mut q = vec![("container", container)];
+    if let Some(k) = key {
+        q.push(("key", k));
+    }
+    if raw {
+        q.push(("raw", "true"));
+    }
+    let value: serde_json::Value = c.call(c.to(reqwest::Method::GET, "/v1/state/get").query(&q))?;
     if json {
         print_json(&value)
     } else {
@@ -814,8 +797,7 @@ pub fn export(home: &Path, container: &str, out: &Path, json: bool) -> Result<()
     let bytes = runtime()?.block_on(async {
         let r = c
             .send(
-                c.http
-                    .get(format!("{}/v1/state/export", c.api.url))
+                c.to(reqwest::Method::GET, "/v1/state/export")
                     .query(&[("container", container)]),
             )
             .await?;
@@ -853,23 +835,17 @@ pub fn approve(
         "looking for the device showing {code} (up to {} s)...",
         timeout.as_secs()
     );
-    let r: ApproveReply = runtime()?.block_on(async {
-        let body = ApproveBody {
-            code: code.to_owned(),
-            name,
-            timeout_secs: Some(timeout.as_secs()),
-            recovery,
-        };
-        let r = c
-            .send(
-                c.http
-                    .post(format!("{}/v1/devices/approve", c.api.url))
-                    .timeout(timeout + std::time::Duration::from_secs(30))
-                    .json(&body),
-            )
-            .await?;
-        r.json().await.context("malformed reply from the daemon")
-    })?;
+    let body = ApproveBody {
+        code: code.to_owned(),
+        name,
+        timeout_secs: Some(timeout.as_secs()),
+        recovery,
+    };
+    let r: ApproveReply = c.call(
+        c.to(reqwest::Method::POST, "/v1/devices/approve")
+            .timeout(timeout + std::time::Duration::from_secs(30))
+            .json(&body),
+    )?;
     if json {
         return print_json(&r);
     }
@@ -891,50 +867,31 @@ pub fn approve(
 
 pub fn revoke(home: &Path, context_id: &str, json: bool) -> Result<()> {
     let r: RevokeReply = match home::try_lock(home)? {
-        Some(lock) => {
-            // No daemon: revoke on the home's files; the daemon pushes the
-            // update and the new epoch to every peer when it next starts.
-            let h = home::load(home)?;
-            let now = home::now_unix_secs();
-            let master = crate::home::load_admin(home, &h.log, &h.device, now)?;
+        // The daemon pushes the update and the new epoch to every peer
+        // when it next starts.
+        Some(lock) => home::change_offline(home, lock, |h, admin, now| {
             let r = nuwa_agent::lifecycle::revoke(
                 &h.log,
                 &h.keys,
-                &master,
+                admin,
                 context_id.trim(),
                 &h.info.context_id,
                 now,
             )?;
-            home::save_keys(home, &r.keys)?;
-            home::save_grant(home, &r.grant)?;
-            home::save_log(home, &r.log)?;
-            drop(lock);
-            eprintln!(
-                "no daemon is running: revoked in the home; peers learn it when it next runs"
-            );
-            RevokeReply {
+            home::save_epoch(home, &r.log, &r.keys, &r.grant)?;
+            Ok(RevokeReply {
                 revoked: context_id.trim().to_owned(),
                 epoch: r.epoch,
                 did_log_len: r.log.len(),
                 remaining: r.remaining,
-            }
-        }
-        None => {
-            let c = Client::new(home)?;
-            runtime()?.block_on(async {
-                let body = RevokeBody {
-                    context_id: context_id.to_owned(),
-                };
-                let r = c
-                    .send(
-                        c.http
-                            .post(format!("{}/v1/devices/revoke", c.api.url))
-                            .json(&body),
-                    )
-                    .await?;
-                r.json().await.context("malformed reply from the daemon")
-            })?
-        }
+            })
+        })?,
+        None => Client::new(home)?.post(
+            "/v1/devices/revoke",
+            &RevokeBody {
+                context_id: context_id.to_owned(),
+            },
+        )?,
     };
     if json {
         return print_json(&r);
@@ -965,33 +922,19 @@ pub fn provision(home: &Path, out: &Path, name: &str) -> Result<crate::api::Prov
     // which case the client finds no daemon and says so).
     let out =
         std::path::absolute(out).with_context(|| format!("cannot resolve {}", out.display()))?;
-    let c = Client::new(home)?;
-    runtime()?.block_on(async {
-        let body = crate::api::ProvisionBody {
+    Client::new(home)?.post(
+        "/v1/devices/provision",
+        &crate::api::ProvisionBody {
             out: out.display().to_string(),
             name: name.to_owned(),
-        };
-        let r = c
-            .send(
-                c.http
-                    .post(format!("{}/v1/devices/provision", c.api.url))
-                    .json(&body),
-            )
-            .await?;
-        r.json().await.context("malformed reply from the daemon")
-    })
+        },
+    )
 }
 
 /// POSTs `body` to a typed-state endpoint and prints the JSON reply
 /// (indented, or compact with `json`).
 pub fn tool(home: &Path, path: &str, body: &serde_json::Value, json: bool) -> Result<()> {
-    let c = Client::new(home)?;
-    let v: serde_json::Value = runtime()?.block_on(async {
-        let r = c
-            .send(c.http.post(format!("{}{path}", c.api.url)).json(body))
-            .await?;
-        r.json().await.context("malformed reply from the daemon")
-    })?;
+    let v: serde_json::Value = Client::new(home)?.post(path, body)?;
     if json {
         print_json(&v)
     } else {
@@ -1001,11 +944,7 @@ pub fn tool(home: &Path, path: &str, body: &serde_json::Value, json: bool) -> Re
 
 /// GETs a typed-state endpoint and prints the JSON reply.
 pub fn tool_get(home: &Path, path: &str, json: bool) -> Result<()> {
-    let c = Client::new(home)?;
-    let v: serde_json::Value = runtime()?.block_on(async {
-        let r = c.send(c.http.get(format!("{}{path}", c.api.url))).await?;
-        r.json().await.context("malformed reply from the daemon")
-    })?;
+    let v: serde_json::Value = Client::new(home)?.get(path)?;
     if json {
         print_json(&v)
     } else {
@@ -1019,13 +958,7 @@ pub fn post_json<B: serde::Serialize, R: serde::de::DeserializeOwned>(
     path: &str,
     body: &B,
 ) -> Result<R> {
-    let c = Client::new(home)?;
-    runtime()?.block_on(async {
-        let r = c
-            .send(c.http.post(format!("{}{path}", c.api.url)).json(body))
-            .await?;
-        r.json().await.context("malformed reply from the daemon")
-    })
+    Client::new(home)?.post(path, body)
 }
 
 /// `device promote` / `device demote`: through the daemon when one runs on
@@ -1034,26 +967,19 @@ pub fn post_json<B: serde::Serialize, R: serde::de::DeserializeOwned>(
 pub fn admin_change(home: &Path, promote: bool, context_id: &str, json: bool) -> Result<()> {
     let context_id = context_id.trim();
     let r: crate::api::AdminReply = match home::try_lock(home)? {
-        Some(lock) => {
-            let h = home::load(home)?;
-            let now = home::now_unix_secs();
-            let admin = crate::home::load_admin(home, &h.log, &h.device, now)?;
+        Some(lock) => home::change_offline(home, lock, |h, admin, now| {
             let log = if promote {
-                nuwa_agent::lifecycle::promote(&h.log, &admin, context_id, now)?
+                nuwa_agent::lifecycle::promote(&h.log, admin, context_id, now)?
             } else {
-                nuwa_agent::lifecycle::demote(&h.log, &admin, context_id, now)?
+                nuwa_agent::lifecycle::demote(&h.log, admin, context_id, now)?
             };
             home::save_log(home, &log)?;
-            drop(lock);
-            eprintln!(
-                "no daemon is running: changed in the home; peers learn it when it next runs"
-            );
-            crate::api::AdminReply {
+            Ok(crate::api::AdminReply {
                 change: if promote { "promoted" } else { "demoted" }.to_owned(),
                 subject: context_id.to_owned(),
                 did_log_len: log.len(),
-            }
-        }
+            })
+        })?,
         None => post_json(
             home,
             if promote {

@@ -27,7 +27,6 @@ use nuwa_agent::crypto::epoch::KeyRing;
 use nuwa_agent::crypto::{AtRestKey, SyncKey};
 use nuwa_agent::identity::chain::DidChain;
 use nuwa_agent::identity::keys::{DeviceKey, context_id_for};
-use nuwa_agent::identity::resolver::{ChainResolver, StaticLog};
 use serde::{Deserialize, Serialize};
 
 pub const DEVICE_KEY: &str = "device.key";
@@ -74,6 +73,24 @@ pub fn load_admin(
         master.as_ref(),
         now_secs,
     )?)
+}
+
+/// A DID change made on the home's files because no daemon runs (`lock`
+/// is the home's, held until the change is written): `change` gets the
+/// home, its admin key and the time, and writes what it changed. Peers
+/// learn it when the daemon next starts.
+pub fn change_offline<T>(
+    dir: &Path,
+    lock: HomeLock,
+    change: impl FnOnce(&Home, &nuwa_agent::lifecycle::Admin, i64) -> Result<T>,
+) -> Result<T> {
+    let h = load(dir)?;
+    let now = now_unix_secs();
+    let admin = load_admin(dir, &h.log, &h.device, now)?;
+    let out = change(&h, &admin, now)?;
+    drop(lock);
+    eprintln!("no daemon is running: changed in the home; peers learn it when it next runs");
+    Ok(out)
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -172,32 +189,23 @@ pub fn save_grant(dir: &Path, grant: &[u8]) -> Result<()> {
     write_private(&dir.join(EPOCH_GRANT), grant)
 }
 
+/// Persists a new key epoch: the key ring and its grant first, then the DID
+/// log that made it (a crash in between leaves a key the log does not use
+/// yet, never a log without its key).
+pub fn save_epoch(dir: &Path, log: &DidChain, keys: &KeyRing, grant: &[u8]) -> Result<()> {
+    save_keys(dir, keys)?;
+    save_grant(dir, grant)?;
+    write_log(dir, log)
+}
+
 /// The DID log as last persisted in the home (unverified: it was checked
 /// when it was written).
 pub fn read_log(dir: &Path) -> Result<DidChain> {
     let path = dir.join(DID_LOG);
     let bytes = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    parse_log(&bytes)
+    DidChain::from_stored_json(&bytes)
         .map(|(log, _)| log)
         .with_context(|| format!("cannot parse {}", path.display()))
-}
-
-/// Parses `did-log.json`: a DID chain (`{"entries": …}`), or a log written
-/// before chains (`{"updates": …}`), converted entry for entry with the
-/// same hashes ([`DidChain::from_v1`]). The flag says it was the old form.
-pub fn parse_log(bytes: &[u8]) -> Result<(DidChain, bool)> {
-    match serde_json::from_slice::<DidChain>(bytes) {
-        Ok(log) => Ok((log, false)),
-        Err(chain_err) => {
-            match serde_json::from_slice::<nuwa_agent::identity::log::DidLog>(bytes) {
-                Ok(v1) => Ok((
-                    DidChain::from_v1(&v1).context("cannot convert the old DID log")?,
-                    true,
-                )),
-                Err(_) => Err(chain_err.into()),
-            }
-        }
-    }
 }
 
 /// Persists a newer DID log learned from a peer.
@@ -391,9 +399,7 @@ pub fn rotate_device(
     grant: &[u8],
 ) -> Result<DeviceInfo> {
     write_private(&dir.join(NEXT_DEVICE_KEY), &new.to_seed_file_bytes())?;
-    save_keys(dir, keys)?;
-    save_grant(dir, grant)?;
-    write_log(dir, log)?;
+    save_epoch(dir, log, keys, grant)?;
     finish_rotation(dir)?;
     let info = DeviceInfo {
         context_id: context_id_for(&new.public()),
@@ -415,11 +421,7 @@ fn finish_rotation(dir: &Path) -> Result<()> {
         .with_context(|| format!("cannot read {}", next.display()))?;
     let log = read_log(dir)?;
     let ctx = context_id_for(&key.public());
-    if log
-        .current()
-        .find_method(&format!("{}#{ctx}", log.did()))
-        .is_some()
-    {
+    if nuwa_agent::lifecycle::lists(&log, &key.public()) {
         fs::rename(&next, dir.join(DEVICE_KEY))
             .with_context(|| format!("cannot move {} into place", next.display()))?;
         let info_path = dir.join(DEVICE_INFO);
@@ -474,20 +476,10 @@ pub fn load(dir: &Path) -> Result<Home> {
     };
     let at_rest = AtRestKey::from_file_bytes(&read(&dir.join(AT_REST_KEY))?)
         .with_context(|| format!("cannot read {}", dir.join(AT_REST_KEY).display()))?;
-    let (log, migrated) = parse_log(&read(&dir.join(DID_LOG))?)
+    let (log, migrated) = DidChain::from_stored_json(&read(&dir.join(DID_LOG))?)
         .with_context(|| format!("cannot parse {}", dir.join(DID_LOG).display()))?;
-    // Resolution starts at the local cache; peers extend it at run time
-    // (Hello, DHT pointer) under the same merge rule, and further
-    // `DidResolver`s can be chained here.
-    let did = log.did().to_owned();
-    let resolved = ChainResolver::new()
-        .with(Box::new(StaticLog::new("local cache", Some(log))))
-        .resolve(&did, now_unix_secs());
-    let log = match resolved {
-        Ok(r) if r.skipped.is_empty() => r.log,
-        Ok(r) => bail!("{}: {}", dir.join(DID_LOG).display(), r.skipped[0]),
-        Err(e) => bail!("{} does not verify: {e}", dir.join(DID_LOG).display()),
-    };
+    let log = nuwa_agent::lifecycle::resolve_stored(log, now_unix_secs())
+        .with_context(|| format!("{}", dir.join(DID_LOG).display()))?;
     if migrated {
         // Once, on the first start after the upgrade: same entries, same
         // hashes, new file form; new updates are v2 entries from now on.

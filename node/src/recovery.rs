@@ -193,16 +193,12 @@ pub fn create(home_dir: &Path, written_down: bool, json: bool) -> Result<()> {
     confirm(&phrase, written_down)?;
     let public = phrase.key().public();
     let (key_id, len) = match lock {
-        Some(_lock) => {
-            let admin = crate::home::load_admin(home_dir, &h.log, &h.device, now)?;
+        Some(lock) => home::change_offline(home_dir, lock, |h, admin, now| {
             let (log, key_id) =
-                nuwa_agent::lifecycle::set_recovery_key(&h.log, &admin, &public, now)?;
+                nuwa_agent::lifecycle::set_recovery_key(&h.log, admin, &public, now)?;
             home::save_log(home_dir, &log)?;
-            eprintln!(
-                "no daemon is running: changed in the home; peers learn it when it next runs"
-            );
-            (key_id, log.len())
-        }
+            Ok((key_id, log.len()))
+        })?,
         None => {
             let r: crate::api::AdminReply = client::post_json(
                 home_dir,
@@ -294,9 +290,7 @@ pub fn recover(
     // The old words already signed; until the new ones are confirmed the
     // update is not written, so a failed confirmation changes nothing.
     confirm(&next, written_down)?;
-    home::save_keys(home_dir, &r.keys)?;
-    home::save_grant(home_dir, &r.grant)?;
-    home::save_log(home_dir, &r.log)?;
+    home::save_epoch(home_dir, &r.log, &r.keys, &r.grant)?;
     if json {
         return print_json(&Recovered {
             did: h.log.did().to_owned(),

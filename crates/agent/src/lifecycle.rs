@@ -661,6 +661,32 @@ pub fn rotate(
     })
 }
 
+/// The DID log a home stored, as the device starts from it: resolved with
+/// the stored log as the first source (peers extend it at run time, Hello
+/// and DHT pointer, under the same merge rule; further resolvers chain
+/// here). Refused unless every entry verifies.
+pub fn resolve_stored(log: DidChain, now_secs: i64) -> Result<DidChain> {
+    use nuwa_identity::resolver::{ChainResolver, StaticLog};
+    let did = log.did().to_owned();
+    let resolved = ChainResolver::new()
+        .with(Box::new(StaticLog::new("local cache", Some(log))))
+        .resolve(&did, now_secs);
+    match resolved {
+        Ok(r) => match r.skipped.first() {
+            None => Ok(r.log),
+            Some(skipped) => Err(refused(skipped.to_string())),
+        },
+        Err(e) => Err(refused(format!("does not verify: {e}"))),
+    }
+}
+
+/// Whether the current DID document lists the device key `public` (a
+/// rotation became durable once the log names the new key).
+pub fn lists(log: &DidChain, public: &[u8; 32]) -> bool {
+    let id = format!("{}#{}", log.did(), context_id_for(public));
+    log.current().find_method(&id).is_some()
+}
+
 /// How a key `recover` removed reads to a person: devices by context id,
 /// the master key of `init` by name.
 pub fn describe_removed(fragment: &str) -> String {
@@ -820,6 +846,25 @@ mod tests {
             devices,
             keys: KeyRing::new(SyncKey::generate(0).unwrap()),
         }
+    }
+
+    // Goal: a home's stored log is taken only if every entry verifies (an
+    // entry edited on disk is refused, not skipped), and `lists` tells a
+    // listed device key from any other.
+    #[test]
+    fn a_stored_log_is_taken_only_whole_and_verified() {
+        let a = agent(1);
+        let log = resolve_stored(a.log.clone(), 1_010).unwrap();
+        assert_eq!(log.head_hash(), a.log.head_hash());
+        assert!(lists(&log, &a.devices[0].public()));
+        assert!(!lists(&log, &DeviceKey::generate().unwrap().public()));
+        let mut v = serde_json::to_value(&a.log).unwrap();
+        v["entries"][1]["timestamp"] = 1_001.into();
+        let edited: DidChain = serde_json::from_value(v).unwrap();
+        assert!(matches!(
+            resolve_stored(edited, 1_010),
+            Err(LifecycleError::Refused(_))
+        ));
     }
 
     // Goal: revoking a device removes both its keys, opens epoch 1 that

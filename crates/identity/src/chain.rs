@@ -1239,6 +1239,20 @@ impl DidChain {
         DidChain::from_entries(entries)
     }
 
+    /// Reads a stored DID log (`did-log.json`): a chain (`{"entries": …}`),
+    /// or a log written before chains (`{"updates": …}`), converted entry
+    /// for entry with the same hashes ([`DidChain::from_v1`]). The flag says
+    /// it was the old form (write it back as a chain). Not verified.
+    pub fn from_stored_json(bytes: &[u8]) -> Result<(DidChain, bool), ChainError> {
+        match serde_json::from_slice::<DidChain>(bytes) {
+            Ok(chain) => Ok((chain, false)),
+            Err(chain_err) => match serde_json::from_slice::<DidLog>(bytes) {
+                Ok(v1) => Ok((DidChain::from_v1(&v1)?, true)),
+                Err(_) => Err(ChainError::Decode(chain_err)),
+            },
+        }
+    }
+
     /// Verifies the whole chain: the genesis certifies the DID (and equals
     /// `expected_did` when given), v1 entries follow [`crate::log`]'s rules and
     /// v2 entries the v2 rules (see the module docs).

@@ -1059,6 +1059,24 @@ const V1_LOG_FIXTURE: &str = include_str!("v1_log_fixture.json");
 const V1_LOG_FIXTURE_HEAD: &str =
     "af42836678288459b4f8b7a3d3b8b953edf5bef0351123dab515be531858c4a7";
 
+// Goal: a stored log reads in either form, saying which: the frozen v1 fixture as a
+// converted chain (flagged, same head), a chain as itself (not flagged), and anything else
+// as a decode error.
+#[test]
+fn stored_logs_read_in_either_form() {
+    let (v1, migrated) = DidChain::from_stored_json(V1_LOG_FIXTURE.as_bytes()).expect("v1 reads");
+    assert!(migrated);
+    assert_eq!(v1.head_hash(), V1_LOG_FIXTURE_HEAD);
+    let json = serde_json::to_vec(&v1).expect("serializable");
+    let (chain, migrated) = DidChain::from_stored_json(&json).expect("chain reads");
+    assert!(!migrated);
+    assert_eq!(chain.head_hash(), v1.head_hash());
+    assert!(matches!(
+        DidChain::from_stored_json(b"{\"neither\": 1}"),
+        Err(ChainError::Decode(_))
+    ));
+}
+
 // Goal: an old log migrates losslessly: the frozen fixture and a log written now with today's
 // API both verify as chains with the same current document and the same hashes, the v1 entries
 // parse in chain JSON unchanged, and the chain continues with v2 entries.
