@@ -929,8 +929,7 @@ fn pointer_bytes(home: &Path) -> Result<usize> {
     use nuwa_agent::sync::pointer::{AgentPointer, PointerError};
     let (device, log) = read_identity(home)?;
     let context_id = nuwa_agent::identity::keys::context_id_for(&device.public());
-    let peer_id = nuwa_net::peer_id_from_public(&device.public())
-        .map_err(|e| anyhow::anyhow!("cannot derive the peer id: {e}"))?;
+    let peer_id = nuwa_net::id_of(&device.public()).context("cannot derive the peer id")?;
     let pointer = AgentPointer::new_signed(
         &log,
         &context_id,

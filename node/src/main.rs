@@ -334,7 +334,7 @@ fn with_peers(what: &str, list: &[String]) -> Result<Vec<(nuwa_net::PeerId, Mult
     parse_addrs(what, list)?
         .into_iter()
         .map(|a| {
-            nuwa_net::peer_of(&a)
+            nuwa_net::peer_in(&a)
                 .map(|p| (p, a.clone()))
                 .with_context(|| format!("{what} {a} names no peer (/p2p/PEER_ID)"))
         })
@@ -366,7 +366,7 @@ fn run_options(
         keepers: with_peers("--keeper", &eff.keepers)?,
         static_peers: peers
             .into_iter()
-            .map(|a| (nuwa_net::peer_of(&a), a))
+            .map(|a| (nuwa_net::peer_in(&a), a))
             .collect(),
         memory_budget_bytes: eff.memory_budget_mb.saturating_mul(1_000_000),
         once_ms: once.map(|t| t.as_millis() as u64),

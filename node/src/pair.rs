@@ -17,7 +17,7 @@ use nuwa_agent::identity::keys::DeviceKey;
 pub use nuwa_agent::join::RecoveryJoin;
 use nuwa_agent::join::{JoinFlow, JoinStep, PairedHome};
 use nuwa_discovery::{Mdns, MdnsConfig};
-use nuwa_net::{Multiaddr, NetConfig, NetEvent, NetHandle, PeerId, peer_of};
+use nuwa_net::{Multiaddr, NetConfig, NetEvent, NetHandle, PeerId, peer_in};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -109,7 +109,7 @@ async fn start(opts: &PairOptions, device: &DeviceKey, flow: &JoinFlow) -> Resul
     let servers: Vec<(PeerId, Multiaddr)> = opts
         .rendezvous_servers
         .iter()
-        .filter_map(|a| peer_of(a).map(|p| (p, a.clone())))
+        .filter_map(|a| peer_in(a).map(|p| (p, a.clone())))
         .collect();
     let (net, mut events) = nuwa_net::spawn(
         device.seed(),

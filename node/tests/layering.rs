@@ -135,7 +135,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             &["nuwa-crypto", "nuwa-proto", "nuwa-keeper"][..],
         ),
         ("nuwa-discovery", &[][..]),
-        ("nuwa-net", &["nuwa-counters"][..]),
+        ("nuwa-net", &["nuwa-counters", "nuwa-identity"][..]),
         (
             "nuwa-node",
             &[

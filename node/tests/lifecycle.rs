@@ -339,7 +339,7 @@ fn revoked_device_gets_nothing_new() {
 
         // A captured envelope from after the revocation: sealed under epoch
         // 1; the revoked device's keys cannot open it, b's can.
-        let a_public = nuwa_net::public_from_peer_id(
+        let a_public = nuwa_net::public_of(
             &status(&a).unwrap()["device"]["peer_id"]
                 .as_str()
                 .unwrap()

@@ -120,11 +120,11 @@ fn dead_bootstrap_does_not_block_mdns() {
         let nobody = DeviceKey::generate().unwrap();
         let dead = format!(
             "/ip4/127.0.0.1/tcp/9/p2p/{}",
-            nuwa_net::peer_id_from_public(&nobody.public()).unwrap()
+            nuwa_net::id_of(&nobody.public()).unwrap()
         );
         let dead_rv = format!(
             "/ip4/127.0.0.1/tcp/7/p2p/{}",
-            nuwa_net::peer_id_from_public(&nobody.public()).unwrap()
+            nuwa_net::id_of(&nobody.public()).unwrap()
         );
         let t0 = Instant::now();
         c.start(&a, &["--bootstrap", &dead, "--rendezvous", &dead_rv]);
@@ -275,9 +275,9 @@ fn forgeries_are_rejected_and_counted() {
             let forged_bytes = forged.encode().unwrap();
 
             let infra_addr: nuwa_net::Multiaddr = infra.addr.parse().unwrap();
-            let infra_peer: PeerId = nuwa_net::peer_of(&infra_addr).unwrap();
+            let infra_peer: PeerId = nuwa_net::peer_in(&infra_addr).unwrap();
             let a_addr: nuwa_net::Multiaddr = a_addr.parse().unwrap();
-            let a_peer = nuwa_net::peer_of(&a_addr).unwrap();
+            let a_peer = nuwa_net::peer_in(&a_addr).unwrap();
             net.add_address(infra_peer, infra_addr.clone()).await.unwrap();
             net.add_address(a_peer, a_addr.clone()).await.unwrap();
             net.dial(Some(infra_peer), vec![infra_addr]).await.unwrap();
@@ -349,7 +349,7 @@ fn rendezvous_flood_degrades_nothing() {
         let mut c = Cluster::new();
         let infra = start_infra(&c);
         let infra_addr: nuwa_net::Multiaddr = infra.addr.parse().unwrap();
-        let infra_peer: PeerId = nuwa_net::peer_of(&infra_addr).unwrap();
+        let infra_peer: PeerId = nuwa_net::peer_in(&infra_addr).unwrap();
         let rt = tokio::runtime::Runtime::new().unwrap();
         let (accepted, refused) = rt.block_on(async {
             let (net, mut events, cancel) = spawn_attacker().await;

@@ -33,6 +33,7 @@ pub mod document;
 pub mod keys;
 pub mod log;
 pub mod nip2;
+pub mod peer;
 pub mod recovery;
 mod replay;
 pub mod resolver;

@@ -61,6 +61,9 @@ use zeroize::Zeroizing;
 
 pub use libp2p::multiaddr::Protocol;
 pub use libp2p::{Multiaddr, PeerId};
+/// Peer facts (a device key is its libp2p identity; addresses' peers and
+/// paths), shared with the core.
+pub use nuwa_identity::peer::{Path, id_of, path_of, peer_in, public_of};
 
 pub use config::{ConnectionLimits, Features, InfraLimits, NetConfig, RELAY_CIRCUIT_BYTES};
 pub use counts::NetCount;
@@ -284,57 +287,4 @@ impl Delivery for NetEvent {
                 | NetEvent::PathChanged { .. }
         )
     }
-}
-
-/// The PeerId of an Ed25519 public key (a device key is its libp2p identity).
-pub fn peer_id_from_public(public: &[u8; 32]) -> Result<PeerId, NetError> {
-    let key = libp2p::identity::ed25519::PublicKey::try_from_bytes(public)
-        .map_err(|e| NetError::Key(e.to_string()))?;
-    Ok(libp2p::identity::PublicKey::from(key).to_peer_id())
-}
-
-/// The Ed25519 public key behind a PeerId, if it is an inlined Ed25519 key.
-pub fn public_from_peer_id(peer: &PeerId) -> Option<[u8; 32]> {
-    let mh: &libp2p::multihash::Multihash<64> = peer.as_ref();
-    // Code 0 is the identity multihash: the digest is the encoded key itself.
-    if mh.code() != 0 {
-        return None;
-    }
-    let key = libp2p::identity::PublicKey::try_decode_protobuf(mh.digest()).ok()?;
-    Some(key.try_into_ed25519().ok()?.to_bytes())
-}
-
-/// The PeerId in a multiaddr's `/p2p/` component, if any.
-pub fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
-    addr.iter().find_map(|p| match p {
-        Protocol::P2p(id) => Some(id),
-        _ => None,
-    })
-}
-
-/// How a connection to `addr` (its remote address) travels: the transport
-/// it rides on and whether it goes through a relay circuit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Path {
-    /// `tcp`, `quic`, `websocket`, or `other`.
-    pub transport: &'static str,
-    /// Through a `/p2p-circuit` relay.
-    pub relayed: bool,
-}
-
-/// The [`Path`] of a connection from its remote address.
-pub fn path_of(addr: &Multiaddr) -> Path {
-    let mut transport = "other";
-    let mut relayed = false;
-    for p in addr.iter() {
-        match p {
-            Protocol::P2pCircuit => relayed = true,
-            // The first transport is the one to the relay, if any.
-            Protocol::Tcp(_) if transport == "other" => transport = "tcp",
-            Protocol::Quic | Protocol::QuicV1 if transport == "other" => transport = "quic",
-            Protocol::Ws(_) | Protocol::Wss(_) => transport = "websocket",
-            _ => {}
-        }
-    }
-    Path { transport, relayed }
 }

@@ -531,10 +531,7 @@ async fn ordered_frames_and_oversize_refused() {
     })
     .await;
     assert_eq!(connected.0, b.local_peer_id());
-    assert_eq!(
-        connected.1,
-        Some(public_from_peer_id(&b.local_peer_id()).unwrap())
-    );
+    assert_eq!(connected.1, Some(public_of(&b.local_peer_id()).unwrap()));
 
     for i in 0u8..20 {
         a.send(b.local_peer_id(), vec![i; 100]).await.unwrap();
@@ -586,7 +583,7 @@ fn peer_id_round_trip() {
     let mut s = seed;
     let kp = libp2p::identity::Keypair::ed25519_from_bytes(&mut s).unwrap();
     let public = kp.public().try_into_ed25519().unwrap().to_bytes();
-    let peer = peer_id_from_public(&public).unwrap();
+    let peer = id_of(&public).unwrap();
     assert_eq!(peer, kp.public().to_peer_id());
-    assert_eq!(public_from_peer_id(&peer), Some(public));
+    assert_eq!(public_of(&peer), Some(public));
 }

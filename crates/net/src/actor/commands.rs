@@ -11,7 +11,7 @@ use tracing::{debug, trace, warn};
 
 use super::{Actor, MAX_PENDING_PUBLISHES};
 use crate::handle::{Command, GossipCommand, KadCommand, RelayCommand, RendezvousCommand};
-use crate::{NetCount, NetEvent, Protocol, path_of, peer_of, reach};
+use crate::{NetCount, NetEvent, Protocol, path_of, peer_in, reach};
 
 impl Actor {
     pub(super) fn on_command(&mut self, cmd: Command) {
@@ -53,7 +53,7 @@ impl Actor {
             .filter(|a| {
                 reach::socket_of(a).is_none_or(|s| !self.own_sockets.contains(&s))
                     && !reach::is_unspecified(a)
-                    && peer_of(a) != Some(me)
+                    && peer_in(a) != Some(me)
             })
             .collect();
         if addrs.len() < before {
@@ -155,7 +155,7 @@ impl Actor {
                     return;
                 }
                 let mut circuit = addr;
-                if peer_of(&circuit).is_none() {
+                if peer_in(&circuit).is_none() {
                     circuit.push(Protocol::P2p(relay));
                 }
                 circuit.push(Protocol::P2pCircuit);

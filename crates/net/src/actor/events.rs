@@ -14,7 +14,7 @@ use tracing::{debug, info};
 
 use super::{Actor, Conn};
 use crate::swarm::BehaviourEvent;
-use crate::{NetCount, NetEvent, public_from_peer_id, reach};
+use crate::{NetCount, NetEvent, public_of, reach};
 
 impl Actor {
     pub(super) fn on_swarm_event(&mut self, ev: SwarmEvent<BehaviourEvent>) -> Vec<NetEvent> {
@@ -155,7 +155,7 @@ impl Actor {
         self.pump(peer_id);
         vec![NetEvent::Connected {
             peer: peer_id,
-            public: public_from_peer_id(&peer_id),
+            public: public_of(&peer_id),
             remote,
         }]
     }
