@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use nuwa_crypto::epoch::{EpochGrant, x25519_public_key};
 use nuwa_crypto::pairing::{Approver, Joiner, JoinerPublicKeys, PairingCode};
 use nuwa_crypto::{Envelope, SyncKey, seal};
-use nuwa_discovery::Announcement;
+use nuwa_agent::announce::Announcement;
 use nuwa_fuzz::pairing_selector::{APPROVER_CONFIRM, GRANT, JOIN_REQUEST, JOINER_CONFIRM};
 use nuwa_fuzz::{
     APPROVER_PEER_ID, JOINER_PEER_ID, NOW_UNIX_SECS, NOW_UNIX_SECS_U64, PAIRING_CODE, STATE_ACTOR,

@@ -10,7 +10,7 @@
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
-use nuwa_discovery::Announcement;
+use nuwa_agent::announce::Announcement;
 use nuwa_fuzz::{NOW_UNIX_SECS, agent_did, device, txt_pairs};
 
 static PUBLIC: LazyLock<[u8; 32]> = LazyLock::new(|| device().public());
