@@ -219,12 +219,15 @@ impl Executor {
         back
     }
 
-    /// Phase 1. Changes first, in one group commit; then keys, grant and
-    /// the chain (keys before the chain: a chain whose epoch key is lost
-    /// must never be on disk); then homes and compactions.
+    /// Phase 1. Changes first, in one group commit; then metadata (a
+    /// keeper cursor must never be durable before the changes it covers);
+    /// then keys, grant and the chain (keys before the chain: a chain whose
+    /// epoch key is lost must never be on disk); then homes and
+    /// compactions.
     async fn persist(&mut self, agent: &Agent, effects: Vec<Effect>) -> Result<()> {
         let mut changes: BTreeMap<(String, Origin), Vec<Vec<u8>>> = BTreeMap::new();
         let mut sealed_at = Vec::new();
+        let mut metas = Vec::new();
         let mut files = Vec::new();
         for e in effects {
             match e {
@@ -237,7 +240,7 @@ impl Executor {
                     sealed_at.extend(sealed_at_ms);
                     changes.entry((container, origin)).or_default().extend(c);
                 }
-                Effect::SaveMeta { key, bytes } => self.meta.put(key, bytes),
+                Effect::SaveMeta { key, bytes } => metas.push((key, bytes)),
                 other => files.push(other),
             }
         }
@@ -245,6 +248,9 @@ impl Executor {
         let persisted = ledger.persist(self.store_io(agent), changes).await;
         self.ledger = ledger;
         persisted?;
+        for (key, bytes) in metas {
+            self.meta.put(key, bytes);
+        }
         let durable_at = home::now_ms();
         for t in sealed_at {
             self.metrics
@@ -538,6 +544,8 @@ mod tests {
         inner: MemStore,
         check: Mutex<Option<Check>>,
         persisted: Mutex<Vec<String>>,
+        /// Makes every change append this slow (a busy disk).
+        append_delay_ms: std::sync::atomic::AtomicU64,
     }
 
     impl CheckingStore {
@@ -551,6 +559,10 @@ mod tests {
 
     impl Storage for CheckingStore {
         fn append_changes(&self, c: &str, changes: &[Vec<u8>]) -> Result<u64, StoreError> {
+            let delay = self
+                .append_delay_ms
+                .load(std::sync::atomic::Ordering::Relaxed);
+            std::thread::sleep(std::time::Duration::from_millis(delay));
             self.before_write(c);
             self.inner.append_changes(c, changes)
         }
@@ -565,6 +577,7 @@ mod tests {
             self.inner.list_containers()
         }
         fn put_meta(&self, k: &str, v: &[u8]) -> Result<(), StoreError> {
+            self.persisted.lock().unwrap().push(format!("meta:{k}"));
             self.inner.put_meta(k, v)
         }
         fn get_meta(&self, k: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -575,8 +588,18 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_batch_is_persisted_before_it_is_acknowledged_or_sent() {
+    struct Setup {
+        _dir: tempfile::TempDir,
+        store: Arc<CheckingStore>,
+        net: nuwa_net::NetHandle,
+        exec: Executor,
+        agent: Agent,
+        b: home::Home,
+        now: u64,
+    }
+
+    /// Device A's real agent and executor over a checking store, started.
+    async fn start_a() -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
         let recovery = nuwa_agent::identity::keys::DeviceKey::generate().unwrap();
@@ -587,6 +610,7 @@ mod tests {
             inner: MemStore::new(),
             check: Mutex::new(None),
             persisted: Mutex::new(Vec::new()),
+            append_delay_ms: Default::default(),
         });
         let a_peer = nuwa_agent::peer::id_of(&a.device.public()).unwrap();
         let net = nuwa_net::NetHandle::detached(a_peer);
@@ -612,7 +636,28 @@ mod tests {
         let mut agent = Agent::new(config, boot, now);
         let effects = agent.handle(Input::Start, now);
         exec.execute(&agent, effects).await;
+        Setup {
+            _dir: dir,
+            store,
+            net,
+            exec,
+            agent,
+            b,
+            now,
+        }
+    }
 
+    #[tokio::test]
+    async fn a_batch_is_persisted_before_it_is_acknowledged_or_sent() {
+        let Setup {
+            _dir,
+            store,
+            net,
+            mut exec,
+            mut agent,
+            b,
+            now,
+        } = start_a().await;
         // B connects and proves itself, so writes have somewhere to go.
         let b_peer = nuwa_agent::peer::id_of(&b.device.public()).unwrap();
         let connected = NetEvent::Connected {
@@ -692,5 +737,56 @@ mod tests {
         r.1.try_recv()
             .expect("tool answered")
             .expect("tool accepted");
+    }
+
+    // Goal: metadata saved by an input (the keeper's pull cursor, say)
+    // becomes durable only after the changes of the same input, so a crash
+    // in between never leaves a cursor past changes the store lacks.
+    // Method: a SaveMeta effect placed before a write's effects, on a store
+    // whose change appends are slow.
+    #[tokio::test]
+    async fn metadata_is_written_after_the_changes_of_its_input() {
+        let Setup {
+            _dir,
+            store,
+            mut exec,
+            mut agent,
+            now,
+            ..
+        } = start_a().await;
+        let put = Request::Put(PutBody {
+            container: "notes".into(),
+            key: "k".into(),
+            value: serde_json::json!(1),
+        });
+        let (tx, _rx) = oneshot::channel();
+        let id = exec.replies.wait(Waiting::Put(tx));
+        let mut effects = vec![nuwa_agent::Effect::SaveMeta {
+            key: "cursor".into(),
+            bytes: vec![7],
+        }];
+        effects.extend(agent.handle(Input::Api(vec![(id, put)]), now));
+        store.persisted.lock().unwrap().clear();
+        store
+            .append_delay_ms
+            .store(200, std::sync::atomic::Ordering::Relaxed);
+        exec.execute(&agent, effects).await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let persisted = loop {
+            let p = store.persisted.lock().unwrap().clone();
+            if p.iter().any(|w| w == "meta:cursor") {
+                break p;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "cursor never written: {p:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        };
+        let at = |what: &str| persisted.iter().position(|w| w == what);
+        assert!(
+            at("notes").is_some() && at("notes") < at("meta:cursor"),
+            "the cursor was durable before the changes: {persisted:?}"
+        );
     }
 }
