@@ -212,8 +212,10 @@ impl Metrics {
             api_errors.clone(),
         );
         let peers_verified = Gauge::default();
+        // Not `peers_verified`: that is the session's counter of
+        // verifications, and one name may name one family only.
         registry.register(
-            "peers_verified",
+            "verified_peers",
             "Verified peers now",
             peers_verified.clone(),
         );
@@ -446,6 +448,34 @@ impl Drop for TurnTimer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Goal: every metric family has its own name (OpenMetrics requires
+    /// it; one name used by a counter and a gauge is two families), and
+    /// every counter of every table is exported under its declared name
+    /// and help.
+    #[test]
+    fn every_family_is_named_once_and_every_table_is_exported() {
+        fn exported<T: Table>(text: &str) {
+            for c in T::ALL {
+                let help = format!("# HELP nuwa_{} {}.\n", c.name(), c.help());
+                assert!(text.contains(&help), "missing {help:?}");
+            }
+        }
+        let text = Metrics::new().encode();
+        let mut families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        let all = families.len();
+        families.sort_unstable();
+        families.dedup();
+        assert_eq!(families.len(), all, "a family name is used twice: {text}");
+        exported::<Event>(&text);
+        exported::<nuwa_agent::Count>(&text);
+        exported::<nuwa_agent::sync::Count>(&text);
+        exported::<NetCount>(&text);
+    }
 
     /// Goal: the export is OpenMetrics a Prometheus parser reads, and it
     /// agrees with what `status` shows. Method: count a few events, parse
