@@ -19,7 +19,9 @@
 //! - the keeper client: what to push, pull and compact;
 //! - typed state ([`asm`]): the schema registry, the `state.*` tools,
 //!   batches, the lifecycle of items;
-//! - what `status`, `device list` and `sync --once` report.
+//! - what `status`, `device list` and `sync --once` report;
+//! - [`infra`]: the infrastructure node's own decisions (which DHT records
+//!   it stores, what may wait for its keeper, when the keeper prunes).
 //!
 //! [`api`] holds the local API's requests, replies and errors; [`peer`]
 //! the peer and address types; [`status`] and [`devices`] the reports;
