@@ -58,7 +58,7 @@ pub const MAX_INTERFACE_NAME_BYTES: usize = 256;
 pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
 /// Listen address used when neither the file nor the command line gives one.
 pub const DEFAULT_LISTEN: &str = "/ip4/0.0.0.0/tcp/0";
-/// QUIC next to TCP: UDP punches through more NATs (see ARCHITECTURE.md).
+/// QUIC next to TCP: UDP punches through more NATs (see docs/decisions.md).
 pub const DEFAULT_LISTEN_QUIC: &str = "/ip4/0.0.0.0/udp/0/quic-v1";
 /// Local API address used when neither the file nor the command line gives one.
 pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:0";

@@ -1,7 +1,7 @@
 //! `nuwa-node rendezvous`: an infrastructure node. It runs the stock libp2p
 //! rendezvous server, serves the private DHT (and bootstraps devices into
 //! it), relays circuits for devices behind NAT (with the limits of
-//! [`InfraLimits::default`], reasoned in ARCHITECTURE.md), and answers
+//! [`InfraLimits::default`], reasoned in docs/decisions.md), and answers
 //! AutoNAT v2 dial-back requests so devices learn whether they are
 //! reachable.
 //!

@@ -3,7 +3,7 @@
 //! announcements on the LAN), the private DHT, and rendezvous; plus the
 //! agent's gossip topic and the wire checks of what arrives on it.
 //!
-//! Reachability across NATs (NIP-6's ladder, ARCHITECTURE.md): infra nodes
+//! Reachability across NATs (NIP-6's ladder, docs/decisions.md): infra nodes
 //! are dialed from the listening port (TCP, and QUIC when they offer it)
 //! so that the mapping they observe is the one hole punching needs; until
 //! an AutoNAT server dialed one of our addresses back, a relay reservation

@@ -126,7 +126,7 @@ pub enum NetEvent {
         peer: PeerId,
     },
     /// Something the shell's network reports that the agent has no use
-    /// for (logged at trace).
+    /// for (named by the shell, ignored here).
     Unknown(String),
     /// The addresses we advertise changed: the whole new set.
     ExternalAddrs(Vec<Multiaddr>),

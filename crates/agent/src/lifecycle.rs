@@ -662,9 +662,9 @@ pub fn rotate(
 }
 
 /// The DID log a home stored, as the device starts from it: resolved with
-/// the stored log as the first source (peers extend it at run time, Hello
-/// and DHT pointer, under the same merge rule; further resolvers chain
-/// here). Refused unless every entry verifies.
+/// the stored log as the first source (further resolvers chain here; at
+/// run time peers extend it through their Hellos, settled by the fork
+/// rule). Refused unless every entry verifies.
 pub fn resolve_stored(log: DidChain, now_secs: i64) -> Result<DidChain> {
     use nuwa_identity::resolver::{ChainResolver, StaticLog};
     let did = log.did().to_owned();

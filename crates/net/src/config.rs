@@ -63,7 +63,7 @@ impl Default for InfraLimits {
     /// The relay carries signalling and small deltas between two devices of
     /// one agent until hole punching makes the link direct, and everything
     /// for the devices that cannot punch (symmetric NATs). Sized for that
-    /// (see ARCHITECTURE.md, "Relay limits"): a circuit lives an hour, so an
+    /// (see docs/decisions.md, "Relay limits"): a circuit lives an hour, so an
     /// idle link is not cut every 2 minutes as with libp2p's defaults; it
     /// carries 16 MiB, twice the largest frame, so one frame always fits in
     /// a fresh circuit, while idle traffic (Hellos, heads rounds, pings)
