@@ -343,3 +343,73 @@ fn dead_pid() -> u32 {
     child.wait().unwrap();
     pid
 }
+
+/// The API's body cap, `MAX_BODY_BYTES` in node/src/api/wire.rs (the 413
+/// message names it, which ties this copy to the daemon's).
+const MAX_BODY_BYTES: usize = 40 * 1024 * 1024;
+
+// Goal: the 40 MiB body cap. An authorised `POST /v1/state/put` whose body
+// is one byte over the cap is answered 413 `body_too_large` (naming the
+// cap), writes nothing, and the daemon keeps answering and writing.
+// Method: the whole body is sent, on a thread of its own, while the answer
+// is read, so that neither side waits on the other.
+#[test]
+fn a_body_over_the_cap_is_refused_and_the_daemon_keeps_running() {
+    isolated(
+        "a_body_over_the_cap_is_refused_and_the_daemon_keeps_running",
+        || {
+            let mut c = Cluster::new();
+            let a = c.init("a");
+            c.start(&a, &["--no-mdns"]);
+            let (addr, token) = api(&a);
+            // A well-formed put, padded to exactly one byte over the cap.
+            let (open, close) = (r#"{"container":"notes","key":"big","value":""#, r#""}"#);
+            let len = MAX_BODY_BYTES + 1;
+            let mut body = Vec::with_capacity(len);
+            body.extend_from_slice(open.as_bytes());
+            body.resize(len - close.len(), b'x');
+            body.extend_from_slice(close.as_bytes());
+            assert_eq!(body.len(), len);
+            let head = format!(
+                "POST /v1/state/put HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+            );
+            let s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            let mut w = s.try_clone().unwrap();
+            // The daemon may answer and close before it has read it all:
+            // a failed write is no failure here, the answer is.
+            let sender = std::thread::spawn(move || {
+                let _ = w.write_all(head.as_bytes());
+                let _ = w.write_all(&body);
+            });
+            let mut out = Vec::new();
+            let _ = (&s).read_to_end(&mut out);
+            sender.join().unwrap();
+            let text = String::from_utf8_lossy(&out);
+            let status = text.split_whitespace().nth(1).unwrap_or("");
+            assert_eq!(status, "413", "{text}");
+            let reply: Value =
+                serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap_or("")).unwrap();
+            assert_eq!(reply["error"]["code"], "body_too_large", "{reply}");
+            assert!(
+                reply["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(&format!("{MAX_BODY_BYTES}-byte"))),
+                "the refusal names the cap this test assumes: {reply}"
+            );
+            // Still answering, and nothing of the refused put was written.
+            let (st, status) = get(addr, &token, "/v1/status");
+            assert_eq!(st, 200, "{status}");
+            assert!(status["device"].is_object(), "{status}");
+            let (st, reply) = post(
+                addr,
+                &token,
+                "/v1/state/put",
+                &json!({"container": "notes", "key": "k", "value": "v"}),
+            );
+            assert_eq!(st, 200, "{reply}");
+            assert_eq!(get_json(&a, "notes").unwrap(), json!({"k": "v"}));
+        },
+    );
+}

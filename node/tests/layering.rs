@@ -364,10 +364,17 @@ fn only_the_executor_does_io_in_the_daemon() {
     let mut loop_files = rust_files(&root().join("node/src/daemon"));
     loop_files.push(root().join("node/src/daemon.rs"));
     loop_files.retain(|f| {
-        let rel = f.strip_prefix(root()).unwrap().to_string_lossy().into_owned();
+        let rel = f
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         !EXECUTOR_AND_WORKERS.iter().any(|e| rel.starts_with(e))
     });
-    assert!(loop_files.len() >= 3, "found the loop's files: {loop_files:?}");
+    assert!(
+        loop_files.len() >= 3,
+        "found the loop's files: {loop_files:?}"
+    );
     assert_no(
         &loop_files,
         &[

@@ -745,3 +745,72 @@ fn words_are_never_made_where_nobody_keeps_them() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("too large"), "{err}");
 }
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    files
+}
+
+/// Whether `bytes`, read as runs of ASCII letters (whatever separates them:
+/// spaces, newlines, JSON quotes and commas), holds `run` words in a row.
+fn holds_word_run(bytes: &[u8], run: &[&str]) -> bool {
+    let tokens: Vec<&[u8]> = bytes
+        .split(|b| !b.is_ascii_alphabetic())
+        .filter(|t| !t.is_empty())
+        .collect();
+    tokens.windows(run.len()).any(|w| {
+        w.iter()
+            .zip(run)
+            .all(|(t, word)| t.eq_ignore_ascii_case(word.as_bytes()))
+    })
+}
+
+// Goal: the recovery words never reach the disk. After `init` and a run of
+// the daemon (started, answering status, a write, stopped cleanly), no
+// file under the home (nor the daemon's log beside it) holds the phrase,
+// any 3 consecutive words of it (joined by a space, by nothing, or by any
+// other separator), in any letter case.
+#[test]
+fn the_recovery_words_never_touch_the_disk() {
+    isolated("the_recovery_words_never_touch_the_disk", || {
+        let mut c = Cluster::new();
+        let (a, words) = init_with_words(&c, "a");
+        let d = c.start(&a, &["--no-mdns"]);
+        wait_for("the daemon answers status", Duration::from_secs(20), || {
+            status(&a).ok()
+        });
+        cli_ok(&a, &["state", "put", "notes", "k", "1"]);
+        c.stop(d);
+
+        let w: Vec<&str> = words.split_whitespace().collect();
+        let scanned = c.dir.path();
+        assert!(scanned.join("a").join("device.key").exists() && a.starts_with(scanned));
+        let hits = files_containing(scanned, words.as_bytes());
+        assert!(hits.is_empty(), "the phrase is on disk in {hits:?}");
+        let files = files_under(scanned);
+        assert!(files.len() > 3, "nothing scanned: {files:?}");
+        for run in w.windows(3) {
+            for joined in [run.join(" "), run.concat()] {
+                let hits = files_containing(scanned, joined.as_bytes());
+                assert!(hits.is_empty(), "{joined:?} is on disk in {hits:?}");
+            }
+            let hits: Vec<_> = files
+                .iter()
+                .filter(|f| std::fs::read(f).is_ok_and(|b| holds_word_run(&b, run)))
+                .collect();
+            assert!(hits.is_empty(), "{run:?} is on disk in {hits:?}");
+        }
+    });
+}

@@ -480,3 +480,135 @@ fn answer_misrouted(req: ApiRequest) {
         ApiRequest::Export(_, r) => drop(r.send(Err(e()))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The reader's consistency promise (see the module docs), on the real
+    //! reader thread over an in-memory store, with real Automerge changes
+    //! made by another actor the way the executor's container makes them.
+
+    use std::sync::Arc;
+
+    use nuwa_agent::asm_model::registry::Registry;
+    use nuwa_agent::state::Container;
+    use nuwa_store::{MemStore, Storage};
+    use serde_json::{Value, json};
+    use tokio::sync::{mpsc, oneshot};
+
+    use super::{ReadMsg, ReaderHandle};
+    use crate::api::{ApiError, ApiRequest, GetQuery};
+
+    const NOTES: &str = "notes";
+
+    /// The reader over a fresh store, and its read lane.
+    fn start() -> (Arc<MemStore>, ReaderHandle, mpsc::Sender<ApiRequest>) {
+        let store = Arc::new(MemStore::new());
+        let (handle, reads, _events) =
+            super::spawn(store.clone(), vec![1; 32], Registry::with_core(), 16).unwrap();
+        (store, handle, reads)
+    }
+
+    /// One read through the API's lane to the reader, as `GET /v1/state/get`
+    /// sends it: the value of `key`, or the whole container.
+    async fn read(reads: &mpsc::Sender<ApiRequest>, key: Option<&str>) -> Result<Value, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        let q = GetQuery {
+            container: NOTES.into(),
+            key: key.map(str::to_owned),
+            raw: false,
+        };
+        reads.send(ApiRequest::Get(q, tx)).await.unwrap();
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), rx)
+            .await
+            .expect("the reader answers within 10 s")
+            .expect("the reader keeps the reply");
+        answer.map(|bytes| serde_json::from_slice(&bytes).unwrap())
+    }
+
+    /// A put on the writer's container: the change bytes it made.
+    fn put(writer: &mut Container, key: &str, value: Value) -> Vec<u8> {
+        writer.put(key, &value).unwrap().expect("a new change")
+    }
+
+    // Goal: a read sent after a batch was persisted and handed to the
+    // reader (what the executor does before it acknowledges) sees that
+    // batch, round after round, once the reader holds a replica of the
+    // container (so the value comes from the handed batch, not a reload).
+    #[tokio::test]
+    async fn a_read_after_a_handed_over_batch_sees_it() {
+        let (store, reader, reads) = start();
+        let mut writer = Container::new(&[2; 32]);
+        let mut expected = serde_json::Map::new();
+        for i in 0..50u64 {
+            let today = put(&mut writer, "today", json!(format!("v{i}")));
+            let numbered = put(&mut writer, &format!("k{i}"), json!(i));
+            let batch = vec![today, numbered];
+            store.append_changes(NOTES, &batch).unwrap();
+            reader.changes(NOTES, &batch);
+            expected.insert("today".into(), json!(format!("v{i}")));
+            expected.insert(format!("k{i}"), json!(i));
+            assert_eq!(
+                read(&reads, Some("today")).await.unwrap(),
+                json!(format!("v{i}")),
+                "round {i}: the point read missed the acknowledged write"
+            );
+            assert_eq!(
+                read(&reads, None).await.unwrap(),
+                Value::Object(expected.clone()),
+                "round {i}: the whole-container read missed the acknowledged write"
+            );
+        }
+    }
+
+    // Goal: when a batch cannot be queued for the reader (its queue is
+    // full), the container is marked stale and the next read reloads it
+    // from the store, so it still sees the persisted write. First shown
+    // needed: a change only in the store is not seen while the replica is
+    // held and not stale.
+    #[tokio::test]
+    async fn a_container_marked_stale_is_reloaded_from_the_store() {
+        let (store, reader, reads) = start();
+        let mut writer = Container::new(&[2; 32]);
+        let v1 = vec![put(&mut writer, "today", json!("v1"))];
+        store.append_changes(NOTES, &v1).unwrap();
+        reader.changes(NOTES, &v1);
+        assert_eq!(read(&reads, Some("today")).await.unwrap(), json!("v1"));
+
+        // Persisted, but not (yet) handed over: the held replica answers.
+        let v2 = vec![put(&mut writer, "today", json!("v2"))];
+        store.append_changes(NOTES, &v2).unwrap();
+        assert_eq!(
+            read(&reads, Some("today")).await.unwrap(),
+            json!("v1"),
+            "precondition: the reader serves its held replica"
+        );
+
+        // Handing v2 over finds the queue full: a handle sharing the
+        // reader's stale set whose queue holds one message and takes one.
+        let (tx, _queued) = mpsc::channel(1);
+        tx.try_send(ReadMsg::Trim).unwrap();
+        let full = ReaderHandle {
+            tx,
+            stale: reader.stale.clone(),
+        };
+        full.changes(NOTES, &v2);
+        assert!(
+            reader.stale.lock().unwrap().contains(NOTES),
+            "a full queue marks the container stale"
+        );
+        assert_eq!(
+            read(&reads, Some("today")).await.unwrap(),
+            json!("v2"),
+            "the stale container was not reloaded from the store"
+        );
+        assert_eq!(
+            read(&reads, None).await.unwrap(),
+            json!({"today": "v2"}),
+            "the reloaded container holds exactly what the store holds"
+        );
+        assert!(
+            reader.stale.lock().unwrap().is_empty(),
+            "the reload clears the stale mark"
+        );
+    }
+}
