@@ -181,3 +181,65 @@ impl Agent {
         self.save_seen(now_ms, out);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn book() -> Book {
+        let key = nuwa_identity::keys::DeviceKey::from_seed(&[7; 32]);
+        Book {
+            peer_id: crate::peer::id_of(&key.public()).unwrap(),
+            name: "me".to_owned(),
+            next_evict_ms: 0,
+            listen_addrs: Vec::new(),
+            started_ms: 0,
+            quarantined: Vec::new(),
+            mdns_watching: Vec::new(),
+            rejections: BTreeMap::new(),
+            rejection_order: VecDeque::new(),
+            skew_warned: BTreeMap::new(),
+            seen: Seen::default(),
+            rtt_ms: BTreeMap::new(),
+            catch_up_started: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn rejection_records_are_bounded_oldest_dropped_first() {
+        // Goal: at most MAX_REJECTIONS records are kept, one per (source,
+        // who); a new one beyond that drops the record first made (even if
+        // it was refused again since), and a repeat updates its record in
+        // place (count, time, latest label) without dropping any.
+        let mut b = book();
+        let total = MAX_REJECTIONS + 10;
+        for i in 0..total {
+            b.record("dht", format!("p{i}"), &Rejection::UnknownKey, i as u64);
+            assert_eq!(b.rejections.len(), (i + 1).min(MAX_REJECTIONS));
+            assert_eq!(b.rejection_order.len(), b.rejections.len());
+        }
+        let kept: Vec<String> = b.rejection_order.iter().map(|k| k.1.clone()).collect();
+        let newest: Vec<String> = (total - MAX_REJECTIONS..total)
+            .map(|i| format!("p{i}"))
+            .collect();
+        assert_eq!(kept, newest);
+
+        // The oldest kept record, refused again for another reason.
+        let oldest = format!("p{}", total - MAX_REJECTIONS);
+        b.record("dht", oldest.clone(), &Rejection::BadSignature, 9_999);
+        assert_eq!(b.rejections.len(), MAX_REJECTIONS);
+        let r = &b.rejections[&("dht".to_owned(), oldest.clone())];
+        assert_eq!((r.count, r.last_ms, r.label), (2, 9_999, "bad_signature"));
+        assert!(b.is_repeat("dht", &oldest, "bad_signature"));
+
+        // The same who at another source is another record: the oldest goes,
+        // though it was refused last.
+        b.record("mdns", "p0".to_owned(), &Rejection::UnknownKey, 10_000);
+        assert_eq!(b.rejections.len(), MAX_REJECTIONS);
+        assert!(!b.rejections.contains_key(&("dht".to_owned(), oldest)));
+        assert_eq!(
+            b.rejection_order.back(),
+            Some(&("mdns".to_owned(), "p0".to_owned()))
+        );
+    }
+}

@@ -995,3 +995,207 @@ impl Agent {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use nuwa_crypto::SyncKey;
+    use nuwa_crypto::epoch::KeyRing;
+    use nuwa_identity::chain::DidChain;
+    use nuwa_identity::keys::{DeviceKey, context_id_for};
+    use nuwa_sync::Engine;
+
+    use super::*;
+    use crate::input::Input;
+
+    const NOW_MS: u64 = 1_800_000_000_000;
+    const NOW_SECS: i64 = (NOW_MS / 1000) as i64;
+
+    fn key(n: u64) -> DeviceKey {
+        let mut seed = [0u8; 32];
+        seed[..8].copy_from_slice(&n.to_le_bytes());
+        seed[8] = 0xd2;
+        DeviceKey::from_seed(&seed)
+    }
+
+    fn peer_of(k: &DeviceKey) -> PeerId {
+        peer::id_of(&k.public()).expect("an ed25519 key")
+    }
+
+    fn addr(n: u64) -> Multiaddr {
+        format!("/ip4/10.1.{}.{}/tcp/4001", n / 250, n % 250 + 1)
+            .parse()
+            .unwrap()
+    }
+
+    /// A device of a one-device agent, booted with `meta`.
+    fn agent(meta: BTreeMap<String, Vec<u8>>) -> Agent {
+        let master = key(1);
+        let me = key(3);
+        let mut log = DidChain::genesis(&master, NOW_SECS).expect("genesis");
+        crate::lifecycle::first_update(&mut log, &master, &me, &key(2).public(), NOW_SECS)
+            .expect("first update");
+        let boot = Boot {
+            device: DeviceKey::from_seed(&me.seed()),
+            master: None,
+            name: "me".to_owned(),
+            log,
+            keys: KeyRing::new(SyncKey::generate(0).expect("entropy")),
+            grant: None,
+            engine: Engine::new(me.public().to_vec(), nuwa_sync::Config::default()),
+            quarantined: Vec::new(),
+            meta,
+            listen_addrs: vec!["/ip4/10.0.0.1/tcp/4001".parse().unwrap()],
+            peer_id: peer_of(&me),
+            mdns_watching: Vec::new(),
+        };
+        Agent::new(Config::default(), boot, NOW_MS)
+    }
+
+    fn saved_known(effects: &[Effect]) -> Vec<Vec<KnownPeer>> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::SaveMeta { key, bytes } if key == KNOWN_PEERS_META => {
+                    Some(serde_json::from_slice(bytes).expect("a known-peers list"))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn known_peers_loaded_at_boot_are_capped() {
+        // Goal: a saved known-peers record longer than MAX_KNOWN_PEERS (64)
+        // loads only its first MAX_KNOWN_PEERS entries.
+        let peers: Vec<PeerId> = (0..MAX_KNOWN_PEERS as u64 + 36)
+            .map(|i| peer_of(&key(100 + i)))
+            .collect();
+        let list: Vec<KnownPeer> = peers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| KnownPeer {
+                peer_id: p.to_string(),
+                addrs: vec![addr(i as u64).to_string()],
+            })
+            .collect();
+        let meta = BTreeMap::from([(
+            KNOWN_PEERS_META.to_owned(),
+            serde_json::to_vec(&list).unwrap(),
+        )]);
+        let a = agent(meta);
+        assert_eq!(a.discovery.known.len(), MAX_KNOWN_PEERS);
+        let loaded: BTreeSet<PeerId> = a.discovery.known.keys().copied().collect();
+        let first: BTreeSet<PeerId> = peers[..MAX_KNOWN_PEERS].iter().copied().collect();
+        assert_eq!(loaded, first);
+    }
+
+    #[test]
+    fn known_peers_cache_holds_at_most_max_known_peers() {
+        // Goal: verified peers enter the known-peers cache, saved whole as
+        // Effect::SaveMeta under KNOWN_PEERS_META, until it holds
+        // MAX_KNOWN_PEERS (64); past that a new peer is neither kept nor
+        // saved, while a kept peer's new addresses still are.
+        let mut a = agent(BTreeMap::new());
+        let extra = 8;
+        let peers: Vec<PeerId> = (0..(MAX_KNOWN_PEERS + extra) as u64)
+            .map(|i| peer_of(&key(100 + i)))
+            .collect();
+        for (i, p) in peers.iter().enumerate() {
+            // Identify reports its listen address (not verified yet, so
+            // nothing is remembered).
+            let effects = a.handle(
+                Input::Net(vec![NetEvent::Identified {
+                    peer: *p,
+                    listen_addrs: vec![addr(i as u64)],
+                }]),
+                NOW_MS,
+            );
+            assert!(saved_known(&effects).is_empty());
+            let mut out = Out::default();
+            a.on_verified(*p, &mut out);
+            let saved = saved_known(&out.effects);
+            if i < MAX_KNOWN_PEERS {
+                assert_eq!(saved.len(), 1, "peer {i}");
+                assert_eq!(saved[0].len(), i + 1);
+            } else {
+                assert!(saved.is_empty(), "peer {i} saved: {saved:?}");
+            }
+            assert_eq!(a.discovery.known.len(), (i + 1).min(MAX_KNOWN_PEERS));
+        }
+        assert!(
+            peers[MAX_KNOWN_PEERS..]
+                .iter()
+                .all(|p| !a.discovery.known.contains_key(p))
+        );
+
+        // A kept peer moved: updated in place, still MAX_KNOWN_PEERS saved.
+        let moved = peers[0];
+        a.handle(
+            Input::Net(vec![NetEvent::Identified {
+                peer: moved,
+                listen_addrs: vec![addr(999)],
+            }]),
+            NOW_MS,
+        );
+        let mut out = Out::default();
+        a.on_verified(moved, &mut out);
+        let saved = saved_known(&out.effects);
+        assert_eq!(saved.len(), 1);
+        assert_eq!(saved[0].len(), MAX_KNOWN_PEERS);
+        assert_eq!(a.discovery.known[&moved], vec![addr(999)]);
+    }
+
+    #[test]
+    fn pending_unknown_announcements_are_capped() {
+        // Goal: announcements of our agent by keys our DID document does not
+        // list are each refused as (mdns, unknown_key), and at most
+        // MAX_UNKNOWN_ANNOUNCEMENTS (64) of them wait for the chain to grow:
+        // the first ones to arrive; later ones are not kept.
+        let mut a = agent(BTreeMap::new());
+        let did = a.session.membership().did().to_owned();
+        let total = MAX_UNKNOWN_ANNOUNCEMENTS + 6;
+        let keys: Vec<DeviceKey> = (0..total as u64).map(|i| key(500 + i)).collect();
+        for (i, k) in keys.iter().enumerate() {
+            let p = peer_of(k);
+            let ann = Announcement::new_signed(
+                &did,
+                context_id_for(&k.public()),
+                p.to_string(),
+                4001,
+                NOW_SECS,
+                |b| k.sign(b),
+            );
+            let effects = a.handle(
+                Input::Mdns(MdnsEvent::Resolved {
+                    instance: p.to_string(),
+                    txt: ann.to_txt(),
+                    addrs: vec![SocketAddr::new(
+                        IpAddr::V4(Ipv4Addr::new(10, 2, 0, (i % 250 + 1) as u8)),
+                        4001,
+                    )],
+                }),
+                NOW_MS,
+            );
+            assert_eq!(effects.len(), 1, "{effects:?}");
+            assert!(matches!(
+                effects[0],
+                Effect::CountRejection {
+                    source: "mdns",
+                    reason: "unknown_key"
+                }
+            ));
+            assert_eq!(
+                a.discovery.unknown.len(),
+                (i + 1).min(MAX_UNKNOWN_ANNOUNCEMENTS)
+            );
+        }
+        let kept: BTreeSet<String> = a.discovery.unknown.keys().cloned().collect();
+        let first: BTreeSet<String> = keys[..MAX_UNKNOWN_ANNOUNCEMENTS]
+            .iter()
+            .map(|k| peer_of(k).to_string())
+            .collect();
+        assert_eq!(kept, first);
+    }
+}
