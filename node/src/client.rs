@@ -58,11 +58,6 @@ fn alive(_pid: u32) -> bool {
     true
 }
 
-/// Where requests go: `url` is the base of every request's URL.
-struct Base {
-    url: String,
-}
-
 /// How the client reaches the daemon.
 enum Via {
     /// The Unix socket: no token, no challenge (unix only).
@@ -73,7 +68,8 @@ enum Via {
 }
 
 struct Client {
-    api: Base,
+    /// The base of every request's URL.
+    url: String,
     via: Via,
     http: reqwest::Client,
     home: std::path::PathBuf,
@@ -105,9 +101,7 @@ impl Client {
             return Ok(Client {
                 // The host is only the Host header: the socket is the
                 // address.
-                api: Base {
-                    url: "http://localhost".to_owned(),
-                },
+                url: "http://localhost".to_owned(),
                 via: Via::Socket,
                 http: reqwest::Client::builder()
                     .unix_socket(path)
@@ -127,9 +121,7 @@ impl Client {
             ));
         }
         Ok(Client {
-            api: Base {
-                url: api.url.clone(),
-            },
+            url: api.url.clone(),
             via: Via::Tcp(api),
             http: reqwest::Client::builder()
                 .no_proxy()
@@ -221,7 +213,7 @@ impl Client {
 
     /// The request builder for `path` (`/v1/...`) with `method`.
     fn to(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        self.http.request(method, format!("{}{path}", self.api.url))
+        self.http.request(method, format!("{}{path}", self.url))
     }
 
     /// Sends `req` on `rt` and decodes the JSON reply.
@@ -653,7 +645,7 @@ pub fn get(home: &Path, container: &str, key: Option<&str>, raw: bool, json: boo
 pub fn events(home: &Path, container: Option<&str>, json: bool) -> Result<()> {
     let c = Client::new(home)?;
     let closed = runtime()?.block_on(async {
-        let mut req = c.http.get(format!("{}/v1/state.events", c.api.url));
+        let mut req = c.to(reqwest::Method::GET, "/v1/state.events");
         if let Some(name) = container {
             req = req.query(&[("container", name)]);
         }

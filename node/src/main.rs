@@ -1015,6 +1015,8 @@ fn backup_master_key(home_dir: &std::path::Path, out: &std::path::Path, json: bo
 
 fn state_command(home_dir: &std::path::Path, command: StateCommand, json: bool) -> Result<()> {
     let home_dir = home_dir.to_path_buf();
+    // A typed-state tool: POST `body` to `path`, print the reply.
+    let tool = |path: &str, body: serde_json::Value| client::tool(&home_dir, path, &body, json);
     match command {
         StateCommand::Put {
             container,
@@ -1041,7 +1043,7 @@ fn state_command(home_dir: &std::path::Path, command: StateCommand, json: bool) 
                 .with_context(|| format!("cannot read {}", file.display()))?;
             let schema: serde_json::Value = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not JSON", file.display()))?;
-            client::tool(&home_dir, "/v1/schemas", &schema, json)
+            tool("/v1/schemas", schema)
         }
         StateCommand::Schema {
             command: SchemaCommand::List,
@@ -1050,61 +1052,49 @@ fn state_command(home_dir: &std::path::Path, command: StateCommand, json: bool) 
             schema_uri,
             object,
             id,
-        } => client::tool(
-            &home_dir,
+        } => tool(
             "/v1/state.create",
-            &serde_json::json!({
+            serde_json::json!({
                 "schema_uri": schema_uri,
                 "object": parse_json("--object", &object)?,
                 "id": id,
             }),
-            json,
         ),
         StateCommand::Update {
             schema_uri,
             id,
             patch,
-        } => client::tool(
-            &home_dir,
+        } => tool(
             "/v1/state.update",
-            &serde_json::json!({
+            serde_json::json!({
                 "schema_uri": schema_uri,
                 "id": id,
                 "patch": parse_json("--patch", &patch)?,
             }),
-            json,
         ),
-        StateCommand::Query { query } => client::tool(
-            &home_dir,
+        StateCommand::Query { query } => tool(
             "/v1/state.query",
-            &serde_json::json!({ "query": parse_json("QUERY", &query)? }),
-            json,
+            serde_json::json!({ "query": parse_json("QUERY", &query)? }),
         ),
         StateCommand::Delete {
             schema_uri,
             id,
             hard,
-        } => client::tool(
-            &home_dir,
+        } => tool(
             "/v1/state.delete",
-            &serde_json::json!({
+            serde_json::json!({
                 "schema_uri": schema_uri,
                 "id": id,
                 "mode": if hard { "hard" } else { "tombstone" },
             }),
-            json,
         ),
-        StateCommand::Describe { container } => client::tool(
-            &home_dir,
+        StateCommand::Describe { container } => tool(
             "/v1/state.describe",
-            &serde_json::json!({ "container": container }),
-            json,
+            serde_json::json!({ "container": container }),
         ),
-        StateCommand::Compact { container } => client::tool(
-            &home_dir,
+        StateCommand::Compact { container } => tool(
             "/v1/state.compact",
-            &serde_json::json!({ "container": container }),
-            json,
+            serde_json::json!({ "container": container }),
         ),
         StateCommand::Reset { container, yes } => {
             if !yes {
@@ -1116,11 +1106,9 @@ fn state_command(home_dir: &std::path::Path, command: StateCommand, json: bool) 
                     &container,
                 )?;
             }
-            client::tool(
-                &home_dir,
+            tool(
                 "/v1/state.reset",
-                &serde_json::json!({ "container": container }),
-                json,
+                serde_json::json!({ "container": container }),
             )
         }
     }

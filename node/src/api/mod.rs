@@ -59,6 +59,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
@@ -352,31 +353,27 @@ async fn revoke(State(s): State<AppState>, Body(body): Body) -> Result<Json<Revo
     Ok(Json(call(&s, |tx| ApiRequest::Revoke(body, tx)).await??))
 }
 
-async fn promote(
-    State(s): State<AppState>,
-    Body(body): Body,
+/// A DID change of an admin: the body as `B`, made into its change.
+async fn admin<B: DeserializeOwned>(
+    s: AppState,
+    body: &[u8],
+    what: &str,
+    change: fn(B) -> AdminChange,
 ) -> Result<Json<serde_json::Value>, Failure> {
-    let body: DeviceBody = json_body(&body, "promote")?;
-    let change = AdminChange::Promote(body);
+    let change = change(json_body(body, what)?);
     Ok(Json(call(&s, |tx| ApiRequest::Admin(change, tx)).await??))
 }
 
-async fn demote(
-    State(s): State<AppState>,
-    Body(body): Body,
-) -> Result<Json<serde_json::Value>, Failure> {
-    let body: DeviceBody = json_body(&body, "demote")?;
-    let change = AdminChange::Demote(body);
-    Ok(Json(call(&s, |tx| ApiRequest::Admin(change, tx)).await??))
+async fn promote(State(s): State<AppState>, Body(b): Body) -> Result<Json<Value>, Failure> {
+    admin(s, &b, "promote", AdminChange::Promote).await
 }
 
-async fn recovery_key(
-    State(s): State<AppState>,
-    Body(body): Body,
-) -> Result<Json<serde_json::Value>, Failure> {
-    let body: RecoveryKeyBody = json_body(&body, "recovery-key")?;
-    let change = AdminChange::RecoveryKey(body);
-    Ok(Json(call(&s, |tx| ApiRequest::Admin(change, tx)).await??))
+async fn demote(State(s): State<AppState>, Body(b): Body) -> Result<Json<Value>, Failure> {
+    admin(s, &b, "demote", AdminChange::Demote).await
+}
+
+async fn recovery_key(State(s): State<AppState>, Body(b): Body) -> Result<Json<Value>, Failure> {
+    admin(s, &b, "recovery-key", AdminChange::RecoveryKey).await
 }
 
 async fn approve(
