@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
+use nuwa_identity::keys::context_id_for;
 use nuwa_sync::Rejection;
 use nuwa_sync::pointer::{AgentPointer, dht_key, gossip_topic, rendezvous_namespace};
 use serde::{Deserialize, Serialize};
@@ -959,9 +960,13 @@ impl Agent {
             return;
         };
         if peer.to_string() != ann.peer_id {
+            // The context id is listed and signed, but the PeerId to dial
+            // is another key's: name that key's context id (or the PeerId
+            // when it carries no Ed25519 key).
+            let named = ann.peer_id.parse().ok().and_then(|p| peer::public_of(&p));
             let r = Rejection::ContextMismatch {
-                claimed: ann.peer_id.clone(),
-                actual: peer.to_string(),
+                claimed: ann.context_id.clone(),
+                actual: named.map_or_else(|| ann.peer_id.clone(), |k| context_id_for(&k)),
             };
             self.reject("mdns", who, &r, now_ms, out);
             return;

@@ -206,7 +206,8 @@ pub struct ClockSkewStatus {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RejectionStatus {
-    /// Where the rejected claim came from: `mdns` or `connection`.
+    /// Where the rejected claim came from: `connection`, `mdns`, `dht`,
+    /// `rendezvous` or `gossip`.
     pub source: String,
     /// Who: a PeerId, or an mDNS instance name.
     pub peer: String,

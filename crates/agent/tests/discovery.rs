@@ -259,8 +259,13 @@ fn an_announcement_naming_another_peer_id_is_refused() {
     // context_mismatch) and recorded under the claimed PeerId.
     let mut w = World::new();
     let claimed = peer_of(&w.stranger);
-    let actual = peer_of(&w.sibling);
     let ann = announcement(&w.did, &w.sibling, &claimed, NOW_SECS, &w.sibling);
+    // The reason names the context id it claims and the one of the key
+    // behind the PeerId it names.
+    let (ctx, named) = (
+        context_id_for(&w.sibling.public()),
+        context_id_for(&w.stranger.public()),
+    );
     let effects = w.mdns(ann.to_txt(), &claimed.to_string());
     assert_refused(
         &mut w,
@@ -268,7 +273,7 @@ fn an_announcement_naming_another_peer_id_is_refused() {
         "mdns",
         &claimed.to_string(),
         "context_mismatch",
-        &format!("claimed context id \"{claimed}\" does not match its key (\"{actual}\")"),
+        &format!("claimed context id \"{ctx}\" does not match its key (\"{named}\")"),
     );
 }
 
