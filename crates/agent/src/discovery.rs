@@ -342,23 +342,36 @@ impl Agent {
             .filter_map(|p| p.parse().ok())
             .collect();
         let d = &self.discovery;
-        // A fresh mDNS address first, then what the cache remembers; a
-        // device revoked since is not dialed again.
+        // Every address of one peer goes out in one dial: the network
+        // refuses a second dial of a peer it is dialing, so a stale cached
+        // address dialed first would hold up the right one until it
+        // failed, every round, for good (seen: a restarted peer on a new
+        // port never reached through its `--peer`). Libp2p tries a dial's
+        // addresses together and keeps the first that answers. Order: what
+        // the person gave (`--peer`, dialed whatever the chain says), a
+        // fresh mDNS address, then the cache; a device revoked since is
+        // not dialed again from mDNS or the cache.
         let mut member_addrs: BTreeMap<PeerId, Vec<Multiaddr>> = BTreeMap::new();
-        for (peer, addrs) in &d.mdns_hints {
-            if self.is_active(peer, now_ms) {
-                member_addrs.insert(*peer, addrs.clone());
-            }
-        }
-        for (peer, addrs) in &d.known {
-            if !self.is_active(peer, now_ms) {
-                continue;
-            }
-            let entry = member_addrs.entry(*peer).or_default();
+        let mut add = |peer: PeerId, addrs: &[Multiaddr]| {
+            let entry = member_addrs.entry(peer).or_default();
             for a in addrs {
                 if !entry.contains(a) {
                     entry.push(a.clone());
                 }
+            }
+        };
+        for (peer, addr) in &d.static_peers {
+            match peer {
+                Some(p) => add(*p, std::slice::from_ref(addr)),
+                None => out.push(Effect::Dial {
+                    peer: None,
+                    addrs: vec![addr.clone()],
+                }),
+            }
+        }
+        for (peer, addrs) in d.mdns_hints.iter().chain(&d.known) {
+            if self.is_active(peer, now_ms) {
+                add(*peer, addrs);
             }
         }
         for (peer, addrs) in member_addrs {
@@ -366,14 +379,6 @@ impl Agent {
                 out.push(Effect::Dial {
                     peer: Some(peer),
                     addrs,
-                });
-            }
-        }
-        for (peer, addr) in &d.static_peers {
-            if peer.is_none_or(|p| !connected.contains(&p)) {
-                out.push(Effect::Dial {
-                    peer: *peer,
-                    addrs: vec![addr.clone()],
                 });
             }
         }

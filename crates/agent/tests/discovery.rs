@@ -52,6 +52,11 @@ struct World {
 
 impl World {
     fn new() -> World {
+        World::with(Config::default(), BTreeMap::new())
+    }
+
+    /// `me` started with this configuration and these metadata records.
+    fn with(config: Config, meta: BTreeMap<String, Vec<u8>>) -> World {
         let master = key(1);
         let recovery = key(2);
         let me = key(3);
@@ -74,12 +79,12 @@ impl World {
             grant: None,
             engine: Engine::new(me.public().to_vec(), nuwa_sync::Config::default()),
             quarantined: Vec::new(),
-            meta: BTreeMap::new(),
+            meta,
             listen_addrs: vec!["/ip4/10.0.0.1/tcp/4001".parse().unwrap()],
             peer_id: peer_of(&me),
             mdns_watching: Vec::new(),
         };
-        let mut agent = Agent::new(Config::default(), boot, NOW_MS);
+        let mut agent = Agent::new(config, boot, NOW_MS);
         agent.handle(Input::Start, NOW_MS);
         World {
             agent,
@@ -467,4 +472,51 @@ fn a_frame_that_does_not_decode_is_only_counted() {
         assert!(matches!(effects[0], Effect::Count(Count::MalformedFrame)));
     }
     assert!(w.rejections().is_empty());
+}
+
+// Goal: a device's address given with `--peer` is dialed even when the
+// known-peers cache holds a stale address of the same device. Method: start
+// with both; every dial of the sibling must carry both addresses, the given
+// one first, in one dial (a second dial of a peer being dialed is refused by
+// the network, so two dials let the stale one hold up the right one for
+// good). Seen on real daemons: a restarted peer on a new port was never
+// reached through its `--peer`.
+#[test]
+fn a_given_address_and_a_cached_one_of_a_peer_go_out_in_one_dial() {
+    let sibling = key(4);
+    let cached: Multiaddr = "/ip4/10.0.0.2/tcp/4999".parse().unwrap();
+    let given: Multiaddr = format!("/ip4/10.0.0.2/tcp/{PORT}/p2p/{}", peer_of(&sibling))
+        .parse()
+        .unwrap();
+    let known = serde_json::json!([{
+        "peer_id": peer_of(&sibling).to_string(),
+        "addrs": [cached.to_string()],
+    }]);
+    let meta = BTreeMap::from([(
+        nuwa_agent::KNOWN_PEERS_META.to_owned(),
+        serde_json::to_vec(&known).unwrap(),
+    )]);
+    let config = Config {
+        static_peers: vec![(Some(peer_of(&sibling)), given.clone())],
+        ..Config::default()
+    };
+    let mut w = World::with(config, meta);
+    let mut seen = Vec::new();
+    for s in 0..3 {
+        let effects = w
+            .agent
+            .handle(Input::Tick { rss_bytes: None }, NOW_MS + 6_000 * (s + 1));
+        seen.extend(dials(&effects));
+    }
+    let of_sibling: Vec<_> = seen
+        .iter()
+        .filter(|(p, _)| *p == Some(peer_of(&sibling)))
+        .collect();
+    assert!(
+        !of_sibling.is_empty(),
+        "the sibling is never dialed: {seen:?}"
+    );
+    for (_, addrs) in &of_sibling {
+        assert_eq!(addrs, &vec![given.clone(), cached.clone()], "{seen:?}");
+    }
 }
