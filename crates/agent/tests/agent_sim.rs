@@ -4,7 +4,8 @@
 //! in-memory network, with crashes and restarts, writes, pairing,
 //! provisioning, promotion, revocation (with devices offline), key
 //! rotation, recovery by words with a handover, a keeper between devices
-//! never online together, and mDNS-style discovery. Checked after every
+//! never online together, homes copied while running and restored later
+//! (used offline before they meet a peer), and mDNS-style discovery. Checked after every
 //! step: a revoked device never holds a key sealed after its revocation,
 //! and no device lists again a device its chain removed. Checked at the
 //! end, once the world healed: every acknowledged write of a device never
@@ -128,9 +129,50 @@ fn phase(s: &mut Sim, r: &mut Roles) {
                 s.run_for(3_000);
             }
         }
-        93..=95 => rotate_admin(s, r),
+        93..=94 => rotate_admin(s, r),
+        95 => back_up(s, r),
+        96..=97 => restore(s, r),
         _ => recover(s, r),
     }
+}
+
+/// A home other than the admin's is copied while its daemon runs (a
+/// backup, or a new laptop cloned from the old one).
+fn back_up(s: &mut Sim, r: &Roles) {
+    let candidates: Vec<usize> = live(s)
+        .into_iter()
+        .filter(|&i| i != r.admin && !s.backups.contains_key(&i))
+        .collect();
+    if let Some(i) = pick(s, &candidates) {
+        s.back_up(i);
+    }
+}
+
+/// A device is restored from its copy and used before it meets any peer
+/// (on a network of its own), then comes back: what it wrote before and
+/// after must reach everyone, and what its peers hold must reach it.
+fn restore(s: &mut Sim, r: &Roles) {
+    let candidates: Vec<usize> = s
+        .backups
+        .keys()
+        .copied()
+        .filter(|&i| i != r.admin && !s.devices[i].gone && s.devices[i].joining.is_none())
+        .collect();
+    let Some(i) = pick(s, &candidates) else {
+        return;
+    };
+    if !s.restore(i) {
+        return;
+    }
+    s.move_to(i, 2);
+    s.start(i);
+    for _ in 0..1 + s.rng.usize(0..4) {
+        let c = CONTAINERS[s.rng.usize(0..CONTAINERS.len())];
+        s.write(i, c);
+    }
+    let ms = 200 + s.rng.u64(0..2_000);
+    s.run_for(ms);
+    s.move_to(i, 0);
 }
 
 /// The admin revokes a device that is not itself (the target may be
@@ -260,6 +302,10 @@ fn run_sim(seed: u64) -> Sim {
     if keeper {
         keeper_handoff(&mut s);
     }
+    if rng.u32(0..3) == 0 {
+        // A copy early on, so that many seeds restore one later.
+        back_up(&mut s, &roles);
+    }
     let phases = 20 + rng.usize(0..20);
     for _ in 0..phases {
         phase(&mut s, &mut roles);
@@ -328,6 +374,8 @@ fn agents_keep_their_promises_under_seeded_faults() {
                 "pairings",
                 "recoveries",
                 "rotations",
+                "backups",
+                "restores",
                 "keeper requests",
                 "crashes",
             ] {

@@ -434,6 +434,28 @@ impl Peer {
     }
 }
 
+/// Bytes of an Automerge actor id that [`run_actor`] makes: 8 of the
+/// device's public key, then 8 random ones.
+pub const RUN_ACTOR_BYTES: usize = 16;
+
+/// The Automerge actor id of one run of a device: the first 8 bytes of its
+/// public key (so a change still says which device wrote it) and 8 fresh
+/// random bytes. A device never writes under the actor of an earlier run.
+/// Automerge numbers an actor's changes 1, 2, 3, …; a home restored from a
+/// backup (or copied while its daemon ran) has forgotten the changes it
+/// made after the copy, while its peers hold them, so writing on under the
+/// old actor would reuse their numbers and every peer would refuse the
+/// document that holds both (`DuplicateSeqNumber`) for good. A fresh actor
+/// per run cannot clash with anything the device wrote before, whatever
+/// its store forgot; the cost is one actor entry (16 bytes) per run in each
+/// container the run writes to.
+pub fn run_actor(device_public: &[u8; 32]) -> Result<Vec<u8>, nuwa_entropy::Error> {
+    let mut actor = [0u8; RUN_ACTOR_BYTES];
+    actor[..8].copy_from_slice(&device_public[..8]);
+    nuwa_entropy::fill(&mut actor[8..])?;
+    Ok(actor.to_vec())
+}
+
 /// The engine of one node.
 pub struct Engine {
     actor: Vec<u8>,
@@ -464,7 +486,13 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// A new engine whose local edits carry the Automerge actor id `actor`.
+    /// The Automerge actor id of this engine's local edits.
+    pub fn actor(&self) -> &[u8] {
+        &self.actor
+    }
+
+    /// A new engine whose local edits carry the Automerge actor id `actor`
+    /// (a device's is [`run_actor`]: never one of an earlier run).
     pub fn new(actor: Vec<u8>, config: Config) -> Self {
         Engine {
             actor,

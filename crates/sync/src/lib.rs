@@ -25,7 +25,7 @@ pub mod session;
 
 pub use engine::{
     Action, CatchUp, CatchUpProgress, CaughtUp, Config, Engine, EngineError, Loader,
-    LocalEditError, PeerKey, PeerSync, PeerSyncState,
+    LocalEditError, PeerKey, PeerSync, PeerSyncState, RUN_ACTOR_BYTES, run_actor,
 };
 pub use membership::{Membership, Rejection, VerifiedPeer};
 pub use secure::{OpenError, SecureChannel};

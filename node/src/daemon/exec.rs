@@ -416,7 +416,7 @@ impl Executor {
     /// running.
     async fn reload(&mut self, agent: &Agent, name: String) -> Input {
         let store = self.store.clone();
-        let actor = agent.session().membership().device().public().to_vec();
+        let actor = agent.session().engine().actor().to_vec();
         let task_name = name.clone();
         let loaded = tokio::task::spawn_blocking(move || {
             open::load_container(store.as_ref(), &actor, &task_name)

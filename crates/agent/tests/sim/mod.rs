@@ -63,8 +63,20 @@ impl Disk {
             .collect()
     }
 
+    /// A copy that shares nothing with this one (a backup of the home).
+    pub fn deep_copy(&self) -> Disk {
+        let containers = self.containers.lock().unwrap().clone();
+        Disk {
+            containers: Arc::new(Mutex::new(containers)),
+            ..self.clone()
+        }
+    }
+
+    /// The engine a run of the daemon opens: the store's containers, and
+    /// a fresh Automerge actor for this run (as the daemon's executor).
     fn engine(&self) -> Engine {
-        let actor = DeviceKey::from_seed(&self.device_seed).public().to_vec();
+        let public = DeviceKey::from_seed(&self.device_seed).public();
+        let actor = nuwa_sync::run_actor(&public).expect("entropy");
         let mut engine = Engine::new(actor.clone(), nuwa_sync::Config::default());
         let stored = self.containers.lock().unwrap().clone();
         for (name, changes) in stored {
@@ -93,6 +105,9 @@ pub struct Acked {
     pub key: String,
     pub value: serde_json::Value,
     pub at_ms: u64,
+    /// Its place among all acknowledgements (time alone does not order
+    /// two in the same millisecond).
+    pub nth: usize,
 }
 
 /// One device of the agent (or one waiting to pair).
@@ -217,6 +232,11 @@ pub struct Sim {
     /// What the run exercised, counted (the seeds' coverage).
     pub tally: BTreeMap<&'static str, u64>,
     pub did: String,
+    /// Copies of homes taken while their devices ran, when, and how many
+    /// writes had been acknowledged then.
+    pub backups: BTreeMap<usize, (Disk, u64, usize)>,
+    /// Writes acknowledged so far.
+    pub acks: usize,
 }
 
 fn addr_of(i: usize) -> (Multiaddr, SocketAddr) {
@@ -275,6 +295,8 @@ impl Sim {
             trace: Vec::new(),
             tally: BTreeMap::new(),
             did,
+            backups: BTreeMap::new(),
+            acks: 0,
         };
         for (i, key) in keys_of.into_iter().enumerate() {
             let disk = Disk {
@@ -421,6 +443,63 @@ impl Sim {
         self.note(format!("crash d{i}"));
         self.drop_links(i);
         self.flight.retain(|m| m.to != i);
+    }
+
+    /// Copies device `i`'s home as it is now (its daemon may be running:
+    /// what is persisted is what a copy gets).
+    pub fn back_up(&mut self, i: usize) {
+        if let Some(disk) = &self.devices[i].disk {
+            let copy = disk.deep_copy();
+            self.backups.insert(i, (copy, self.now_ms, self.acks));
+            self.count("backups");
+            self.note(format!("d{i}'s home copied"));
+        }
+    }
+
+    /// Device `i` stops and its home is replaced by its backup (same key,
+    /// older store, chain, keys and metadata). What it acknowledged after
+    /// the copy and no other device holds is gone with the rolled-back
+    /// home (the person chose that); everything a peer holds must come
+    /// back, and what it writes from now on must reach everyone. Returns
+    /// whether it restored.
+    pub fn restore(&mut self, i: usize) -> bool {
+        let Some((backup, at_ms, acks)) = self.backups.remove(&i) else {
+            return false;
+        };
+        let same_key = self.devices[i]
+            .disk
+            .as_ref()
+            .is_some_and(|d| d.device_seed == backup.device_seed);
+        if !same_key || self.devices[i].gone {
+            return false;
+        }
+        self.crash(i);
+        let others: Vec<BTreeMap<String, Container>> = (0..self.devices.len())
+            .filter(|&j| j != i && !self.devices[j].gone)
+            .filter_map(|j| self.devices[j].disk.as_ref().map(Disk::load_all))
+            .collect();
+        let before = self.acked.len();
+        self.acked.retain(|w| {
+            w.device != i
+                || w.nth <= acks
+                || others.iter().any(|c| {
+                    c.get(&w.container).and_then(|c| c.get(&w.key)).as_ref() == Some(&w.value)
+                })
+        });
+        let forgotten = (before - self.acked.len()) as u64;
+        *self
+            .tally
+            .entry("writes lost with a rolled-back home")
+            .or_default() += forgotten;
+        self.devices[i].disk = Some(backup);
+        // Its chain is the backup's now: what it removed is what that one removed.
+        self.devices[i].removed_seen.clear();
+        self.count("restores");
+        self.note(format!(
+            "d{i} restored from the copy of {} ms ({forgotten} write(s) no peer held are gone)",
+            at_ms - EPOCH_MS
+        ));
+        true
     }
 
     /// Device `i` moves to network `lan` (a partition, or its healing).
@@ -610,12 +689,14 @@ impl Sim {
                 assert!(p.durable, "a put acknowledged as not durable");
                 let at_ms = self.now_ms;
                 self.count("writes acknowledged");
+                self.acks += 1;
                 self.acked.push(Acked {
                     device: i,
                     container,
                     key,
                     value,
                     at_ms,
+                    nth: self.acks,
                 });
             }
             (Request2::Put { .. }, Err(e)) => self.note(format!("d{i} put refused: {e}")),
@@ -1164,19 +1245,31 @@ impl Sim {
             if self.devices[w.device].gone {
                 continue;
             }
+            let holds = |containers: &BTreeMap<String, Container>| {
+                containers
+                    .get(&w.container)
+                    .and_then(|c| c.get(&w.key))
+                    .as_ref()
+                    == Some(&w.value)
+            };
             for (i, containers) in &stored {
-                let got = containers.get(&w.container).and_then(|c| c.get(&w.key));
-                assert_eq!(
-                    got.as_ref(),
-                    Some(&w.value),
-                    "seed {}: d{}'s write {} in {} (acknowledged at {} ms) is missing on d{i}\n{}",
-                    self.seed,
-                    w.device,
-                    w.key,
-                    w.container,
-                    w.at_ms - EPOCH_MS,
-                    self.trace_tail()
-                );
+                if !holds(containers) {
+                    let holders: Vec<usize> = stored
+                        .iter()
+                        .filter(|(_, c)| holds(c))
+                        .map(|(j, _)| *j)
+                        .collect();
+                    panic!(
+                        "seed {}: d{}'s write {} in {} (acknowledged at {} ms) is missing on d{i} \
+                         (held by {holders:?})\n{}",
+                        self.seed,
+                        w.device,
+                        w.key,
+                        w.container,
+                        w.at_ms - EPOCH_MS,
+                        self.trace_tail()
+                    );
+                }
             }
         }
     }
