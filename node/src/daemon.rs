@@ -177,7 +177,7 @@ impl Daemon {
                 Effect::Finished(result) => {
                     self.once = Some(inputs::finished(
                         result,
-                        self.agent.config().once_tty,
+                        self.agent.config(),
                         self.exec.metrics(),
                     ))
                 }

@@ -171,7 +171,10 @@ enum Command {
     },
     /// Sync headlessly (for CI): start, discover, sync every container with
     /// every reachable verified peer, and exit 0 once converged with at least
-    /// one peer, non-zero with the reason otherwise.
+    /// one peer, non-zero with the reason otherwise. With --json: one JSON
+    /// result on stdout either way: {"converged", "through" ("peers",
+    /// "keeper" or null), "peers_verified", "peers_in_sync", "containers",
+    /// "message", "longest_loop_turn_ms"}.
     Sync {
         /// Exit after one convergence (required; the only mode so far).
         #[arg(long)]
@@ -371,9 +374,7 @@ fn run_options(
         memory_budget_bytes: eff.memory_budget_mb.saturating_mul(1_000_000),
         once_ms: once.map(|t| t.as_millis() as u64),
         once_tty: once.is_some() && daemon::stderr_is_tty(),
-        lifecycle_every_ms: nuwa_agent::constants::LIFECYCLE_EVERY_MS,
-        api_url: String::new(),
-        session: nuwa_agent::sync::SessionConfig::default(),
+        ..nuwa_agent::Config::default()
     };
     Ok(daemon::RunOptions {
         listen: parse_addrs("--listen", &eff.listen)?,
@@ -762,7 +763,8 @@ fn real_main(cli: Cli) -> Result<()> {
                 anyhow::bail!("only `sync --once` exists so far; for continuous sync use `run`");
             }
             let _log = init_tracing_quiet()?;
-            let opts = run_options(&home_dir, net, Some(timeout))?;
+            let mut opts = run_options(&home_dir, net, Some(timeout))?;
+            opts.agent.once_json = json;
             let h = home::load(&home_dir)?;
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             rt.block_on(daemon::run(h, opts))

@@ -146,7 +146,8 @@ fn dead_bootstrap_does_not_block_mdns() {
 
 // Goal: `sync --once` in a fresh home provisioned for the agent pulls the
 // full state and exits 0; with no peer reachable it exits non-zero within its
-// timeout and says why. Method: run it against a running device, then alone.
+// timeout and says why; with `--json` it prints one JSON result either way.
+// Method: run it against a running device, then alone.
 #[test]
 fn sync_once_pulls_state_or_explains() {
     isolated("sync_once_pulls_state_or_explains", || {
@@ -194,22 +195,37 @@ fn sync_once_pulls_state_or_explains() {
         assert_eq!(big.as_object().unwrap().len(), 3001);
         assert_eq!(big["k2999"], json!(2999));
 
+        // With --json: one JSON document on stdout, converged or not.
+        let sync_json = |extra: &[&str]| {
+            let out = Command::new(bin())
+                .arg("--home")
+                .arg(&lonely)
+                .args([
+                    "--json",
+                    "sync",
+                    "--once",
+                    "--listen",
+                    "/ip4/127.0.0.1/tcp/0",
+                ])
+                .args(extra)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert_eq!(stdout.lines().count(), 1, "one JSON document: {stdout:?}");
+            let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+            (out, v)
+        };
+        let (out, v) = sync_json(&["--timeout", "30s", "--mdns-interface", "lo"]);
+        assert!(out.status.success(), "{v}");
+        assert_eq!(v["converged"], true, "{v}");
+        assert_eq!(v["through"], "peers", "{v}");
+        assert_eq!(v["peers_verified"], 1, "{v}");
+        assert_eq!(v["peers_in_sync"], 1, "{v}");
+        assert!(v["containers"].as_u64().unwrap() >= 2, "{v}");
+        assert!(v["longest_loop_turn_ms"].is_number(), "{v}");
+
         let t0 = Instant::now();
-        let out = Command::new(bin())
-            .arg("--home")
-            .arg(&lonely)
-            .args([
-                "sync",
-                "--once",
-                "--timeout",
-                "3s",
-                "--no-mdns",
-                "--no-known-peers",
-                "--listen",
-                "/ip4/127.0.0.1/tcp/0",
-            ])
-            .output()
-            .unwrap();
+        let (out, v) = sync_json(&["--timeout", "3s", "--no-mdns", "--no-known-peers"]);
         let took = t0.elapsed();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -217,6 +233,12 @@ fn sync_once_pulls_state_or_explains() {
             "sync --once must fail with no peer: {err}"
         );
         assert!(err.contains("no peer reachable"), "{err}");
+        assert_eq!(v["converged"], false, "{v}");
+        assert!(v["through"].is_null(), "{v}");
+        assert!(
+            v["message"].as_str().unwrap().contains("no peer reachable"),
+            "{v}"
+        );
         assert!(took < Duration::from_secs(10), "took {took:?}");
     });
 }

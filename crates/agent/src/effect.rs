@@ -160,8 +160,24 @@ pub enum Effect {
     CountEnvelopeRejected(&'static str),
     /// `sync --once`: a line of progress for the person watching.
     Progress(String),
-    /// `sync --once` is over: converged (with what to say), or not.
-    Finished(Result<String, String>),
+    /// `sync --once` is over: converged, or not.
+    Finished(OnceResult),
+}
+
+/// How `sync --once` ended: what `--json sync --once` prints, and what the
+/// text output says.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OnceResult {
+    /// Converged with every verified peer, or pulled a keeper to its end
+    /// with no other device online.
+    pub converged: bool,
+    /// `"peers"` or `"keeper"` when converged.
+    pub through: Option<&'static str>,
+    pub peers_verified: usize,
+    pub peers_in_sync: usize,
+    pub containers: usize,
+    /// What to tell the person: how it converged, or why not.
+    pub message: String,
 }
 
 /// A device home the daemon writes for `device provision`.

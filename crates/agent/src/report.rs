@@ -12,7 +12,7 @@ use crate::agent::{Agent, Out};
 use crate::constants::*;
 use crate::count::Count;
 use crate::devices::DeviceEntry;
-use crate::effect::Effect;
+use crate::effect::{Effect, OnceResult};
 use crate::peer::{self, PeerId};
 use crate::status::{
     CatchUpStatus, ClockSkewStatus, ContainerStatus, DeviceStatus, DhtPointerStatus, MdnsStatus,
@@ -315,24 +315,31 @@ impl Agent {
             out.push(Effect::Progress(line.clone()));
             once.last_line = line;
         }
-        let result = if verified.is_empty() && self.keepers.caught_up() {
-            Some(Ok(format!(
+        let (through, message) = if verified.is_empty() && self.keepers.caught_up() {
+            let said = format!(
                 "converged through the keeper (no other device online); {containers} container(s)"
-            )))
+            );
+            (Some("keeper"), said)
         } else if !verified.is_empty() && in_sync == verified.len() {
-            Some(Ok(format!(
+            let said = format!(
                 "converged with {} peer(s); {containers} container(s) in sync",
                 verified.len()
-            )))
+            );
+            (Some("peers"), said)
         } else if now_ms >= deadline {
-            Some(Err(self.once_failure(verified.len(), in_sync)))
+            (None, self.once_failure(verified.len(), in_sync))
         } else {
-            None
+            return;
         };
-        if let Some(result) = result {
-            self.once = None;
-            out.push(Effect::Finished(result));
-        }
+        self.once = None;
+        out.push(Effect::Finished(OnceResult {
+            converged: through.is_some(),
+            through,
+            peers_verified: verified.len(),
+            peers_in_sync: in_sync,
+            containers,
+            message,
+        }));
     }
 
     /// The progress line. On a terminal (where it is redrawn in place) it

@@ -236,23 +236,29 @@ pub(super) fn progress(line: &str, tty: bool) {
 }
 
 /// `sync --once` ended: says how (with the longest loop turn, which a
-/// catch-up must not hold for long).
+/// catch-up must not hold for long), with `--json` as one JSON document on
+/// stdout whether it converged or not.
 pub(super) fn finished(
-    result: Result<String, String>,
-    tty: bool,
+    result: nuwa_agent::OnceResult,
+    config: &nuwa_agent::Config,
     metrics: &Metrics,
 ) -> Result<(), String> {
-    if tty {
+    if config.once_tty {
         crate::logging::stderr_line(format_args!(""));
     }
     let (us, what) = metrics.loop_turn_longest();
-    let longest = format!("longest loop turn {:.1} ms ({what})", us as f64 / 1e3);
-    match result {
-        Ok(said) => {
-            crate::logging::stderr_line(format_args!("{said}; {longest}"));
-            Ok(())
-        }
-        Err(reason) => Err(reason),
+    if config.once_json {
+        let mut v = serde_json::to_value(&result).unwrap_or_default();
+        v["longest_loop_turn_ms"] = serde_json::json!(us as f64 / 1e3);
+        let _ = crate::client::print_json(&v);
+    } else if result.converged {
+        let longest = format!("longest loop turn {:.1} ms ({what})", us as f64 / 1e3);
+        crate::logging::stderr_line(format_args!("{}; {longest}", result.message));
+    }
+    if result.converged {
+        Ok(())
+    } else {
+        Err(result.message)
     }
 }
 
