@@ -97,7 +97,10 @@ function render(st, devices) {
   document.title = "nuwa-node " + (st.device.name || st.device.context_id);
   fill("version", st.version ? "v" + st.version + " \u00b7 up " + duration(st.uptime_s) : "");
   const badge = document.getElementById("sync-badge");
-  if (!st.peers.length) {
+  if (st.device.revoked) {
+    badge.textContent = "REVOKED: removed from the agent; nothing written here reaches another device";
+    badge.className = "badge bad";
+  } else if (!st.peers.length) {
     badge.textContent = "no peer connected";
     badge.className = "badge muted";
   } else if (st.in_sync) {

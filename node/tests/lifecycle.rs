@@ -291,6 +291,11 @@ fn revoked_device_gets_nothing_new() {
             Duration::from_secs(30),
             || (status(&r).ok()?["device"]["authorised"] == json!(false)).then_some(()),
         );
+        // And says so first (finding 8 of issue 24: it said "no peer connected").
+        assert_eq!(status(&r).unwrap()["device"]["revoked"], json!(true));
+        let text = cli_ok(&r, &["status"]);
+        let first = text.lines().next().unwrap_or_default();
+        assert!(first.contains("REVOKED"), "{text}");
         let out = cli(&r, &["state", "put", "notes", "from_revoked", "\"evil\""]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(

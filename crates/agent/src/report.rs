@@ -231,6 +231,7 @@ impl Agent {
                 peer_id: peer_id.clone(),
                 name: self.book.name.clone(),
                 authorised: m.self_authorised(now_ms).is_ok(),
+                revoked: self.standing.revoked(),
                 did_log_len: m.log().len(),
                 hello_bytes: m
                     .hello(now_ms)

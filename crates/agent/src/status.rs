@@ -150,6 +150,10 @@ pub struct DeviceStatus {
     pub name: String,
     /// Whether this device's key is an active member of the DID document.
     pub authorised: bool,
+    /// Whether the DID chain removed this device (it was revoked): nothing
+    /// written here reaches another device any more.
+    #[serde(default)]
+    pub revoked: bool,
     pub did_log_len: usize,
     /// Size of the Hello this device sends on every connection (it carries
     /// the compact proof of the DID document, not the chain).
@@ -227,6 +231,12 @@ pub struct ContainerStatus {
 impl Status {
     /// One line answering "is this device in sync?".
     pub fn sync_summary(&self) -> String {
+        if self.device.revoked {
+            return "REVOKED: this device was removed from the agent; nothing written here \
+                    reaches another device (`state export` still reads what it holds; to use \
+                    this machine again, move the home aside and pair anew)"
+                .to_owned();
+        }
         if self.peers.is_empty() {
             return "no peer connected: nothing to compare with".to_owned();
         }
