@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config;
 use crate::home;
+use nuwa_agent::lifecycle::admin_of;
 use nuwa_agent::status::Status;
 
 /// The record `master-key backup` leaves in the home.
@@ -281,7 +282,6 @@ fn check_recovery(home: &Path) -> Check {
         );
     };
     let doc = log.current();
-    let now = home::now_unix_secs();
     let admins = doc
         .capability_delegation
         .iter()
@@ -298,13 +298,7 @@ fn check_recovery(home: &Path) -> Check {
             ),
         );
     }
-    let me_admin = doc
-        .method_for_public(
-            &device.public(),
-            nuwa_agent::identity::document::Relationship::CapabilityDelegation,
-            now,
-        )
-        .is_ok();
+    let me_admin = admin_of(&log, &device, None, home::now_unix_secs()).is_ok();
     if admins <= 1 {
         return Check::warn(
             NAME,
@@ -1078,11 +1072,18 @@ fn check_master_key(home: &Path) -> Check {
     let key = match fs::read(home.join(home::MASTER_KEY)) {
         Ok(k) => zeroize::Zeroizing::new(k),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Check::pass(
-                NAME,
-                "not on this device: approving and revoking devices happens on the device \
-                 that holds it (where `nuwa-node init` ran)",
-            );
+            // More than one key may be admin (promotion, recovery): say which this is.
+            let now = home::now_unix_secs();
+            let admin =
+                read_identity(home).is_ok_and(|(d, log)| admin_of(&log, &d, None, now).is_ok());
+            let said = if admin {
+                "not on this device, and none is needed: this device's own key is an admin key \
+                 (it approves, promotes and revokes devices)"
+            } else {
+                "not on this device, and this device is not an admin: approve and revoke \
+                 devices on an admin device (`device list` shows which are admins)"
+            };
+            return Check::pass(NAME, said);
         }
         Err(e) => {
             return Check::fail(

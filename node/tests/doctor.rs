@@ -139,15 +139,12 @@ fn a_stopped_daemon_and_blind_mdns_fail_with_their_fixes() {
             }
             // Offline checks still run: the pointer is sized from the home.
             assert_eq!(check(&report, "dht-pointer")["status"], "pass");
-            // A device without the master key is told where it lives.
+            // A device without the master key, and not an admin, is told
+            // where approving happens.
             let mk = check(&report, "master-key");
             assert_eq!(mk["status"], "pass");
-            assert!(
-                mk["detail"]
-                    .as_str()
-                    .unwrap()
-                    .contains("not on this device")
-            );
+            let detail = mk["detail"].as_str().unwrap();
+            assert!(detail.contains("this device is not an admin"), "{mk:#}");
 
             // With mDNS off, or on lo, the mDNS check passes.
             for flags in [&["--no-mdns"][..], &["--mdns-interface", "lo"][..]] {
