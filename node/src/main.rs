@@ -103,6 +103,9 @@ enum Command {
         /// repeatable).
         #[arg(long, value_name = "CONTEXT_ID")]
         lost: Vec<String>,
+        /// On a fresh home: a name for this device [default: the host name].
+        #[arg(long)]
+        name: Option<String>,
         /// Read the recovery words from this file instead of the terminal.
         #[arg(long, value_name = "FILE")]
         words_file: Option<PathBuf>,
@@ -701,6 +704,7 @@ fn real_main(cli: Cli) -> Result<()> {
         } => init(&home_dir, &name, i_have_written_it_down, json),
         Command::Recover {
             lost,
+            name,
             words_file,
             i_have_written_it_down,
             ttl,
@@ -709,12 +713,16 @@ fn real_main(cli: Cli) -> Result<()> {
         } if !home_dir.join(home::DEVICE_KEY).exists() => {
             let fresh = FreshRecovery {
                 lost,
+                name: name.unwrap_or_default(),
                 words_file,
                 i_have_written_it_down,
                 ttl,
                 sync_timeout,
             };
             recover_fresh(&home_dir, fresh, net, json)
+        }
+        Command::Recover { name: Some(_), .. } => {
+            anyhow::bail!("--name is for a fresh home; this home's device already has its name")
         }
         Command::Recover {
             lost,
@@ -833,6 +841,7 @@ fn init(home_dir: &std::path::Path, name: &str, written_down: bool, json: bool) 
 /// What `recover` on a fresh home was given.
 struct FreshRecovery {
     lost: Vec<String>,
+    name: String,
     words_file: Option<std::path::PathBuf>,
     i_have_written_it_down: bool,
     ttl: std::time::Duration,
@@ -864,7 +873,7 @@ fn recover_fresh(
     recovery::confirm(&next, r.i_have_written_it_down)?;
     let opts = pair_options(
         home_dir,
-        String::new(),
+        r.name,
         r.ttl,
         net,
         Some(r.sync_timeout),

@@ -507,6 +507,8 @@ fn recover_fresh(home: &Path, words: &str) -> Pairing {
             "--words-file",
             file.to_str().unwrap(),
             "--i-have-written-it-down",
+            "--name",
+            "recovered",
         ],
         &["--mdns-interface", "lo"],
     )
@@ -590,6 +592,10 @@ fn a_fresh_home_recovers_the_agent() {
             detail.contains("this device's own key is an admin key"),
             "{mk}"
         );
+        // `recover --name` names the new device.
+        let info: Value =
+            serde_json::from_slice(&std::fs::read(n.join("device.json")).unwrap()).unwrap();
+        assert_eq!(info["name"], "recovered", "{info}");
         let t0 = std::time::Instant::now();
         c.start(&n, &[]);
         wait_for(

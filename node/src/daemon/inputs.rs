@@ -255,11 +255,7 @@ pub(super) fn finished(
         let longest = format!("longest loop turn {:.1} ms ({what})", us as f64 / 1e3);
         crate::logging::stderr_line(format_args!("{}; {longest}", result.message));
     }
-    if result.converged {
-        Ok(())
-    } else {
-        Err(result.message)
-    }
+    result.converged.then_some(()).ok_or(result.message)
 }
 
 /// Whether stderr is a terminal (`sync --once` then redraws its line).
