@@ -246,7 +246,17 @@ fn revoked_device_gets_nothing_new() {
         });
 
         let out = cli_ok(&a, &["device", "revoke", "--yes", &cr]);
+        let revoked_at = std::time::Instant::now();
         assert!(out.contains("key epoch 1"), "{out}");
+        // r was connected: a tells it before hanging up, so r refuses writes
+        // at once rather than after its next redial.
+        wait_for("r knows at once", Duration::from_secs(30), || {
+            (status(&r).ok()?["device"]["revoked"] == json!(true)).then_some(())
+        });
+        println!(
+            "r knew it was revoked {:?} after the revoke",
+            revoked_at.elapsed()
+        );
         // Both remaining devices drop the revoked one and hold epoch 1.
         wait_for(
             "the revoked device dropped",

@@ -673,10 +673,11 @@ impl Session {
             out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
             return;
         };
+        let was = self.membership.log().head_hash().to_owned();
         match self.membership.merge_log(&chain, now_ms) {
             Ok(outcome) if outcome.changed() => {
                 out.push(Effect::Count(Count::DidEntriesMerged));
-                self.after_log_extended(now_ms, true, out);
+                self.after_log_extended(&was, now_ms, true, out);
             }
             Ok(_) => out.push(Effect::Count(Count::FrameFromUnverifiedPeer)),
             Err(rejection) => out.push(Effect::Rejected {
@@ -825,11 +826,12 @@ impl Session {
             self.ask_entries(peer, next, &mut out);
             return out;
         }
+        let was = self.membership.log().head_hash().to_owned();
         match self.membership.merge_log(&spliced, now_ms) {
             Ok(outcome) => {
                 out.push(Effect::Count(Count::DidEntriesMerged));
                 if outcome.changed() {
-                    self.after_log_extended(now_ms, true, &mut out);
+                    self.after_log_extended(&was, now_ms, true, &mut out);
                 }
             }
             Err(r) => {
@@ -1056,15 +1058,19 @@ impl Session {
                 .map_err(|e| Rejection::Malformed(format!("cannot install the epoch key: {e}")))?;
             self.membership.set_epoch_grant(grant);
         }
+        let was = self.membership.log().head_hash().to_owned();
         self.membership.adopt_log(log, now_ms)?;
-        self.after_log_extended(now_ms, false, &mut out);
+        self.after_log_extended(&was, now_ms, false, &mut out);
         Ok(out)
     }
 
-    /// Our DID log grew: persist it, re-check every verified peer against
-    /// the new document (dropping those that lost authorisation), and send
-    /// the others a fresh Hello carrying the log.
-    fn after_log_extended(&mut self, now_ms: u64, persist: bool, out: &mut Vec<Effect>) {
+    /// Our DID log grew from head `was`: persist it, re-check every
+    /// verified peer against the new document, and send the others a fresh
+    /// Hello carrying the log. A peer that lost authorisation (revoked) is
+    /// sent the entries past `was` before we hang up, since no peer will
+    /// admit it to tell it: it stops accepting writes that would never sync
+    /// now, not at its next redial.
+    fn after_log_extended(&mut self, was: &str, now_ms: u64, persist: bool, out: &mut Vec<Effect>) {
         if persist {
             out.push(Effect::PersistLog);
         }
@@ -1077,6 +1083,15 @@ impl Session {
                 PeerState::Pending { .. } => None,
             })
             .collect();
+        // A verified peer had our Hellos, so it held `was` (or learns
+        // nothing from a page that does not continue its chain). None when
+        // we switched to another branch.
+        let owed_from = self
+            .membership
+            .log()
+            .position_of(was)
+            .map(|at| at as u64 + 1)
+            .filter(|from| *from < self.membership.log().len() as u64);
         for (peer, public) in verified {
             if let Err(r) = self.membership.authorise_public(&public, now_ms) {
                 out.push(Effect::Rejected {
@@ -1084,7 +1099,15 @@ impl Session {
                     door: Door::Connection,
                     rejection: r,
                 });
-                self.drop_peer(&peer, out);
+                match owed_from {
+                    Some(from) if self.closing.len() < 1024 => {
+                        self.send_entries(&peer, from, out);
+                        self.forget_peer(&peer);
+                        self.closing
+                            .insert(peer.clone(), now_ms + CLOSE_AFTER_ENTRIES_MS);
+                    }
+                    _ => self.drop_peer(&peer, out),
+                }
                 continue;
             }
             out.push(Effect::Count(Count::HelloRefreshSent));

@@ -364,6 +364,54 @@ fn a_revoked_device_is_told_why_and_a_stranger_is_not() {
     assert!(frames(&out).is_empty(), "{out:?}");
 }
 
+// Goal: a device revoked while connected learns it at once, not at its
+// next redial: the peer that revoked it sends the entries past the head
+// they shared, and hangs up only after the page had time to arrive
+// (finding 8 of issue 24: a phone went on acknowledging writes for 3 s).
+// Method: a (device 2) and b (device 3) verified on one chain; a adopts
+// its own update removing b.
+#[test]
+fn a_peer_revoked_while_connected_is_told_before_the_hang_up() {
+    let (_, base) = chains();
+    let (mut a, mut b, out) = meet(&base, &base);
+    assert!(verified(&out), "{out:?}");
+    let mut revoked = base.clone();
+    remove(&mut revoked, &key(3), T0_S + 700);
+
+    let out = a.adopt_own_update(revoked.clone(), None, NOW_MS).unwrap();
+    assert_eq!(rejected(&out), Some("unknown_key"), "{out:?}");
+    assert!(
+        !out.iter().any(|e| matches!(e, Effect::Disconnect { .. })),
+        "hung up before the page: {out:?}"
+    );
+    let Some(Frame::DidEntries {
+        from_seq,
+        entries_json,
+        more,
+    }) = frames(&out).pop()
+    else {
+        panic!("the revoked peer gets the entries: {out:?}");
+    };
+    assert_eq!(from_seq, base.len() as u64);
+    let got = b.on_did_entries("a", from_seq, &entries_json, more, NOW_MS + 5);
+    assert!(counted(&got, Count::DidEntriesMerged), "{got:?}");
+    assert_eq!(b.log(), &revoked);
+    assert!(
+        b.self_authorised(NOW_MS + 5).is_err(),
+        "b knows it was revoked"
+    );
+
+    // a hangs up once the page had time to arrive.
+    let early = a.tick(NOW_MS + 10);
+    assert!(!early.iter().any(|e| matches!(e, Effect::Disconnect { .. })));
+    let late = a.tick(NOW_MS + nuwa_sync::session::CLOSE_AFTER_ENTRIES_MS + 1);
+    assert!(
+        late.iter()
+            .any(|e| matches!(e, Effect::Disconnect { peer } if peer == "b")),
+        "{late:?}"
+    );
+}
+
 // Goal: a chain longer than one page (1 MiB) arrives in several pages,
 // each asked from where the last ended, and is merged once complete.
 // Method: a is 1,500 entries ahead; answer every request until b admits a.
