@@ -15,9 +15,11 @@ use nuwa_crypto::AtRestKey;
 use nuwa_state::Container;
 use nuwa_store::{SledStore, Storage};
 
-/// Actor id length of the daemon: its device's Ed25519 public key. The
-/// actor id is inside every change, so it must match for sizes to compare.
-const ACTOR_BYTES: usize = 32;
+/// Actor id length of the daemon (`nuwa_sync::RUN_ACTOR_BYTES`: 8 bytes of
+/// the device key and 8 random ones per run; 32, the whole key, before issue
+/// 24). The actor id is inside every change, so it must match for sizes to
+/// compare.
+const ACTOR_BYTES: usize = 16;
 
 /// The in-process append of `writes` one-key transactions.
 #[derive(Debug, Clone, Copy)]
