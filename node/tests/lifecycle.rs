@@ -306,6 +306,13 @@ fn revoked_device_gets_nothing_new() {
         let text = cli_ok(&r, &["status"]);
         let first = text.lines().next().unwrap_or_default();
         assert!(first.contains("REVOKED"), "{text}");
+        // What it says still works: what it holds can be exported.
+        let out = c.home("r-notes.automerge");
+        cli_ok(
+            &r,
+            &["state", "export", "notes", "--out", out.to_str().unwrap()],
+        );
+        assert!(std::fs::metadata(&out).unwrap().len() > 0);
         let out = cli(&r, &["state", "put", "notes", "from_revoked", "\"evil\""]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
