@@ -45,6 +45,8 @@ pub struct RunOptions {
     pub api_listen: SocketAddr,
     pub mdns_interfaces: Vec<String>,
     pub agent: nuwa_agent::Config,
+    /// `--json sync --once`: its result is one JSON document on stdout.
+    pub once_json: bool,
 }
 
 const TICK: Duration = Duration::from_millis(200);
@@ -67,7 +69,7 @@ struct Daemon {
     agent: Agent,
     exec: Executor,
     /// `sync --once`: how it ended, once it has.
-    once: Option<Result<(), String>>,
+    once: Option<nuwa_agent::OnceResult>,
 }
 
 pub async fn run(home: Home, mut opts: RunOptions) -> Result<()> {
@@ -135,7 +137,10 @@ pub async fn run(home: Home, mut opts: RunOptions) -> Result<()> {
     info!(did = %did, context_id = %context_id, peer_id = %net.local_peer_id(), "daemon running");
     let ended = d.run_loop(sources, shutdown).await;
     cancel.cancel();
-    let once = d.once.take();
+    let once = d
+        .once
+        .take()
+        .map(|r| inputs::finished(r, &opts, d.exec.metrics()));
     d.close().await?;
     // Before the lock: a daemon that takes it next binds its own socket.
     drop(served);
@@ -174,13 +179,7 @@ impl Daemon {
         for e in effects {
             match e {
                 Effect::Progress(line) => inputs::progress(&line, self.agent.config().once_tty),
-                Effect::Finished(result) => {
-                    self.once = Some(inputs::finished(
-                        result,
-                        self.agent.config(),
-                        self.exec.metrics(),
-                    ))
-                }
+                Effect::Finished(result) => self.once = Some(result),
                 other => rest.push(other),
             }
         }

@@ -384,6 +384,7 @@ fn run_options(
         api_listen: eff.api_listen,
         mdns_interfaces: eff.mdns_interfaces,
         agent,
+        once_json: false,
     })
 }
 
@@ -772,7 +773,7 @@ fn real_main(cli: Cli) -> Result<()> {
             }
             let _log = init_tracing_quiet()?;
             let mut opts = run_options(&home_dir, net, Some(timeout))?;
-            opts.agent.once_json = json;
+            opts.once_json = json;
             let h = home::load(&home_dir)?;
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             rt.block_on(daemon::run(h, opts))

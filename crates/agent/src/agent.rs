@@ -51,8 +51,6 @@ pub struct Config {
     pub once_ms: Option<u64>,
     /// `sync --once` redraws its progress line in place (a terminal).
     pub once_tty: bool,
-    /// `--json sync --once`: its result is one JSON document on stdout.
-    pub once_json: bool,
     /// How often the typed-state lifecycle (TTL, retention) runs.
     pub lifecycle_every_ms: u64,
     /// The local API's address, for `status`.
@@ -74,7 +72,6 @@ impl Default for Config {
             memory_budget_bytes: 256_000_000,
             once_ms: None,
             once_tty: false,
-            once_json: false,
             lifecycle_every_ms: crate::constants::LIFECYCLE_EVERY_MS,
             api_url: String::new(),
             session: SessionConfig::default(),

@@ -240,14 +240,14 @@ pub(super) fn progress(line: &str, tty: bool) {
 /// stdout whether it converged or not.
 pub(super) fn finished(
     result: nuwa_agent::OnceResult,
-    config: &nuwa_agent::Config,
+    opts: &super::RunOptions,
     metrics: &Metrics,
 ) -> Result<(), String> {
-    if config.once_tty {
+    if opts.agent.once_tty {
         crate::logging::stderr_line(format_args!(""));
     }
     let (us, what) = metrics.loop_turn_longest();
-    if config.once_json {
+    if opts.once_json {
         let mut v = serde_json::to_value(&result).unwrap_or_default();
         v["longest_loop_turn_ms"] = serde_json::json!(us as f64 / 1e3);
         let _ = crate::client::print_json(&v);
