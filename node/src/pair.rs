@@ -71,15 +71,10 @@ pub async fn run(dir: &Path, mut opts: PairOptions) -> Result<()> {
     };
     let local = nuwa_agent::peer::id_of(&device.public()).context("invalid device key")?;
     let recovery = opts.recovery.is_some();
-    print_code(&code, ttl_secs, recovery);
-    let mut flow = JoinFlow::new(
-        code,
-        DeviceKey::from_seed(&device.seed()),
-        name,
-        local,
-        opts.recovery.take(),
-    )
-    .context("cannot derive the key-agreement key")?;
+    let shown = code.clone();
+    let seed = DeviceKey::from_seed(&device.seed());
+    let mut flow = JoinFlow::new(code, seed, name, local, opts.recovery.take())?;
+    print_code(&shown, ttl_secs, recovery);
     let mut w = start(&opts, &device, &flow).await?;
     let paired = wait_for_approval(&mut w, &mut flow, &device, dir).await;
     // Let the last frame (an abort, or the confirmation) reach the

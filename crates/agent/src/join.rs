@@ -108,6 +108,18 @@ fn send(peer: PeerId, step: PairingStep, body: Vec<u8>) -> JoinStep {
     }
 }
 
+/// Why a join cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinSetupError {
+    /// The device key has no key-agreement form.
+    #[error("cannot derive the key-agreement key: {0}")]
+    Key(#[from] nuwa_identity::document::DidError),
+    /// The name or PeerId a pairing session would refuse (checked before a
+    /// code is shown, not after an approver has connected).
+    #[error(transparent)]
+    Pairing(#[from] nuwa_crypto::pairing::PairingError),
+}
+
 impl JoinFlow {
     /// A flow for `device` (whose key-agreement key is derived from it),
     /// showing `code`, named `name`, on the network as `local`.
@@ -117,11 +129,13 @@ impl JoinFlow {
         name: String,
         local: PeerId,
         recovery: Option<RecoveryJoin>,
-    ) -> Result<JoinFlow, nuwa_identity::document::DidError> {
+    ) -> Result<JoinFlow, JoinSetupError> {
         let keys = JoinerPublicKeys {
             ed25519_public: device.public(),
             x25519_public: nuwa_identity::did_key::x25519_public_from_ed25519(&device.public())?,
         };
+        // The session each approver gets checks the name; check it now.
+        Joiner::new(code.clone(), &local.to_string(), keys, &name)?;
         Ok(JoinFlow {
             code,
             keys,
@@ -434,6 +448,24 @@ mod tests {
 
     fn peer() -> PeerId {
         crate::peer::id_of(&DeviceKey::generate().unwrap().public()).unwrap()
+    }
+
+    // Goal: a name the approver's pairing session would refuse (empty, over
+    // 64 bytes, control characters) is refused before a code is shown,
+    // not after an approver connected.
+    #[test]
+    fn a_name_pairing_refuses_is_refused_before_the_code_is_shown() {
+        let device = DeviceKey::generate().unwrap();
+        let local = crate::peer::id_of(&device.public()).unwrap();
+        for bad in [String::new(), "x".repeat(65), "bad\nname".to_owned()] {
+            let code = PairingCode::generate(1_000).unwrap();
+            let key = DeviceKey::from_seed(&device.seed());
+            let r = JoinFlow::new(code, key, bad.clone(), local, None);
+            assert!(
+                matches!(r, Err(JoinSetupError::Pairing(_))),
+                "{bad:?} was taken"
+            );
+        }
     }
 
     // Goal: the new device's mDNS record names the code's nameplate and
