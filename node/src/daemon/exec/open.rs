@@ -81,7 +81,8 @@ pub(super) fn open_engine(
 ) -> Result<Opened> {
     let store = shared.as_ref();
     // A fresh actor per run: see `run_actor` (a restored home must not clash).
-    let actor = nuwa_agent::sync::run_actor(&home.device.public()).context("no randomness")?;
+    let actor = nuwa_agent::sync::run_actor(&home.device.public())
+        .context("cannot draw the run's actor id")?;
     let mut engine = Engine::new(actor.clone(), nuwa_agent::sync::Config::default());
     let mut ledger = Ledger::default();
     let (names, unnamed) = store.list_containers_quarantining()?;
