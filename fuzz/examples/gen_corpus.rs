@@ -92,6 +92,7 @@ fn frame(c: &Corpus) -> Result<()> {
         device_name: "laptop".into(),
         did_proof: DidChain::from_v1(&genesis_log())?.proof().encode()?,
         epoch_grant: Vec::new(),
+        removal_evidence: Vec::new(),
         timestamp_ms: 7,
         nonce: [1; 16],
         signature: [2; 64],

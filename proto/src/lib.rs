@@ -47,6 +47,8 @@ pub const MAX_ID_BYTES: usize = 512;
 pub const MAX_DEVICE_NAME_BYTES: usize = 64;
 /// Largest epoch grant carried in a [`Hello`].
 pub const MAX_EPOCH_GRANT_BYTES: usize = 64 * 1024;
+/// Largest removal evidence carried in a [`Hello`].
+pub const MAX_REMOVAL_EVIDENCE_BYTES: usize = 64 * 1024;
 /// Largest body of a [`Frame::Pairing`] step (a grant carries the DID log).
 pub const MAX_PAIRING_BODY_BYTES: usize = 5 * 1024 * 1024;
 /// Longest reason string in an [`Ack`].
@@ -87,6 +89,9 @@ pub struct Hello {
     pub did_proof: Vec<u8>,
     /// Encoded epoch grant of the sender's current epoch; empty at epoch 0.
     pub epoch_grant: Vec<u8>,
+    /// Entries of lost DID branches that remove a device the sender's
+    /// chain lists (strong removal); almost always empty.
+    pub removal_evidence: Vec<u8>,
     pub timestamp_ms: u64,
     pub nonce: [u8; 16],
     pub signature: [u8; 64],
@@ -113,6 +118,12 @@ impl Hello {
         }
         out.extend_from_slice(&self.timestamp_ms.to_be_bytes());
         out.extend_from_slice(&self.nonce);
+        if !self.removal_evidence.is_empty() {
+            // Only when present: a Hello without evidence signs exactly as
+            // before, so older peers check it.
+            out.extend_from_slice(&(self.removal_evidence.len() as u64).to_be_bytes());
+            out.extend_from_slice(&self.removal_evidence);
+        }
         out
     }
 }
@@ -358,6 +369,7 @@ impl Frame {
                 device_name: h.device_name.clone(),
                 did_proof: h.did_proof.clone(),
                 epoch_grant: h.epoch_grant.clone(),
+                removal_evidence: h.removal_evidence.clone(),
                 timestamp_ms: h.timestamp_ms,
                 nonce: h.nonce.to_vec(),
                 signature: h.signature.to_vec(),
@@ -463,6 +475,15 @@ impl TryFrom<pb::Hello> for Hello {
                 format!("{} bytes, max {MAX_EPOCH_GRANT_BYTES}", h.epoch_grant.len()),
             ));
         }
+        if h.removal_evidence.len() > MAX_REMOVAL_EVIDENCE_BYTES {
+            return Err(invalid(
+                "hello removal evidence",
+                format!(
+                    "{} bytes, max {MAX_REMOVAL_EVIDENCE_BYTES}",
+                    h.removal_evidence.len()
+                ),
+            ));
+        }
         Ok(Hello {
             protocol_version: h.protocol_version,
             agent_did: h.agent_did,
@@ -470,6 +491,7 @@ impl TryFrom<pb::Hello> for Hello {
             device_name: h.device_name,
             did_proof: h.did_proof,
             epoch_grant: h.epoch_grant,
+            removal_evidence: h.removal_evidence,
             timestamp_ms: h.timestamp_ms,
             nonce: fixed("hello nonce", &h.nonce)?,
             signature: fixed("hello signature", &h.signature)?,

@@ -10,6 +10,7 @@ fn sample_hello() -> Hello {
         device_name: "laptop".into(),
         did_proof: b"{}".to_vec(),
         epoch_grant: Vec::new(),
+        removal_evidence: Vec::new(),
         timestamp_ms: 7,
         nonce: [1; 16],
         signature: [2; 64],

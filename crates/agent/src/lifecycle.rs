@@ -353,7 +353,7 @@ pub fn rebased_document(
         return None;
     }
     let docs: Vec<DidDocument> = old.documents().collect();
-    let mut doc = new.current().clone();
+    let mut doc = new.chain_document().clone();
     let mut n = 0;
     for (i, entry) in old.entries().iter().enumerate().skip(1) {
         if old.hash_at(i).is_some_and(|h| kept.contains(h)) {
@@ -370,7 +370,7 @@ pub fn rebased_document(
             n += 1;
         }
     }
-    (n > 0 && &doc != new.current() && doc.validate().is_ok()).then_some((doc, n))
+    (n > 0 && &doc != new.chain_document() && doc.validate().is_ok()).then_some((doc, n))
 }
 
 /// The result of revoking a device: the extended log, the new epoch's key
@@ -452,6 +452,58 @@ pub fn revoke(
         epoch,
         remaining,
     })
+}
+
+/// Signs the removals that branches which lost the fork rule made and
+/// this chain does not hold yet (strong removal, see
+/// [`DidChain::standing_removals`]), and opens a new key epoch for the
+/// rest, as [`revoke`] does: the devices they removed never receive it.
+/// `None` when nothing stands.
+pub fn sign_standing_removals(
+    log: &DidChain,
+    keys: &KeyRing,
+    admin: &Admin,
+    now_secs: i64,
+) -> Result<Option<Revocation>> {
+    let removed = log.standing_removals();
+    if removed.is_empty() {
+        return Ok(None);
+    }
+    let next = log.current().clone();
+    if next
+        .capability_delegation
+        .iter()
+        .all(|id| is_recovery_key(id))
+    {
+        bail!(
+            "the removals another branch made leave only the recovery words able to change \
+             the agent; recover with them (`nuwa-node recover`)"
+        );
+    }
+    let mut log = log.clone();
+    log.append_document(&next, &admin.key, &admin.key_id, now_secs)
+        .map_err(sign_err("DID document update"))?;
+    let revoked: Vec<String> = removed
+        .iter()
+        .map(|id| DidDocument::fragment(id).to_owned())
+        .filter(|f| !f.ends_with(X25519_SUFFIX))
+        .collect();
+    let (keys, grant, epoch, remaining) = new_epoch(
+        &log,
+        keys,
+        &admin.key,
+        admin.fragment(),
+        &revoked,
+        0,
+        now_secs,
+    )?;
+    Ok(Some(Revocation {
+        log,
+        keys,
+        grant,
+        epoch,
+        remaining,
+    }))
 }
 
 /// Opens the next key epoch, sealed to every active device of `log`'s

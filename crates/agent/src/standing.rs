@@ -298,13 +298,83 @@ impl Agent {
         let new = self.session.log().clone();
         let old = std::mem::replace(&mut self.standing.saved, new.clone());
         out.push(Effect::SaveLog(Box::new(new.clone())));
-        if new.hash_at(old.len() - 1) == Some(old.head_hash()) {
-            return; // an extension: nothing dropped
+        // Removals first, with their own key epoch; what this device
+        // signed on a lost branch is signed again on top of them.
+        self.sign_standing_removals(now_ms, out);
+        if new.hash_at(old.len() - 1) != Some(old.head_hash()) {
+            self.rebase_lost(&old, now_ms, out);
         }
+    }
+
+    /// Strong removal: a branch that lost the fork rule removed devices
+    /// our chain still lists. Every device leaves them out already
+    /// (`DidChain::current`); an admin also signs the removal on our
+    /// chain and opens a new key epoch without them, so the chain itself
+    /// says so and nothing written from now on is sealed to them.
+    fn sign_standing_removals(&mut self, now_ms: u64, out: &mut Out) {
+        let removed = self.session.log().standing_removals();
+        if removed.is_empty() {
+            return;
+        }
+        let Ok(admin) = self.standing.admin(&self.session, secs(now_ms)) else {
+            info!(
+                devices = removed.len(),
+                "DID log: another branch removed devices this chain lists; they stay out, \
+                 and an admin device signs their removal when it hears of it"
+            );
+            return;
+        };
+        let r = match lifecycle::sign_standing_removals(
+            self.session.log(),
+            self.session.secure().keys(),
+            &admin,
+            secs(now_ms),
+        ) {
+            Ok(Some(r)) => r,
+            Ok(None) => return,
+            Err(e) => {
+                warn!(error = %crate::explain(&e), "DID log: cannot sign the removals another branch made");
+                return;
+            }
+        };
+        drop(admin);
+        let Some(key) = r.keys.get(r.epoch).cloned() else {
+            return;
+        };
+        match self
+            .session
+            .adopt_own_update(r.log.clone(), Some((key, r.grant.clone())), now_ms)
+        {
+            Ok(effects) => {
+                out.push(Effect::SaveKeys {
+                    keys: Box::new(r.keys.clone()),
+                    grant: Some(r.grant.clone()),
+                });
+                self.standing.saved = r.log.clone();
+                out.push(Effect::SaveLog(Box::new(r.log.clone())));
+                self.absorb(effects, now_ms, out);
+                let devices = removed
+                    .iter()
+                    .filter(|id| !id.ends_with(lifecycle::X25519_SUFFIX))
+                    .count();
+                out.count_by(Count::DevicesRevoked, devices as u64);
+                info!(
+                    removed = ?removed,
+                    epoch = r.epoch,
+                    "DID log: signed the removal of devices another branch removed; new key epoch opened"
+                );
+            }
+            Err(e) => warn!(error = %e, "DID log: the signed removals were refused"),
+        }
+    }
+
+    /// Our chain moved from `old` to another branch that won the fork rule.
+    fn rebase_lost(&mut self, old: &DidChain, now_ms: u64, out: &mut Out) {
+        let new = self.session.log().clone();
         out.count(Count::DidLogForksLost);
         let mut own = vec![self.session.membership().device().public()];
         own.extend(self.standing.master_public());
-        let Some((doc, n)) = lifecycle::rebased_document(&old, &new, &own) else {
+        let Some((doc, n)) = lifecycle::rebased_document(old, &new, &own) else {
             info!(
                 "DID log fork: another branch won the fork rule; no update of this device was dropped"
             );

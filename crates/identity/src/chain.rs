@@ -1065,6 +1065,13 @@ pub enum MergeOutcome {
         /// First seq at which the chains differ.
         fork_seq: u64,
     },
+    /// Ours wins (or is equal), but the other chain or the lost branches
+    /// it carries remove a device ours lists: kept as evidence, so
+    /// [`DidChain::current`] changed ([strong removal](removal)).
+    NotedRemovals {
+        /// First seq at which the chains differ, if they do.
+        fork_seq: Option<u64>,
+    },
     /// The chains fork and the other wins: our chain now equals it. `lost`
     /// holds our entries from the fork on, so the ops our own key signed can
     /// be re-signed on top of the winner ([`rebase_ops`]).
@@ -1095,19 +1102,36 @@ pub struct DidChain {
     /// Hash of the latest authority entry.
     #[serde(skip)]
     auth_hash: String,
+    /// Branches that lost the fork rule and remove a device `current`
+    /// lists ([strong removal](removal)).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    lost: Vec<DidChain>,
+    /// `current` without the devices `lost` removed; `None` when equal.
+    #[serde(skip)]
+    effective: Option<DidDocument>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDidChain {
     entries: Vec<DidEntry>,
+    #[serde(default)]
+    lost: Vec<DidChain>,
 }
 
 impl TryFrom<RawDidChain> for DidChain {
     type Error = ChainError;
 
     fn try_from(raw: RawDidChain) -> Result<DidChain, ChainError> {
-        DidChain::from_entries(raw.entries)
+        if raw.lost.len() > removal::MAX_LOST_BRANCHES {
+            return Err(ChainError::TooLong {
+                len: raw.lost.len(),
+                max: removal::MAX_LOST_BRANCHES,
+            });
+        }
+        let mut chain = DidChain::from_entries(raw.entries)?;
+        chain.keep_lost_of(&raw.lost);
+        Ok(chain)
     }
 }
 
@@ -1140,7 +1164,9 @@ impl MergeOutcome {
     pub fn changed(&self) -> bool {
         matches!(
             self,
-            MergeOutcome::Extended { .. } | MergeOutcome::SwitchedFork { .. }
+            MergeOutcome::Extended { .. }
+                | MergeOutcome::SwitchedFork { .. }
+                | MergeOutcome::NotedRemovals { .. }
         )
     }
 }
@@ -1223,6 +1249,8 @@ impl DidChain {
             current: doc,
             authority,
             auth_hash,
+            lost: Vec::new(),
+            effective: None,
         })
     }
 
@@ -1257,7 +1285,8 @@ impl DidChain {
     /// `expected_did` when given), v1 entries follow [`crate::log`]'s rules and
     /// v2 entries the v2 rules (see the module docs).
     pub fn verify(&self, expected_did: Option<&str>, now_unix_secs: i64) -> Result<(), ChainError> {
-        self.verify_from(1, expected_did, now_unix_secs)
+        self.verify_from(1, expected_did, now_unix_secs)?;
+        self.verify_lost(now_unix_secs)
     }
 
     /// [`DidChain::verify`] that trusts entries before `from` (a prefix this
@@ -1420,6 +1449,7 @@ impl DidChain {
         });
         self.entries.push(entry);
         self.current = checked;
+        self.apply_removals();
         Ok(())
     }
 
@@ -1462,8 +1492,25 @@ impl DidChain {
         let order = compare_branches(self, other)?;
         let fork = self.fork_point(other);
         if order != Ordering::Less {
+            let before = self.lost_heads();
+            if let Some(index) = fork {
+                // Checked only now: a losing branch is kept only as
+                // evidence of the devices it removed.
+                if other
+                    .verify_from(index.max(1), Some(self.did()), now_unix_secs)
+                    .is_ok()
+                {
+                    self.keep_lost(other);
+                }
+            }
+            self.keep_lost_of(&other.lost);
+            let noted = self.lost_heads() != before;
             return Ok(match fork {
+                None if noted => MergeOutcome::NotedRemovals { fork_seq: None },
                 None => MergeOutcome::Unchanged,
+                Some(index) if noted => MergeOutcome::NotedRemovals {
+                    fork_seq: Some(seq_at(index)),
+                },
                 Some(index) => MergeOutcome::KeptOurs {
                     fork_seq: seq_at(index),
                 },
@@ -1483,7 +1530,12 @@ impl DidChain {
                 lost: self.entries[index..].to_vec(),
             },
         };
-        *self = other.clone();
+        let old = std::mem::replace(self, other.clone());
+        // Evidence carries over, and a branch we leave is evidence itself.
+        self.keep_lost_of(&old.lost);
+        if fork.is_some() {
+            self.keep_lost(&old);
+        }
         Ok(outcome)
     }
 
@@ -1516,9 +1568,11 @@ impl DidChain {
         }
     }
 
-    /// The document after the latest entry.
+    /// The document after the latest entry, without the devices a branch
+    /// that lost the fork rule removed ([strong removal](removal)): the
+    /// document every authorisation checks.
     pub fn current(&self) -> &DidDocument {
-        &self.current
+        self.effective.as_ref().unwrap_or(&self.current)
     }
 
     /// The authority of the current document.
@@ -2289,3 +2343,6 @@ impl<'de> Deserialize<'de> for DidProof {
 
 #[cfg(test)]
 mod tests;
+
+mod removal;
+pub use removal::{MAX_EVIDENCE_ENTRIES, MAX_LOST_BRANCHES};

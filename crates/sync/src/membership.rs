@@ -11,7 +11,9 @@
 //! NIP-2 style signature verifies with that key and its nonce is fresh.
 //! IO-free: time comes in as `now_ms`.
 
-use nuwa_identity::chain::{DidChain, DidEntry, DidProof, MAX_SPLICE_ENTRIES, MergeOutcome};
+use nuwa_identity::chain::{
+    DidChain, DidEntry, DidProof, MAX_LOST_BRANCHES, MAX_SPLICE_ENTRIES, MergeOutcome,
+};
 use nuwa_identity::document::{DidDocument, Relationship};
 use nuwa_identity::keys::{DeviceKey, verify_ed25519};
 use nuwa_identity::nip2::{NonceStore, signing_hash};
@@ -288,6 +290,56 @@ impl Membership {
         (at + 1 < self.log.len()).then_some(at as u64 + 1)
     }
 
+    /// What our Hello carries of the lost branches that remove a device
+    /// our chain lists ([`DidChain::removal_evidence`]), within
+    /// [`nuwa_proto::MAX_REMOVAL_EVIDENCE_BYTES`]: whole branches, the
+    /// first ones kept, never a cut one.
+    fn removal_evidence(&self) -> Vec<u8> {
+        let mut branches = self.log.removal_evidence();
+        while !branches.is_empty() {
+            match serde_json::to_vec(&branches) {
+                Ok(json) if json.len() <= nuwa_proto::MAX_REMOVAL_EVIDENCE_BYTES => return json,
+                Ok(_) => {
+                    branches.pop();
+                }
+                Err(_) => break,
+            }
+        }
+        Vec::new()
+    }
+
+    /// The lost branches a peer's Hello carries, each spliced onto our
+    /// chain where it forks and merged with the fork rule: a branch that
+    /// removes a device we list is kept as evidence (strong removal); one
+    /// that wins is adopted like any entries. Branches that do not connect
+    /// to our chain or do not verify are skipped. Returns the outcomes
+    /// that changed our chain, and how many branches were refused.
+    pub fn merge_evidence(&mut self, hello: &Hello, now_ms: u64) -> (bool, usize) {
+        if hello.removal_evidence.is_empty() {
+            return (false, 0);
+        }
+        let Ok(branches) = serde_json::from_slice::<Vec<Vec<DidEntry>>>(&hello.removal_evidence)
+        else {
+            return (false, 1);
+        };
+        let mut changed = false;
+        let mut refused = 0;
+        for entries in branches.iter().take(MAX_LOST_BRANCHES) {
+            let spliced = match self.log.splice(entries) {
+                Ok(Some(chain)) => chain,
+                _ => {
+                    refused += 1;
+                    continue;
+                }
+            };
+            match self.merge_log(&spliced, now_ms) {
+                Ok(outcome) => changed |= outcome.changed(),
+                Err(_) => refused += 1,
+            }
+        }
+        (changed, refused)
+    }
+
     /// Our Hello for a new connection.
     pub fn hello(&self, now_ms: u64) -> Result<Hello, Rejection> {
         let did_proof = self
@@ -306,6 +358,7 @@ impl Membership {
             device_name: self.name.clone(),
             did_proof,
             epoch_grant: self.epoch_grant.clone(),
+            removal_evidence: self.removal_evidence(),
             timestamp_ms: now_ms,
             nonce,
             signature: [0; 64],

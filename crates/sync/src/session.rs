@@ -126,6 +126,8 @@ nuwa_counters::table! {
         DidEntriesRequested => "did_entries_requested", "Pages of DID chain entries asked of a peer whose Hello proved a head this device did not hold";
         DidEntriesServed => "did_entries_served", "Pages of this device's DID chain entries sent to a peer that asked";
         DidEntriesMerged => "did_entries_merged", "Peers' DID chains fetched in full and merged with the fork rule";
+        RemovalEvidenceMerged => "removal_evidence_merged", "Hellos whose lost DID branches removed a device this chain listed (strong removal) or won the fork rule";
+        RemovalEvidenceRefused => "removal_evidence_refused", "Lost DID branches in Hellos that did not connect to this chain or did not verify";
     }
 }
 
@@ -611,6 +613,27 @@ impl Session {
             }
         };
         self.skewed.remove(peer);
+        if !hello.removal_evidence.is_empty() {
+            let was = self.membership.log().head_hash().to_owned();
+            let (changed, refused) = self.membership.merge_evidence(hello, now_ms);
+            if refused > 0 {
+                out.push(Effect::Count(Count::RemovalEvidenceRefused));
+            }
+            if changed {
+                out.push(Effect::Count(Count::RemovalEvidenceMerged));
+                self.after_log_extended(&was, now_ms, true, out);
+                // The evidence may remove the sender itself.
+                if let Err(r) = self.membership.authorise_public(&public, now_ms) {
+                    out.push(Effect::Rejected {
+                        peer: peer.to_owned(),
+                        door: Door::Connection,
+                        rejection: r,
+                    });
+                    self.drop_peer(peer, out);
+                    return;
+                }
+            }
+        }
         if verified {
             // A verified peer re-sends its Hello when its DID log grew.
             out.push(Effect::Count(Count::HelloRefreshed));

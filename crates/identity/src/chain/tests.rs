@@ -1941,3 +1941,126 @@ fn v2_golden_bytes() {
 const GOLDEN_V2_ENTRY: &str = "59b5739a8be7e03ba7e247bea9a792e9f098cc5652618350e08b44196f6989ad";
 /// SHA-256 of the encoded proof of that chain.
 const GOLDEN_V2_PROOF: &str = "00dddec79eebefa301c394f49442ea9b566e117f3dd5f370f03fab955dca5a36";
+
+// Goal: strong removal. The attack of issue 24: the admin revokes the phone;
+// a recovery branch forked before the revocation (the phone's stale chain
+// handed to a recovering home) wins the fork rule. Whichever side merges
+// which, the phone stays out of `current()`, the evidence travels in
+// `removal_evidence`, an admin's next entry signs the removal on the
+// winner, and only an explicit re-add after that brings the key back.
+#[test]
+fn a_removal_on_a_losing_branch_stands_on_the_winner() {
+    let agent = Agent::new();
+    let stale = agent.chain.clone();
+    let phone_id = agent.phone_id();
+    let phone_pk = agent.phone.public();
+    let mut revoked = stale.clone();
+    revoked
+        .append_document(
+            &without_device(stale.current(), &agent.phone),
+            &agent.admin,
+            &agent.admin_id(),
+            T0 + 10,
+        )
+        .expect("admin revokes the phone");
+    // The recovering home: the stale chain plus a recovery-signed entry
+    // that lists a new admin device.
+    let home = device_key(77);
+    let recovered = paired(
+        &stale,
+        &home,
+        &agent.recovery,
+        &agent.recovery_id(),
+        T0 + 20,
+    );
+    assert_eq!(
+        compare_branches(&recovered, &revoked).expect("same did"),
+        Ordering::Greater,
+        "the recovery branch wins the fork rule"
+    );
+    let listed = |c: &DidChain| c.current().find_method(&phone_id).is_some();
+    assert!(listed(&recovered), "before it meets the removal");
+
+    // The revoking side adopts the winner and keeps its own branch as evidence.
+    let mut a = revoked.clone();
+    let outcome = a.merge(&recovered, NOW).expect("merge");
+    assert!(matches!(outcome, MergeOutcome::SwitchedFork { .. }));
+    assert_eq!(a.head_hash(), recovered.head_hash());
+    assert!(
+        !listed(&a),
+        "the winner lists the phone, the merged view does not"
+    );
+    assert!(
+        a.chain_document().find_method(&phone_id).is_some(),
+        "the entries themselves are the winner's"
+    );
+    assert_eq!(a.standing_removals().len(), 2, "Ed25519 and X25519 keys");
+    let evidence = a.removal_evidence();
+    assert_eq!(evidence.len(), 1);
+
+    // The winner learns it either by fetching the losing branch...
+    let mut b = recovered.clone();
+    let outcome = b.merge(&revoked, NOW).expect("merge");
+    assert!(
+        matches!(outcome, MergeOutcome::NotedRemovals { .. }),
+        "{outcome:?}"
+    );
+    assert!(outcome.changed());
+    assert!(!listed(&b));
+    // ...or from the evidence of a device that switched already.
+    let mut c = recovered.clone();
+    let spliced = c
+        .splice(&evidence[0])
+        .expect("entries parse")
+        .expect("connects at the fork");
+    assert!(c.merge(&spliced, NOW).expect("merge").changed());
+    assert!(!listed(&c));
+    assert_eq!(c.current(), b.current());
+    // Forged evidence is not evidence.
+    let mut forged = evidence[0].clone();
+    if let DidEntry::V2(e) = &mut forged[0] {
+        e.timestamp += 1;
+    }
+    let mut d = recovered.clone();
+    if let Ok(Some(s)) = d.splice(&forged) {
+        let _ = d.merge(&s, NOW);
+    }
+    assert!(listed(&d), "a forged removal removes nothing");
+
+    // Nothing lost on a round trip through storage; the evidence verifies.
+    let json = serde_json::to_vec(&b).expect("encode");
+    let back = DidChain::decode_verified(&json, Some(&agent.did()), NOW).expect("decode");
+    assert_eq!(back.current(), b.current());
+    assert_eq!(back.lost_branches().len(), 1);
+
+    // An admin of the winner signs the removal: the evidence is absorbed.
+    let mut signed = b.clone();
+    let doc = signed.current().clone();
+    signed
+        .append_document(&doc, &home, &device_id(signed.chain_document(), &home), NOW)
+        .or_else(|_| signed.append_document(&doc, &agent.recovery, &agent.recovery_id(), NOW))
+        .expect("an admin signs the removal");
+    assert!(signed.chain_document().find_method(&phone_id).is_none());
+    assert!(signed.lost_branches().is_empty(), "absorbed");
+    // A re-add signed after the removal is a knowing one and stands.
+    let readded = paired(
+        &signed,
+        &agent.phone,
+        &agent.recovery,
+        &agent.recovery_id(),
+        NOW + 1,
+    );
+    assert!(listed(&readded));
+    let mut e = readded.clone();
+    e.merge(&revoked, NOW + 2).expect("merge");
+    assert!(
+        listed(&e),
+        "the old removal is absorbed by the one signed after the fork"
+    );
+    assert!(
+        e.current()
+            .method_for_public(&phone_pk, Authentication, NOW)
+            .is_ok(),
+        "and the phone authenticates again"
+    );
+}
