@@ -177,6 +177,11 @@ impl Agent {
             SessionEffect::EpochAdopted { peer, epoch } => {
                 info!(%peer, epoch, "adopted a new key epoch");
             }
+            SessionEffect::PeerLacksEpoch {
+                peer,
+                context_id,
+                epoch,
+            } => self.grant_to(&peer, &context_id, epoch, now_ms, out),
             SessionEffect::GrantRejected { peer, reason } => {
                 if self.standing.revoked() {
                     // Expected: a revoked device gets no grant (said once).
@@ -240,5 +245,33 @@ impl Agent {
         }
         self.retry_unknown_announcements(now_ms, out);
         self.discovery.republish_pointer();
+    }
+
+    /// A member peer holds no grant of our current epoch (it was paired on
+    /// a branch that met this epoch's only after it was opened): an admin
+    /// seals the key to it alone and sends it in a Hello.
+    fn grant_to(&mut self, peer: &str, context_id: &str, epoch: u64, now_ms: u64, out: &mut Out) {
+        let now_secs = (now_ms / 1000) as i64;
+        let Ok(admin) = self.standing.admin(&self.session, now_secs) else {
+            return;
+        };
+        match crate::lifecycle::grant_current_to(
+            self.session.log(),
+            self.session.secure().keys(),
+            &admin,
+            context_id,
+            now_secs,
+        ) {
+            Ok(grant) => {
+                drop(admin);
+                info!(%peer, context_id, epoch, "sealed the current key epoch to a device that lacked it");
+                out.count(Count::EpochGrantsResealed);
+                let effects = self.session.send_grant(peer, grant, now_ms);
+                self.absorb(effects, now_ms, out);
+            }
+            Err(e) => {
+                debug!(%peer, error = %crate::explain(&e), "cannot seal the current epoch to a peer")
+            }
+        }
     }
 }

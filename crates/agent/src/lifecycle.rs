@@ -465,45 +465,80 @@ pub fn sign_standing_removals(
     admin: &Admin,
     now_secs: i64,
 ) -> Result<Option<Revocation>> {
-    let removed = log.standing_removals();
-    if removed.is_empty() {
+    if log.standing_removals().is_empty() {
         return Ok(None);
     }
-    let next = log.current().clone();
+    sign_with_epoch(log, keys, admin, log.current(), now_secs).map(Some)
+}
+
+/// Signs the update that turns `log`'s chain document into `next` and
+/// opens a new key epoch sealed to the devices `next` lists: for changes
+/// made while branches met (removals a lost branch made, or this admin's
+/// own pairings and revocations signed again on the winner), whose
+/// devices must end on one key that exactly the listed devices hold.
+pub fn sign_with_epoch(
+    log: &DidChain,
+    keys: &KeyRing,
+    admin: &Admin,
+    next: &DidDocument,
+    now_secs: i64,
+) -> Result<Revocation> {
     if next
         .capability_delegation
         .iter()
         .all(|id| is_recovery_key(id))
     {
         bail!(
-            "the removals another branch made leave only the recovery words able to change \
-             the agent; recover with them (`nuwa-node recover`)"
+            "the update leaves only the recovery words able to change the agent; recover with \
+             them (`nuwa-node recover`)"
         );
     }
-    let mut log = log.clone();
-    log.append_document(&next, &admin.key, &admin.key_id, now_secs)
-        .map_err(sign_err("DID document update"))?;
-    let revoked: Vec<String> = removed
-        .iter()
-        .map(|id| DidDocument::fragment(id).to_owned())
-        .filter(|f| !f.ends_with(X25519_SUFFIX))
+    let listed = |d: &DidDocument| -> Vec<String> {
+        d.verification_method
+            .iter()
+            .map(|m| DidDocument::fragment(&m.id).to_owned())
+            .filter(|f| !f.ends_with(X25519_SUFFIX))
+            .collect()
+    };
+    let after = listed(next);
+    let revoked: Vec<String> = listed(log.chain_document())
+        .into_iter()
+        .filter(|f| !after.contains(f))
         .collect();
+    // Each branch opened its epochs with entries of its own, so numbering
+    // this one past every branch's length keeps it from reusing a number a
+    // device of another branch holds under a different key. Several admins
+    // may hear of the same branches at once and each sign: the low 16
+    // bits, from the signer's key, keep their epochs apart, so every
+    // device ends on the highest one instead of two under one number.
+    let longest = log
+        .lost_branches()
+        .iter()
+        .map(DidChain::len)
+        .chain([log.len() + 1])
+        .max()
+        .unwrap_or(0) as u64;
+    let public = admin.key.public();
+    let min_epoch = (longest << 16) | u64::from(u16::from_be_bytes([public[0], public[1]]));
+    let mut log = log.clone();
+    log.append_document(next, &admin.key, &admin.key_id, now_secs)
+        .map_err(sign_err("DID document update"))?;
     let (keys, grant, epoch, remaining) = new_epoch(
         &log,
         keys,
         &admin.key,
         admin.fragment(),
         &revoked,
-        0,
+        min_epoch,
         now_secs,
     )?;
-    Ok(Some(Revocation {
+    Ok(Revocation {
         log,
         keys,
         grant,
         epoch,
         remaining,
-    }))
+    })
 }
 
 /// Opens the next key epoch, sealed to every active device of `log`'s
@@ -846,6 +881,40 @@ pub fn recover(
 }
 
 /// Every active device with an X25519 key: (context id, X25519 public key).
+/// A grant of the current key epoch sealed to the one device `context_id`
+/// (listed and active in `log`'s current document), signed by `admin`:
+/// for a device that holds no grant of this epoch because it was paired
+/// on a branch that met this epoch's only after it was opened (two
+/// admins, one pairing while the other revoked). Nobody's access changes:
+/// the device is a member, and the key is the one everyone uses.
+pub fn grant_current_to(
+    log: &DidChain,
+    keys: &KeyRing,
+    admin: &Admin,
+    context_id: &str,
+    now_secs: i64,
+) -> Result<Vec<u8>> {
+    let recipient: Vec<(String, [u8; 32])> = recipients(log.current(), now_secs)?
+        .into_iter()
+        .filter(|(c, _)| c == context_id)
+        .collect();
+    if recipient.is_empty() {
+        bail!("{context_id} is not an active device of the agent");
+    }
+    EpochGrant::create(
+        keys.current(),
+        &recipient,
+        &[],
+        admin.fragment(),
+        admin.key.signing_key(),
+        log.did(),
+        now_secs.max(0) as u64,
+    )
+    .map_err(crypto_err("create the epoch grant"))?
+    .encode()
+    .map_err(crypto_err("encode the epoch grant"))
+}
+
 fn recipients(doc: &DidDocument, now_secs: i64) -> Result<Vec<(String, [u8; 32])>> {
     let mut out = Vec::new();
     for id in &doc.key_agreement {

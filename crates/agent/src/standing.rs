@@ -338,8 +338,26 @@ impl Agent {
             }
         };
         drop(admin);
+        let epoch = r.epoch;
+        if self.adopt_with_epoch(r, now_ms, out) {
+            let devices = removed
+                .iter()
+                .filter(|id| !id.ends_with(lifecycle::X25519_SUFFIX))
+                .count();
+            out.count_by(Count::DevicesRevoked, devices as u64);
+            info!(
+                removed = ?removed,
+                epoch,
+                "DID log: signed the removal of devices another branch removed; new key epoch opened"
+            );
+        }
+    }
+
+    /// Hands a chain this device signed with a new key epoch to the
+    /// session, keys saved before the chain (as `device revoke` does).
+    fn adopt_with_epoch(&mut self, r: lifecycle::Revocation, now_ms: u64, out: &mut Out) -> bool {
         let Some(key) = r.keys.get(r.epoch).cloned() else {
-            return;
+            return false;
         };
         match self
             .session
@@ -347,24 +365,18 @@ impl Agent {
         {
             Ok(effects) => {
                 out.push(Effect::SaveKeys {
-                    keys: Box::new(r.keys.clone()),
-                    grant: Some(r.grant.clone()),
+                    keys: Box::new(r.keys),
+                    grant: Some(r.grant),
                 });
                 self.standing.saved = r.log.clone();
-                out.push(Effect::SaveLog(Box::new(r.log.clone())));
+                out.push(Effect::SaveLog(Box::new(r.log)));
                 self.absorb(effects, now_ms, out);
-                let devices = removed
-                    .iter()
-                    .filter(|id| !id.ends_with(lifecycle::X25519_SUFFIX))
-                    .count();
-                out.count_by(Count::DevicesRevoked, devices as u64);
-                info!(
-                    removed = ?removed,
-                    epoch = r.epoch,
-                    "DID log: signed the removal of devices another branch removed; new key epoch opened"
-                );
+                true
             }
-            Err(e) => warn!(error = %e, "DID log: the signed removals were refused"),
+            Err(e) => {
+                warn!(error = %e, "DID log: the signed update was refused");
+                false
+            }
         }
     }
 
@@ -392,26 +404,30 @@ impl Agent {
                 return;
             }
         };
-        let mut log = new;
-        if let Err(e) = log.append_document(&doc, &admin.key, &admin.key_id, secs(now_ms)) {
-            warn!(error = %e, "DID log fork: cannot sign this device's dropped updates again");
-            return;
-        }
-        match self.session.adopt_own_update(log.clone(), None, now_ms) {
-            Ok(effects) => {
-                out.count_by(Count::DidLogUpdatesRebased, n as u64);
-                info!(
-                    updates = n,
-                    "DID log fork: another branch won the fork rule; this device's dropped \
-                     updates were signed again on top of it"
-                );
-                self.standing.saved = log.clone();
-                out.push(Effect::SaveLog(Box::new(log)));
-                self.absorb(effects, now_ms, out);
-            }
+        // A new key epoch too: the devices this update adds (a pairing
+        // the winner did not hold) hold none of the winner's epochs, and
+        // those it removes may hold them all.
+        let r = match lifecycle::sign_with_epoch(
+            &new,
+            self.session.secure().keys(),
+            &admin,
+            &doc,
+            secs(now_ms),
+        ) {
+            Ok(r) => r,
             Err(e) => {
-                warn!(error = %e, "DID log fork: the re-signed update was refused");
+                warn!(error = %crate::explain(&e), "DID log fork: cannot sign this device's dropped updates again");
+                return;
             }
+        };
+        drop(admin);
+        if self.adopt_with_epoch(r, now_ms, out) {
+            out.count_by(Count::DidLogUpdatesRebased, n as u64);
+            info!(
+                updates = n,
+                "DID log fork: another branch won the fork rule; this device's dropped \
+                 updates were signed again on top of it, with a new key epoch"
+            );
         }
     }
 }

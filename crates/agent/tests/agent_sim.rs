@@ -5,12 +5,14 @@
 //! provisioning, promotion, revocation (with devices offline), key
 //! rotation, recovery by words with a handover, a keeper between devices
 //! never online together, homes copied while running and restored later
-//! (used offline before they meet a peer), and mDNS-style discovery. Checked after every
-//! step: a revoked device never holds a key sealed after its revocation,
-//! and no device lists again a device its chain removed. Checked at the
-//! end, once the world healed: every acknowledged write of a device never
-//! revoked is on every device never revoked, and all of them end on one
-//! DID chain head.
+//! (used offline before they meet a peer), a revoked device handing its
+//! stale chain to a recovering home, and mDNS-style discovery. Checked
+//! after every step: a revoked device never holds a key sealed after its
+//! revocation (but the recovery epoch it was handed by a home that could
+//! not know), and no device lists again a device its chain removed.
+//! Checked at the end, once the world healed: every acknowledged write of
+//! a device never revoked is on every device never revoked, all of them
+//! end on one DID chain head, and none lists a revoked device.
 //!
 //! `AGENT_SIM_SEEDS=N` runs N seeds (default 200); `SEED=s` replays one
 //! seed and prints its trace.
@@ -132,7 +134,8 @@ fn phase(s: &mut Sim, r: &mut Roles) {
         93..=94 => rotate_admin(s, r),
         95 => back_up(s, r),
         96..=97 => restore(s, r),
-        _ => recover(s, r),
+        98 => recover(s, r),
+        _ => stale_handover(s, r),
     }
 }
 
@@ -259,6 +262,116 @@ fn recover(s: &mut Sim, r: &mut Roles) {
     }
 }
 
+/// The attack of issue 24 (strong removal): a device is revoked while it
+/// is offline, so its home still holds the chain from before; the admin
+/// writes after the revocation; every admin device is then lost, and the
+/// revoked device, on a network of its own, hands its stale chain to a
+/// fresh home recovering with the words. The recovery branch wins the
+/// fork rule, but once the world heals the revoked device must be out on
+/// every device (and in the recovered chain itself), and it never holds a
+/// key but the recovery's own: what the recovering home sealed before
+/// anyone could tell it.
+fn stale_handover(s: &mut Sim, r: &mut Roles) {
+    if r.recovered || !admin_up(s, r) || r.revocations >= 2 {
+        return;
+    }
+    let candidates: Vec<usize> = (0..s.devices.len())
+        .filter(|&i| i != r.admin && !s.devices[i].gone && s.devices[i].disk.is_some())
+        .filter(|&i| s.devices[i].joining.is_none())
+        .collect();
+    let Some(v) = pick(s, &candidates) else {
+        return;
+    };
+    s.crash(v);
+    s.note(format!("d{v} goes offline with its chain"));
+    let id = s.revoke(r.admin, v);
+    s.run_for(200);
+    if !s.note_revocation(r.admin, id, v) || !s.revoked.contains_key(&s.devices[v].context_id()) {
+        return;
+    }
+    r.revocations += 1;
+    for _ in 0..2 {
+        s.write(r.admin, "notes");
+    }
+    // The others hear of it (a revocation only the lost admin held died
+    // with it: nothing could bring it back).
+    s.heal(5_000);
+    let v_ctx = s.devices[v].context_id();
+    let witness = live(s).into_iter().any(|i| {
+        i != r.admin
+            && s.devices[i]
+                .agent
+                .as_ref()
+                .is_some_and(|a| a.session().log().current().find_method(&v_ctx).is_none())
+    });
+    if !witness {
+        // Only the admin holds the revocation: losing it would lose the
+        // revocation with it, which no rule can bring back.
+        return;
+    }
+    let lost = r.admin;
+    let lost_ctx = s.devices[lost].context_id();
+    s.crash(lost);
+    s.devices[lost].gone = true;
+    s.note(format!(
+        "d{lost} (the admin) is lost; revoked d{v} hands its stale chain to a recovering home"
+    ));
+    // Devices added after the handing device's chain was current are on
+    // the branch the recovery replaces: additions are not carried over
+    // (only removals are), so they are out until paired again.
+    let stale: Vec<String> = s.devices[v]
+        .disk
+        .as_ref()
+        .map(|d| {
+            d.log
+                .current()
+                .verification_method
+                .iter()
+                .map(|m| nuwa_identity::document::DidDocument::fragment(&m.id).to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    s.move_to(v, 3);
+    s.devices[v].gone = false;
+    s.start(v);
+    s.devices[v].gone = true;
+    let next = nuwa_identity::keys::DeviceKey::generate().expect("entropy");
+    let join = nuwa_agent::join::RecoveryJoin {
+        key: nuwa_identity::keys::DeviceKey::from_seed(&s.recovery.seed()),
+        lost: vec![lost_ctx],
+        next_public: next.public(),
+    };
+    let j = s.pair(v, 3, Some(join));
+    s.run_for(5_000);
+    if !s.devices[j].running() {
+        return;
+    }
+    for i in 0..s.devices.len() {
+        if i != v && i != j && !s.devices[i].gone && !stale.contains(&s.devices[i].context_id()) {
+            s.devices[i].gone = true;
+            s.note(format!(
+                "d{i} was added on the branch the recovery replaces"
+            ));
+        }
+    }
+    r.admin = j;
+    r.recovered = true;
+    s.recovery = next;
+    s.count("stale handovers");
+    let handed = s.devices[j]
+        .agent
+        .as_ref()
+        .map(|a| a.session().secure().keys().current().epoch());
+    if let Some(epoch) = handed {
+        s.handed_over.insert(s.devices[v].context_id(), epoch);
+    }
+    // The pair meets the rest of the world after a while.
+    let ms = s.rng.u64(0..3_000);
+    s.run_for(ms);
+    s.move_to(v, 0);
+    s.move_to(j, 0);
+}
+
 /// Two devices never online together meet only through the keeper.
 fn keeper_handoff(s: &mut Sim) {
     let (a, b) = (1, 2);
@@ -373,6 +486,7 @@ fn agents_keep_their_promises_under_seeded_faults() {
                 "provision",
                 "pairings",
                 "recoveries",
+                "stale handovers",
                 "rotations",
                 "backups",
                 "restores",

@@ -342,6 +342,12 @@ impl Membership {
 
     /// Our Hello for a new connection.
     pub fn hello(&self, now_ms: u64) -> Result<Hello, Rejection> {
+        self.hello_with_grant(now_ms, self.epoch_grant.clone())
+    }
+
+    /// Our Hello carrying `epoch_grant` in place of our current epoch's
+    /// grant (one sealed to the receiving peer alone).
+    pub fn hello_with_grant(&self, now_ms: u64, epoch_grant: Vec<u8>) -> Result<Hello, Rejection> {
         let did_proof = self
             .log
             .proof()
@@ -357,7 +363,7 @@ impl Membership {
             context_id: self.context_id.clone(),
             device_name: self.name.clone(),
             did_proof,
-            epoch_grant: self.epoch_grant.clone(),
+            epoch_grant,
             removal_evidence: self.removal_evidence(),
             timestamp_ms: now_ms,
             nonce,

@@ -24,6 +24,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use nuwa_crypto::Envelope;
+use nuwa_crypto::epoch::EpochGrant;
 use nuwa_proto::{Hello, SyncPayload};
 
 use crate::engine::{Action, Engine, EngineError, PeerKey};
@@ -210,6 +211,14 @@ pub enum Effect {
         peer: PeerKey,
         epoch: u64,
     },
+    /// A verified peer's Hello shows no grant of our current key epoch,
+    /// and the grant we forward is not sealed to it: an admin may seal the
+    /// key to it alone ([`Session::send_grant`]). Once per peer and epoch.
+    PeerLacksEpoch {
+        peer: PeerKey,
+        context_id: String,
+        epoch: u64,
+    },
     /// A forwarded grant was refused.
     GrantRejected {
         peer: PeerKey,
@@ -292,6 +301,9 @@ pub struct Session {
     held: VecDeque<Held>,
     /// Last clock offset measured per peer that was refused for skew.
     skewed: BTreeMap<PeerKey, i64>,
+    /// Peers told of as lacking our epoch ([`Effect::PeerLacksEpoch`]),
+    /// with that epoch; bounded.
+    lacking: BTreeMap<PeerKey, u64>,
     /// Queue gossiped deltas instead of applying them (see `defer_gossip`).
     defer_gossip: bool,
     /// Earliest seal time among the queued deltas.
@@ -330,6 +342,7 @@ impl Session {
             peers: BTreeMap::new(),
             held: VecDeque::new(),
             skewed: BTreeMap::new(),
+            lacking: BTreeMap::new(),
             defer_gossip: false,
             queued_sealed_at: None,
             fetching: BTreeMap::new(),
@@ -586,6 +599,25 @@ impl Session {
             }
             Err(r) => {
                 self.note_skew(peer, &r, out);
+                // A device we refuse may still hold the only evidence of a
+                // removal (it heard of it, then was revoked itself): the
+                // entries verify on their own. At most one such Hello per
+                // `UNASKED_ENTRIES_EVERY_MS`, from anyone.
+                if matches!(r, Rejection::UnknownKey | Rejection::KeyExpired)
+                    && !hello.removal_evidence.is_empty()
+                    && now_ms >= self.next_unasked_ms
+                {
+                    self.next_unasked_ms = now_ms.saturating_add(UNASKED_ENTRIES_EVERY_MS);
+                    let was = self.membership.log().head_hash().to_owned();
+                    let (changed, refused) = self.membership.merge_evidence(hello, now_ms);
+                    if refused > 0 {
+                        out.push(Effect::Count(Count::RemovalEvidenceRefused));
+                    }
+                    if changed {
+                        out.push(Effect::Count(Count::RemovalEvidenceMerged));
+                        self.after_log_extended(&was, now_ms, true, out);
+                    }
+                }
                 // A device refused because our document no longer lists it
                 // (revoked) cannot learn why from anyone else: send it the
                 // entries past its head before hanging up. Only for a
@@ -613,6 +645,7 @@ impl Session {
             }
         };
         self.skewed.remove(peer);
+        self.check_peer_epoch(peer, &v.context_id, &v.epoch_grant, out);
         if !hello.removal_evidence.is_empty() {
             let was = self.membership.log().head_hash().to_owned();
             let (changed, refused) = self.membership.merge_evidence(hello, now_ms);
@@ -1136,6 +1169,59 @@ impl Session {
             out.push(Effect::Count(Count::HelloRefreshSent));
             self.push_hello(&peer, now_ms, out);
         }
+    }
+
+    /// Whether `peer` (a device listed as `context_id`) can hold our
+    /// current epoch: its Hello's grant is of an older one, and ours is not
+    /// sealed to it. Said once per peer and epoch.
+    fn check_peer_epoch(
+        &mut self,
+        peer: &str,
+        context_id: &str,
+        their_grant: &[u8],
+        out: &mut Vec<Effect>,
+    ) {
+        let ours = self.secure.epoch();
+        let theirs = if their_grant.is_empty() {
+            0
+        } else {
+            match EpochGrant::decode(their_grant) {
+                Ok(g) => g.epoch,
+                Err(_) => return,
+            }
+        };
+        if theirs >= ours || self.lacking.get(peer) == Some(&ours) {
+            return;
+        }
+        let covered = EpochGrant::decode(self.membership.epoch_grant())
+            .map(|g| g.sealed.iter().any(|(c, _)| c == context_id))
+            .unwrap_or(false);
+        if covered {
+            return;
+        }
+        if self.lacking.len() >= 1024 {
+            self.lacking.pop_first();
+        }
+        self.lacking.insert(peer.to_owned(), ours);
+        out.push(Effect::PeerLacksEpoch {
+            peer: peer.to_owned(),
+            context_id: context_id.to_owned(),
+            epoch: ours,
+        });
+    }
+
+    /// Sends `peer` a Hello that carries `grant` (of our current epoch,
+    /// sealed to it) instead of the grant we forward to everyone.
+    pub fn send_grant(&mut self, peer: &str, grant: Vec<u8>, now_ms: u64) -> Vec<Effect> {
+        let mut out = Vec::new();
+        if let Ok(hello) = self.membership.hello_with_grant(now_ms, grant) {
+            self.hello_sent_ms.insert(peer.to_owned(), now_ms);
+            out.push(Effect::SendHello {
+                peer: peer.to_owned(),
+                hello: Box::new(hello),
+            });
+        }
+        out
     }
 
     /// A verified peer forwarded the grant of its current epoch: adopt the

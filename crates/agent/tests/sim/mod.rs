@@ -225,6 +225,14 @@ pub struct Sim {
     pub acked: Vec<Acked>,
     /// Revoked devices and the epoch their revocation opened.
     pub revoked: BTreeMap<String, u64>,
+    /// Revoked devices that handed their stale chain to a recovering home,
+    /// and the epoch that recovery opened (sealed to them: the home could
+    /// not know).
+    pub handed_over: BTreeMap<String, u64>,
+    /// Each key epoch seen, and the revoked devices its opener's chain had
+    /// removed when it opened it (the first device seen holding an epoch
+    /// is its opener: adopting one takes a delivery, a step of its own).
+    pub epoch_knew: BTreeMap<u64, BTreeSet<String>>,
     /// The agent's recovery words' key.
     pub recovery: DeviceKey,
     /// What happened, for a failing seed's report.
@@ -291,6 +299,8 @@ impl Sim {
             next_request: 0,
             acked: Vec::new(),
             revoked: BTreeMap::new(),
+            handed_over: BTreeMap::new(),
+            epoch_knew: BTreeMap::new(),
             recovery,
             trace: Vec::new(),
             tally: BTreeMap::new(),
@@ -1148,13 +1158,33 @@ impl Sim {
             return;
         };
         let ctx = self.devices[i].context_id();
+        let newest = agent.session().secure().keys().current().epoch();
+        if !self.epoch_knew.contains_key(&newest) {
+            let doc = agent.session().log().current();
+            let knew = self
+                .revoked
+                .keys()
+                .filter(|r| doc.find_method(r).is_none())
+                .cloned()
+                .collect();
+            self.epoch_knew.insert(newest, knew);
+        }
         if let Some(epoch) = self.revoked.get(&ctx) {
-            let newest = agent.session().secure().keys().current().epoch();
-            assert!(
-                newest < *epoch,
-                "seed {}: revoked d{i} holds epoch {newest} (its revocation opened {epoch})",
-                self.seed
-            );
+            // Strong removal cannot reach back: a home recovering on a
+            // revoked device's stale chain, or an admin that has heard of
+            // one lost branch's removals and not yet of another's, seals
+            // to a device it still lists. What must hold: no device that
+            // had heard of the revocation sealed a key to it.
+            for held in agent.session().secure().keys().epochs() {
+                let knew = self.epoch_knew.get(&held).is_some_and(|k| k.contains(&ctx));
+                assert!(
+                    held < *epoch || !knew,
+                    "seed {}: revoked d{i} holds epoch {held} (its revocation opened {epoch}), \
+                     opened by a device that knew of the revocation\n{}",
+                    self.seed,
+                    self.trace_tail()
+                );
+            }
         }
         let log = agent.session().log();
         let current: BTreeSet<String> = log
@@ -1235,6 +1265,21 @@ impl Sim {
             heads.len(),
             self.trace_tail()
         );
+        // Strong removal: no revoked device is listed anywhere, and the
+        // chain itself removed it (an admin signed what a lost branch did).
+        for &i in &live {
+            let log = self.devices[i].agent.as_ref().unwrap().session().log();
+            for doc in [log.current(), log.chain_document()] {
+                for ctx in self.revoked.keys() {
+                    assert!(
+                        doc.find_method(ctx).is_none(),
+                        "seed {}: d{i} lists revoked {ctx} at the end\n{}",
+                        self.seed,
+                        self.trace_tail()
+                    );
+                }
+            }
+        }
         // What reached a device is what its store holds (the engine may
         // have evicted an idle container; the store has it all).
         let stored: Vec<(usize, BTreeMap<String, Container>)> = live
