@@ -297,8 +297,23 @@ fn stale_handover(s: &mut Sim, r: &mut Roles) {
     // with it: nothing could bring it back).
     s.heal(5_000);
     let v_ctx = s.devices[v].context_id();
+    let stale_listed: Vec<String> = s.devices[v]
+        .disk
+        .as_ref()
+        .map(|d| {
+            d.log
+                .current()
+                .verification_method
+                .iter()
+                .map(|m| nuwa_identity::document::DidDocument::fragment(&m.id).to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    // A witness that stays a member: one added after the stale chain is
+    // out once the recovery wins, and may never run again.
     let witness = live(s).into_iter().any(|i| {
         i != r.admin
+            && stale_listed.contains(&s.devices[i].context_id())
             && s.devices[i]
                 .agent
                 .as_ref()
