@@ -423,11 +423,7 @@ pub fn revoke(
         next.remove_key(&x)
             .map_err(doc_err(format!("remove {x}")))?;
     }
-    if next
-        .capability_delegation
-        .iter()
-        .all(|id| is_recovery_key(id))
-    {
+    if no_admin_device(&next) {
         bail!(
             "{target} is the last admin device: revoking it leaves only the recovery words able \
              to change the agent. Promote another device first (`nuwa-node device promote ID`)"
@@ -483,11 +479,7 @@ pub fn sign_with_epoch(
     next: &DidDocument,
     now_secs: i64,
 ) -> Result<Revocation> {
-    if next
-        .capability_delegation
-        .iter()
-        .all(|id| is_recovery_key(id))
-    {
+    if no_admin_device(next) {
         bail!(
             "the update leaves only the recovery words able to change the agent; recover with \
              them (`nuwa-node recover`)"
@@ -660,11 +652,7 @@ pub fn demote(log: &DidChain, admin: &Admin, target: &str, now_secs: i64) -> Res
         bail!("device {target} is not an admin");
     }
     doc.revoke(&key_id, Relationship::CapabilityDelegation);
-    if doc
-        .capability_delegation
-        .iter()
-        .all(|id| is_recovery_key(id))
-    {
+    if no_admin_device(&doc) {
         bail!(
             "{target} is the last admin: demoting it leaves only the recovery words able to \
              change the agent. Promote another device first"
@@ -913,6 +901,13 @@ pub fn grant_current_to(
     .map_err(crypto_err("create the epoch grant"))?
     .encode()
     .map_err(crypto_err("encode the epoch grant"))
+}
+
+/// Whether only the recovery key is left to administer `doc`.
+fn no_admin_device(doc: &DidDocument) -> bool {
+    doc.capability_delegation
+        .iter()
+        .all(|id| is_recovery_key(id))
 }
 
 fn recipients(doc: &DidDocument, now_secs: i64) -> Result<Vec<(String, [u8; 32])>> {

@@ -8,8 +8,8 @@
 //! (used offline before they meet a peer), a revoked device handing its
 //! stale chain to a recovering home, and mDNS-style discovery. Checked
 //! after every step: a revoked device never holds a key sealed after its
-//! revocation (but the recovery epoch it was handed by a home that could
-//! not know), and no device lists again a device its chain removed.
+//! revocation from a device that had heard of it, and no device lists
+//! again a device its chain removed.
 //! Checked at the end, once the world healed: every acknowledged write of
 //! a device never revoked is on every device never revoked, all of them
 //! end on one DID chain head, and none lists a revoked device.
@@ -231,7 +231,7 @@ fn rotate_admin(s: &mut Sim, r: &mut Roles) {
 
 /// Every admin device is lost; a fresh device recovers the agent with the
 /// words, handed the chain and keys by a surviving device. Done once, on a
-/// world that has settled (a stale handover is issue 17's scenario).
+/// world that has settled (a stale one is `stale_handover`).
 fn recover(s: &mut Sim, r: &mut Roles) {
     if r.recovered || !admin_up(s, r) {
         return;
@@ -331,21 +331,6 @@ fn stale_handover(s: &mut Sim, r: &mut Roles) {
     s.note(format!(
         "d{lost} (the admin) is lost; revoked d{v} hands its stale chain to a recovering home"
     ));
-    // Devices added after the handing device's chain was current are on
-    // the branch the recovery replaces: additions are not carried over
-    // (only removals are), so they are out until paired again.
-    let stale: Vec<String> = s.devices[v]
-        .disk
-        .as_ref()
-        .map(|d| {
-            d.log
-                .current()
-                .verification_method
-                .iter()
-                .map(|m| nuwa_identity::document::DidDocument::fragment(&m.id).to_owned())
-                .collect()
-        })
-        .unwrap_or_default();
     s.move_to(v, 3);
     s.devices[v].gone = false;
     s.start(v);
@@ -361,8 +346,15 @@ fn stale_handover(s: &mut Sim, r: &mut Roles) {
     if !s.devices[j].running() {
         return;
     }
+    // Devices added after the handing device's chain was current are on
+    // the branch the recovery replaces: additions are not carried over
+    // (only removals are), so they are out until paired again.
     for i in 0..s.devices.len() {
-        if i != v && i != j && !s.devices[i].gone && !stale.contains(&s.devices[i].context_id()) {
+        if i != v
+            && i != j
+            && !s.devices[i].gone
+            && !stale_listed.contains(&s.devices[i].context_id())
+        {
             s.devices[i].gone = true;
             s.note(format!(
                 "d{i} was added on the branch the recovery replaces"
@@ -373,13 +365,6 @@ fn stale_handover(s: &mut Sim, r: &mut Roles) {
     r.recovered = true;
     s.recovery = next;
     s.count("stale handovers");
-    let handed = s.devices[j]
-        .agent
-        .as_ref()
-        .map(|a| a.session().secure().keys().current().epoch());
-    if let Some(epoch) = handed {
-        s.handed_over.insert(s.devices[v].context_id(), epoch);
-    }
     // The pair meets the rest of the world after a while.
     let ms = s.rng.u64(0..3_000);
     s.run_for(ms);

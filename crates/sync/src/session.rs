@@ -599,25 +599,7 @@ impl Session {
             }
             Err(r) => {
                 self.note_skew(peer, &r, out);
-                // A device we refuse may still hold the only evidence of a
-                // removal (it heard of it, then was revoked itself): the
-                // entries verify on their own. At most one such Hello per
-                // `UNASKED_ENTRIES_EVERY_MS`, from anyone.
-                if matches!(r, Rejection::UnknownKey | Rejection::KeyExpired)
-                    && !hello.removal_evidence.is_empty()
-                    && now_ms >= self.next_unasked_ms
-                {
-                    self.next_unasked_ms = now_ms.saturating_add(UNASKED_ENTRIES_EVERY_MS);
-                    let was = self.membership.log().head_hash().to_owned();
-                    let (changed, refused) = self.membership.merge_evidence(hello, now_ms);
-                    if refused > 0 {
-                        out.push(Effect::Count(Count::RemovalEvidenceRefused));
-                    }
-                    if changed {
-                        out.push(Effect::Count(Count::RemovalEvidenceMerged));
-                        self.after_log_extended(&was, now_ms, true, out);
-                    }
-                }
+                self.take_refused_evidence(&r, hello, now_ms, out);
                 // A device refused because our document no longer lists it
                 // (revoked) cannot learn why from anyone else: send it the
                 // entries past its head before hanging up. Only for a
@@ -646,26 +628,17 @@ impl Session {
         };
         self.skewed.remove(peer);
         self.check_peer_epoch(peer, &v.context_id, &v.epoch_grant, out);
-        if !hello.removal_evidence.is_empty() {
-            let was = self.membership.log().head_hash().to_owned();
-            let (changed, refused) = self.membership.merge_evidence(hello, now_ms);
-            if refused > 0 {
-                out.push(Effect::Count(Count::RemovalEvidenceRefused));
-            }
-            if changed {
-                out.push(Effect::Count(Count::RemovalEvidenceMerged));
-                self.after_log_extended(&was, now_ms, true, out);
-                // The evidence may remove the sender itself.
-                if let Err(r) = self.membership.authorise_public(&public, now_ms) {
-                    out.push(Effect::Rejected {
-                        peer: peer.to_owned(),
-                        door: Door::Connection,
-                        rejection: r,
-                    });
-                    self.drop_peer(peer, out);
-                    return;
-                }
-            }
+        // The evidence may remove the sender itself.
+        if self.take_evidence(hello, now_ms, out)
+            && let Err(r) = self.membership.authorise_public(&public, now_ms)
+        {
+            out.push(Effect::Rejected {
+                peer: peer.to_owned(),
+                door: Door::Connection,
+                rejection: r,
+            });
+            self.drop_peer(peer, out);
+            return;
         }
         if verified {
             // A verified peer re-sends its Hello when its DID log grew.
@@ -1168,6 +1141,45 @@ impl Session {
             }
             out.push(Effect::Count(Count::HelloRefreshSent));
             self.push_hello(&peer, now_ms, out);
+        }
+    }
+
+    /// Merges the lost branches a Hello carries (strong removal); when our
+    /// chain changed, persists it and re-checks every verified peer.
+    /// Returns whether it changed.
+    fn take_evidence(&mut self, hello: &Hello, now_ms: u64, out: &mut Vec<Effect>) -> bool {
+        if hello.removal_evidence.is_empty() {
+            return false;
+        }
+        let was = self.membership.log().head_hash().to_owned();
+        let (changed, refused) = self.membership.merge_evidence(hello, now_ms);
+        if refused > 0 {
+            out.push(Effect::Count(Count::RemovalEvidenceRefused));
+        }
+        if changed {
+            out.push(Effect::Count(Count::RemovalEvidenceMerged));
+            self.after_log_extended(&was, now_ms, true, out);
+        }
+        changed
+    }
+
+    /// A device we refuse as not (or no longer) listed may still hold the
+    /// only evidence of a removal (it heard of it, then was revoked
+    /// itself): the entries verify on their own. At most one such Hello
+    /// per [`UNASKED_ENTRIES_EVERY_MS`], from anyone.
+    fn take_refused_evidence(
+        &mut self,
+        r: &Rejection,
+        hello: &Hello,
+        now_ms: u64,
+        out: &mut Vec<Effect>,
+    ) {
+        if matches!(r, Rejection::UnknownKey | Rejection::KeyExpired)
+            && !hello.removal_evidence.is_empty()
+            && now_ms >= self.next_unasked_ms
+        {
+            self.next_unasked_ms = now_ms.saturating_add(UNASKED_ENTRIES_EVERY_MS);
+            self.take_evidence(hello, now_ms, out);
         }
     }
 

@@ -440,3 +440,92 @@ fn a_long_chain_comes_in_pages() {
     assert!(pages >= 2, "{pages} page(s)");
     assert_eq!(b.log(), &ahead);
 }
+
+/// `hello` as device `dev` would sign it with `evidence` and a fresh nonce.
+fn with_evidence(hello: &Hello, dev: u8, evidence: Vec<u8>, nonce: u8) -> Hello {
+    let mut h = hello.clone();
+    h.removal_evidence = evidence;
+    h.nonce = [nonce; 16];
+    let digest = nuwa_identity::nip2::signing_hash(Hello::DOMAIN, &h.signing_content());
+    h.signature = key(dev).sign(&digest);
+    h
+}
+
+// Goal: the removal evidence a Hello carries (strong removal) is taken
+// only when its entries verify, from a listed sender, and never breaks the
+// connection. Method: device 4 sends device 2 Hellos whose evidence is
+// malformed JSON, a branch that does not connect, a forged entry, then a
+// genuine branch removing device 3; and an oversized field on the wire.
+#[test]
+fn hostile_removal_evidence_changes_nothing_and_genuine_evidence_removes() {
+    let (_, mut base) = chains();
+    add(&mut base, &key(4), T0_S + 3);
+    let mut removes = base.clone();
+    remove(&mut removes, &key(3), T0_S + 4);
+    let mut adds = base.clone();
+    add(&mut adds, &key(5), T0_S + 4);
+    // Whichever branch the fork rule picks, the receiver is on the other
+    // one, unless `adds` wins: then the evidence is a losing branch.
+    let mut rx = session(&adds, 2);
+    let mut tx = session(&adds, 4);
+    let to_rx = tx.connected("rx", Some(key(2).public()), "sim".into(), NOW_MS);
+    rx.connected("tx", Some(key(4).public()), "sim".into(), NOW_MS);
+    let hello = hello_of(&to_rx);
+    let head = rx.membership().log().head_hash().to_owned();
+    let listed = |s: &Session| {
+        s.membership()
+            .document()
+            .find_method(&context_id_for(&key(3).public()))
+            .is_some()
+    };
+
+    let out = rx.on_hello(
+        "tx",
+        &with_evidence(&hello, 4, b"not json".to_vec(), 1),
+        NOW_MS,
+    );
+    assert!(verified(&out), "bad evidence does not cost the connection");
+    assert!(counted(&out, Count::RemovalEvidenceRefused));
+    let mut stranger = DidChain::genesis(&key(8), T0_S).unwrap();
+    let mid = stranger.current().capability_delegation[0].clone();
+    let mut doc = stranger.current().clone();
+    doc.add_key(
+        &context_id_for(&key(3).public()),
+        &key(3).public(),
+        RELS,
+        None,
+    )
+    .unwrap();
+    stranger
+        .append_document(&doc, &key(8), &mid, T0_S + 1)
+        .unwrap();
+    let json = serde_json::to_vec(&vec![stranger.entries()[1..].to_vec()]).unwrap();
+    let out = rx.on_hello("tx", &with_evidence(&hello, 4, json, 2), NOW_MS);
+    assert!(
+        counted(&out, Count::RemovalEvidenceRefused),
+        "another chain's entries do not connect"
+    );
+    let mut forged: Vec<DidEntry> = removes.entries()[base.len()..].to_vec();
+    if let DidEntry::V2(e) = &mut forged[0] {
+        e.timestamp += 1;
+    }
+    let json = serde_json::to_vec(&vec![forged]).unwrap();
+    let out = rx.on_hello("tx", &with_evidence(&hello, 4, json, 3), NOW_MS);
+    assert!(!counted(&out, Count::RemovalEvidenceMerged));
+    assert_eq!(rx.membership().log().head_hash(), head, "nothing changed");
+    assert!(listed(&rx), "a forged removal removes nothing");
+
+    let json = serde_json::to_vec(&vec![removes.entries()[base.len()..].to_vec()]).unwrap();
+    let out = rx.on_hello("tx", &with_evidence(&hello, 4, json, 4), NOW_MS);
+    assert!(counted(&out, Count::RemovalEvidenceMerged));
+    assert!(!listed(&rx), "device 3 is out, whichever branch won");
+
+    // On the wire: more than 64 KiB of evidence is refused at decode.
+    let big = with_evidence(
+        &hello,
+        4,
+        vec![b' '; nuwa_proto::MAX_REMOVAL_EVIDENCE_BYTES + 1],
+        5,
+    );
+    assert!(Frame::decode(&Frame::Hello(big).encode()).is_err());
+}

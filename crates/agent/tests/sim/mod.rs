@@ -225,10 +225,6 @@ pub struct Sim {
     pub acked: Vec<Acked>,
     /// Revoked devices and the epoch their revocation opened.
     pub revoked: BTreeMap<String, u64>,
-    /// Revoked devices that handed their stale chain to a recovering home,
-    /// and the epoch that recovery opened (sealed to them: the home could
-    /// not know).
-    pub handed_over: BTreeMap<String, u64>,
     /// Each key epoch seen, and the revoked devices its opener's chain had
     /// removed when it opened it (the first device seen holding an epoch
     /// is its opener: adopting one takes a delivery, a step of its own).
@@ -299,7 +295,6 @@ impl Sim {
             next_request: 0,
             acked: Vec::new(),
             revoked: BTreeMap::new(),
-            handed_over: BTreeMap::new(),
             epoch_knew: BTreeMap::new(),
             recovery,
             trace: Vec::new(),

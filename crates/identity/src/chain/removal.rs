@@ -154,25 +154,22 @@ impl DidChain {
     /// Keeps `branch` (a verified chain of this DID) as evidence if it
     /// forks from this chain, loses the fork rule and removes a device this
     /// chain lists; a prefix of a branch kept already is replaced by it.
-    /// Returns whether [`DidChain::current`] changed.
-    pub(super) fn keep_lost(&mut self, branch: &DidChain) -> bool {
+    pub(super) fn keep_lost(&mut self, branch: &DidChain) {
         if self.fork_point(branch).is_none()
             || compare_branches(self, branch).ok() != Some(Ordering::Greater)
             || self.lost.iter().any(|b| b.holds(branch))
         {
-            return false;
+            return;
         }
-        let before = self.current().clone();
         let mut branch = branch.clone();
         branch.lost.clear();
         branch.effective = None;
         self.lost.retain(|b| !branch.holds(b));
         if self.lost.len() >= MAX_LOST_BRANCHES {
-            return false;
+            return;
         }
         self.lost.push(branch);
         self.apply_removals();
-        *self.current() != before
     }
 
     /// Keeps the lost branches `others` holds that are evidence against
