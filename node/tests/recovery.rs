@@ -841,3 +841,187 @@ fn the_recovery_words_never_touch_the_disk() {
         }
     });
 }
+
+/// The epochs a home's key ring holds.
+fn epochs(home: &Path) -> std::collections::BTreeSet<u64> {
+    key_ring(home).epochs().collect()
+}
+
+/// The DID chain a home stored.
+fn stored_chain(home: &Path) -> nuwa_agent::identity::chain::DidChain {
+    serde_json::from_slice(&std::fs::read(home.join("did-log.json")).unwrap()).unwrap()
+}
+
+/// The attack of finding 1 of issue 24 with real daemons. An admin `a`
+/// revokes `i` and writes a secret, and every admin device is lost; `i`'s
+/// stale home (`online`: a copy taken before the revocation, which `i`
+/// itself heard of; otherwise `i` itself, revoked while it was offline)
+/// hands its chain to a fresh home recovering with the words, while the
+/// witness `w` (which holds the revocation) is down. Once `w` comes back,
+/// `i` must be out on every device and in the chain itself, refused, and
+/// it never holds a key of the revocation or of anything after it.
+fn stale_handover_attack(test: &str, online: bool) {
+    isolated(test, || {
+        let mut c = Cluster::new();
+        let (a, words) = init_with_words(&c, "a");
+        let i = c.provision(&a, "i");
+        let w = c.provision(&a, "w");
+        let ia = c.start(&a, &[]);
+        let mut ii = c.start(&i, &[]);
+        let iw = c.start(&w, &[]);
+        three_in_sync(&a, &i, &w);
+        let ci = context_id(&i);
+        c.stop(ii);
+        let before_revocation = epochs(&i);
+        let handing = if online {
+            // The holder keeps a copy of the home, then `i` hears of its
+            // revocation.
+            let copy = c.home("i-copy");
+            assert!(
+                std::process::Command::new("cp")
+                    .arg("-a")
+                    .arg(&i)
+                    .arg(&copy)
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+            ii = c.start(&i, &[]);
+            wait_for("i is verified again", Duration::from_secs(15), || {
+                status(&a)
+                    .is_ok_and(|s| verified(&s).len() == 2)
+                    .then_some(())
+            });
+            cli_ok(&a, &["device", "revoke", "--yes", &ci]);
+            wait_for("i learns it was revoked", Duration::from_secs(15), || {
+                (status(&i).ok()?["device"]["revoked"] == json!(true)).then_some(())
+            });
+            c.stop(ii);
+            copy
+        } else {
+            cli_ok(&a, &["device", "revoke", "--yes", &ci]);
+            i.clone()
+        };
+        let secret = unique_marker();
+        cli_ok(
+            &a,
+            &["state", "put", "notes", "secret", &format!("\"{secret}\"")],
+        );
+        wait_for(
+            "the witness has the secret",
+            Duration::from_secs(15),
+            || {
+                get_json(&w, "notes")
+                    .is_some_and(|v| v["secret"] == json!(secret))
+                    .then_some(())
+            },
+        );
+        let revocation_epoch = key_ring(&w).current().epoch();
+        assert!(!before_revocation.contains(&revocation_epoch));
+        // Every admin device is lost; the witness is away.
+        c.stop(ia);
+        std::fs::remove_dir_all(&a).unwrap();
+        c.stop(iw);
+
+        // The stale home hands over to a fresh home recovering by words.
+        let ih = c.start(&handing, &[]);
+        let n = c.home("n");
+        let mut p = recover_fresh(&n, &words);
+        let out = cli_ok(&handing, &["device", "approve", "--recovery", &p.code]);
+        assert!(out.contains("handed over"), "{out}");
+        assert!(
+            p.wait_exit(Duration::from_secs(60)).success(),
+            "{}",
+            p.stderr()
+        );
+        let cn = context_id(&n);
+        // The limit written in ARCHITECTURE.md: a home recovering on a
+        // stale chain before any witness reaches it knows nothing of the
+        // revocation, and seals its recovery epoch to the handing device.
+        let recovery_epoch = key_ring(&n).current().epoch();
+        c.start(&n, &[]);
+        wait_for(
+            "the recovered home verifies the handing device",
+            Duration::from_secs(30),
+            || {
+                status(&n)
+                    .is_ok_and(|s| verified(&s).contains(&ci))
+                    .then_some(())
+            },
+        );
+
+        // The witness returns: the revocation stands on the recovered chain.
+        c.start(&w, &[]);
+        wait_for(
+            "every device holds i removed and n as admin",
+            Duration::from_secs(45),
+            || {
+                [&n, &w]
+                    .iter()
+                    .all(|h| !listed(h, &ci) && is_admin(h, &cn))
+                    .then_some(())
+            },
+        );
+        cli_ok(&n, &["state", "put", "notes", "after", "3"]);
+        let after_witness = key_ring(&n).current().epoch();
+        wait_for(
+            "n and w hold every write, and i is refused by both",
+            Duration::from_secs(45),
+            || {
+                let all = [&n, &w].iter().all(|h| {
+                    get_json(h, "notes").is_some_and(|v| {
+                        v["before"] == json!(1)
+                            && v["secret"] == json!(secret)
+                            && v["after"] == json!(3)
+                    })
+                });
+                let refused = [&n, &w]
+                    .iter()
+                    .all(|h| counter(h, "rejected_connection_unknown_key") >= 1);
+                (all && refused).then_some(())
+            },
+        );
+        // The chain itself removed i (an admin signed what the lost branch
+        // did).
+        for h in [&n, &w] {
+            let log = stored_chain(h);
+            for doc in [log.current(), log.chain_document()] {
+                assert!(doc.find_method(&ci).is_none(), "{} lists i", h.display());
+            }
+        }
+        // i never held a key of its revocation or of anything after the
+        // witness spoke, and reads nothing written after its revocation.
+        let held = epochs(&handing);
+        assert!(!held.contains(&revocation_epoch), "{held:?}");
+        assert!(!held.contains(&after_witness), "{held:?}");
+        assert!(
+            held.iter()
+                .all(|e| before_revocation.contains(e) || *e == recovery_epoch),
+            "i holds {held:?}; before {before_revocation:?}, recovery {recovery_epoch}"
+        );
+        let vi = get_json(&handing, "notes").unwrap();
+        assert!(vi.get("secret").is_none(), "i read the secret: {vi}");
+        assert!(vi.get("after").is_none(), "i read a later write: {vi}");
+        c.stop(ih);
+    });
+}
+
+// Goal: done-when 1 of issue 24 with real daemons: a revoked device's
+// stale copy of its home hands over to `recover`; the revocation stands.
+#[test]
+fn a_stale_copy_of_a_revoked_device_cannot_undo_its_revocation() {
+    stale_handover_attack(
+        "a_stale_copy_of_a_revoked_device_cannot_undo_its_revocation",
+        true,
+    );
+}
+
+// Goal: done-when 1 of issue 24, the same for a device revoked while it
+// was offline, which never heard of it and hands over its own home.
+#[test]
+fn a_device_revoked_while_offline_cannot_undo_its_revocation() {
+    stale_handover_attack(
+        "a_device_revoked_while_offline_cannot_undo_its_revocation",
+        false,
+    );
+}
