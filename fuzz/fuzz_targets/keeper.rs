@@ -34,6 +34,7 @@ fn keeper() -> &'static Mutex<Keeper> {
             did_proof: chain_with_device().proof().encode().expect("proof json"),
             envelopes: Vec::new(),
             replaces_through: 0,
+            membership: Default::default(),
         };
         let req = sign_request(
             &device(),
@@ -70,6 +71,8 @@ fuzz_target!(|data: &[u8]| {
         KeeperBody::Pull {
             since,
             max_bytes: max,
+            have_head: String::new(),
+            have_epoch: 0,
         }
     } else {
         // `log ‖ 0xff ‖ envelope ‖ 0xff ‖ envelope ...`
@@ -83,6 +86,7 @@ fuzz_target!(|data: &[u8]| {
             did_proof,
             envelopes,
             replaces_through: rest.len() as u64 % 4,
+            membership: Default::default(),
         }
     };
     if let Ok(req) = sign_request(

@@ -12,6 +12,73 @@ pub const MAX_PUSH_ENVELOPES: usize = 1024;
 pub const MAX_BATCH_ENTRIES: usize = 4096;
 /// Longest refusal detail.
 pub const MAX_DETAIL_BYTES: usize = 512;
+/// Most bytes of DID chain entries a keeper takes and serves.
+pub const MAX_KEEPER_CHAIN_BYTES: usize = 1024 * 1024;
+/// Longest chain head hash a pull names.
+const MAX_HEAD_BYTES: usize = 128;
+/// Most epoch grants in one [`Membership`].
+pub const MAX_KEEPER_GRANTS: usize = 4;
+
+/// An agent's membership as a keeper takes and serves it (see
+/// `KeeperMembership` in `sync.proto`): public material that a device
+/// checks like the same material from a peer. Empty: nothing to carry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Membership {
+    /// DID chain entries from seq 1 on (JSON), at most
+    /// [`MAX_KEEPER_CHAIN_BYTES`].
+    pub did_entries: Vec<u8>,
+    /// Signed epoch grants, each at most [`crate::MAX_EPOCH_GRANT_BYTES`],
+    /// at most [`MAX_KEEPER_GRANTS`].
+    pub epoch_grants: Vec<Vec<u8>>,
+}
+
+impl Membership {
+    pub fn is_empty(&self) -> bool {
+        self.did_entries.is_empty() && self.epoch_grants.is_empty()
+    }
+
+    fn to_pb(&self) -> Option<pb::KeeperMembership> {
+        (!self.is_empty()).then(|| pb::KeeperMembership {
+            did_entries: self.did_entries.clone(),
+            epoch_grants: self.epoch_grants.clone(),
+        })
+    }
+
+    fn from_pb(m: Option<pb::KeeperMembership>) -> Result<Membership, WireError> {
+        let Some(m) = m else {
+            return Ok(Membership::default());
+        };
+        if m.did_entries.len() > MAX_KEEPER_CHAIN_BYTES {
+            return Err(invalid(
+                "keeper DID entries",
+                format!(
+                    "{} bytes, max {MAX_KEEPER_CHAIN_BYTES}",
+                    m.did_entries.len()
+                ),
+            ));
+        }
+        if m.epoch_grants.len() > MAX_KEEPER_GRANTS {
+            return Err(invalid(
+                "keeper epoch grants",
+                format!("{}, max {MAX_KEEPER_GRANTS}", m.epoch_grants.len()),
+            ));
+        }
+        if let Some(g) = m
+            .epoch_grants
+            .iter()
+            .find(|g| g.is_empty() || g.len() > crate::MAX_EPOCH_GRANT_BYTES)
+        {
+            return Err(invalid(
+                "keeper epoch grant",
+                format!("{} bytes, 1 to {}", g.len(), crate::MAX_EPOCH_GRANT_BYTES),
+            ));
+        }
+        Ok(Membership {
+            did_entries: m.did_entries,
+            epoch_grants: m.epoch_grants,
+        })
+    }
+}
 
 /// A device's signature on a keeper request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,9 +100,20 @@ pub enum KeeperBody {
         /// A compacted snapshot: 0, or the sequence number up to which the
         /// keeper may drop the agent's entries in the same write.
         replaces_through: u64,
+        /// The pusher's chain (when the keeper may not hold it) and its
+        /// current epoch grant (when the keeper may not hold that).
+        membership: Membership,
     },
     /// Everything stored after `since`, up to about `max_bytes`.
-    Pull { since: u64, max_bytes: u32 },
+    /// `have_head` and `have_epoch` (the puller's chain head hash and key
+    /// epoch; empty and 0 from older devices) say what membership the
+    /// batch should carry.
+    Pull {
+        since: u64,
+        max_bytes: u32,
+        have_head: String,
+        have_epoch: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +209,9 @@ pub enum KeeperResponse {
         /// The cursor to ask from next.
         next: u64,
         more: bool,
+        /// The keeper's chain when its head is not the puller's, and the
+        /// grants of epochs newer than the puller's.
+        membership: Membership,
     },
     Refused {
         request_id: u64,
@@ -155,14 +236,23 @@ pub(crate) fn request_to_pb(r: &KeeperRequest) -> pb::KeeperRequest {
             did_proof,
             envelopes,
             replaces_through,
+            membership,
         } => pb::keeper_request::Kind::Push(pb::KeeperPush {
             did_proof: did_proof.clone(),
             envelopes: envelopes.iter().map(envelope_to_pb).collect(),
             replaces_through: *replaces_through,
+            membership: membership.to_pb(),
         }),
-        KeeperBody::Pull { since, max_bytes } => pb::keeper_request::Kind::Pull(pb::KeeperPull {
+        KeeperBody::Pull {
+            since,
+            max_bytes,
+            have_head,
+            have_epoch,
+        } => pb::keeper_request::Kind::Pull(pb::KeeperPull {
             since: *since,
             max_bytes: *max_bytes,
+            have_head: have_head.clone(),
+            have_epoch: *have_epoch,
         }),
     };
     pb::KeeperRequest {
@@ -211,12 +301,23 @@ pub(crate) fn request_from_pb(r: pb::KeeperRequest) -> Result<KeeperRequest, Wir
                     .map(envelope_from_pb)
                     .collect::<Result<_, _>>()?,
                 replaces_through: p.replaces_through,
+                membership: Membership::from_pb(p.membership)?,
             }
         }
-        Some(pb::keeper_request::Kind::Pull(p)) => KeeperBody::Pull {
-            since: p.since,
-            max_bytes: p.max_bytes,
-        },
+        Some(pb::keeper_request::Kind::Pull(p)) => {
+            if p.have_head.len() > MAX_HEAD_BYTES {
+                return Err(invalid(
+                    "keeper pull head",
+                    format!("{} bytes, max {MAX_HEAD_BYTES}", p.have_head.len()),
+                ));
+            }
+            KeeperBody::Pull {
+                since: p.since,
+                max_bytes: p.max_bytes,
+                have_head: p.have_head,
+                have_epoch: p.have_epoch,
+            }
+        }
     };
     Ok(KeeperRequest {
         request_id: r.request_id,
@@ -251,8 +352,10 @@ pub(crate) fn response_to_pb(r: &KeeperResponse) -> pb::KeeperResponse {
             entries,
             next,
             more,
+            membership,
             ..
         } => pb::keeper_response::Kind::Batch(pb::KeeperBatch {
+            membership: membership.to_pb(),
             entries: entries
                 .iter()
                 .map(|(seq, e)| pb::KeeperEntry {
@@ -307,6 +410,7 @@ pub(crate) fn response_from_pb(r: pb::KeeperResponse) -> Result<KeeperResponse, 
                 entries,
                 next: b.next,
                 more: b.more,
+                membership: Membership::from_pb(b.membership)?,
             }
         }
         Some(pb::keeper_response::Kind::Refused(r)) => {

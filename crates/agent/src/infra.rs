@@ -214,6 +214,8 @@ mod tests {
             body: KeeperBody::Pull {
                 since: 0,
                 max_bytes: 1024,
+                have_head: String::new(),
+                have_epoch: 0,
             },
         }
     }

@@ -28,7 +28,9 @@
 
 use std::collections::BTreeMap;
 
-use nuwa_proto::keeper::{KeeperBody, KeeperResponse, RefusalCode};
+use nuwa_proto::keeper::{
+    KeeperBody, KeeperResponse, MAX_KEEPER_CHAIN_BYTES, Membership as KeeperMembership, RefusalCode,
+};
 use nuwa_proto::{Frame, SyncPayload};
 use nuwa_sync::Stored;
 use serde::{Deserialize, Serialize};
@@ -69,6 +71,12 @@ struct Link {
     log_len_sent: usize,
     /// The chain length the push in flight carries (adopted on `Pushed`).
     log_len_pending: usize,
+    /// The key epoch whose grant the keeper acknowledged from us, and the
+    /// one the push in flight carries: a newer grant goes with the next
+    /// push, so a device that meets only the keeper can open what is
+    /// sealed under it.
+    grant_epoch_sent: u64,
+    grant_epoch_pending: u64,
     push_in_flight: Option<PushInFlight>,
     pull_in_flight: Option<(u64, u64)>,
     next_push_ms: u64,
@@ -140,6 +148,7 @@ impl Keepers {
         if let Some(l) = self.links.get_mut(peer) {
             l.connected = false;
             l.knows_log = false;
+            l.grant_epoch_sent = 0;
             l.push_in_flight = None;
             l.pull_in_flight = None;
             l.caught_up = false;
@@ -248,6 +257,8 @@ impl Agent {
                 let body = KeeperBody::Pull {
                     since,
                     max_bytes: PULL_BYTES,
+                    have_head: self.session.log().head_hash().to_owned(),
+                    have_epoch: self.session.secure().epoch(),
                 };
                 if self.keeper_send(peer, id, body, now_ms, out)
                     && let Some(link) = self.keepers.links.get_mut(&peer)
@@ -328,14 +339,13 @@ impl Agent {
             }
             covered.insert(name.clone(), heads);
         }
-        if envelopes.is_empty() && knows_log {
+        let epoch = self.session.secure().epoch();
+        let grant_new =
+            epoch > link.grant_epoch_sent && !self.session.membership().epoch_grant().is_empty();
+        if envelopes.is_empty() && knows_log && !grant_new {
             return;
         }
-        let did_proof = if knows_log {
-            Vec::new()
-        } else {
-            self.session.log().proof().encode().unwrap_or_default()
-        };
+        let (did_proof, membership) = self.keeper_membership(knows_log, grant_new);
         let count = envelopes.len();
         let log_len = self.session.log().len();
         let id = self.keepers.request_id();
@@ -343,6 +353,7 @@ impl Agent {
             did_proof,
             envelopes,
             replaces_through: 0,
+            membership,
         };
         if self.keeper_send(peer, id, body, now_ms, out)
             && let Some(link) = self.keepers.links.get_mut(&peer)
@@ -354,7 +365,33 @@ impl Agent {
             } else {
                 log_len
             };
+            link.grant_epoch_pending = if grant_new {
+                epoch
+            } else {
+                link.grant_epoch_sent
+            };
         }
+    }
+
+    /// What a push carries beyond envelopes: our DID proof and chain when
+    /// the keeper may not hold them (the chain only when it fits), and the
+    /// grant of our current epoch when the keeper lacks it from us. A
+    /// device that meets only the keeper learns both from its pulls.
+    fn keeper_membership(&self, knows_log: bool, grant_new: bool) -> (Vec<u8>, KeeperMembership) {
+        let m = self.session.membership();
+        let mut membership = KeeperMembership::default();
+        if grant_new {
+            membership.epoch_grants.push(m.epoch_grant().to_vec());
+        }
+        if knows_log {
+            return (Vec::new(), membership);
+        }
+        let (entries, more) = m.entries_page(1, MAX_KEEPER_CHAIN_BYTES);
+        if !more && self.session.log().len() > 1 {
+            membership.did_entries = entries;
+        }
+        let proof = self.session.log().proof().encode().unwrap_or_default();
+        (proof, membership)
     }
 
     /// Every change of every container once, sealed: the envelopes of a
@@ -454,6 +491,7 @@ impl Agent {
             did_proof: Vec::new(),
             envelopes: snapshot.envelopes,
             replaces_through: through,
+            membership: KeeperMembership::default(),
         };
         let sent = self.keeper_send(peer, id, body, now_ms, out);
         if let Some(l) = self.keepers.links.get_mut(&peer) {
@@ -537,6 +575,7 @@ impl Agent {
                 }
                 link.knows_log = true;
                 link.log_len_sent = link.log_len_sent.max(link.log_len_pending);
+                link.grant_epoch_sent = link.grant_epoch_sent.max(link.grant_epoch_pending);
                 if quota_near && !link.compact {
                     info!(%peer, used_bytes, used_envelopes, "the keeper's quota for this agent is nearly used; compacting");
                     link.compact = true;
@@ -550,9 +589,21 @@ impl Agent {
                 entries,
                 next,
                 more,
+                membership,
                 ..
             } => {
                 link.pull_in_flight = None;
+                if !membership.is_empty() {
+                    // Before the envelopes: they may be sealed under a
+                    // grant it carries, by a device its chain lists.
+                    let effects = self.session.on_keeper_membership(
+                        &peer.to_string(),
+                        &membership.did_entries,
+                        &membership.epoch_grants,
+                        now_ms,
+                    );
+                    self.absorb(effects, now_ms, out);
+                }
                 self.on_pulled(peer, entries, next, more, now_ms, out);
             }
             KeeperResponse::Refused { code, detail, .. } => {

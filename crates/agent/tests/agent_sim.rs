@@ -386,6 +386,64 @@ fn keeper_handoff(s: &mut Sim) {
     s.start(a);
 }
 
+/// A device that meets the others only through the keeper across a key
+/// epoch change (issue 24): it is away while the admin revokes another
+/// device and writes under the new epoch; back on a network of its own,
+/// with only the keeper, it must read every one of those writes (the
+/// keeper serves the chain and the grant), while the revoked device holds
+/// no key of the new epoch (checked after every step).
+fn keeper_across_epoch(s: &mut Sim, r: &mut Roles) {
+    if !s.has_keeper() || !admin_up(s, r) || r.revocations >= 2 {
+        return;
+    }
+    let others: Vec<usize> = live(s).into_iter().filter(|&i| i != r.admin).collect();
+    let Some(b) = pick(s, &others) else { return };
+    let victims: Vec<usize> = others.into_iter().filter(|&i| i != b).collect();
+    let Some(v) = pick(s, &victims) else { return };
+    s.heal(5_000);
+    s.crash(b);
+    s.note(format!("d{b} goes away; it will meet only the keeper"));
+    let id = s.revoke(r.admin, v);
+    s.run_for(500);
+    if !s.note_revocation(r.admin, id, v) || !s.revoked.contains_key(&s.devices[v].context_id()) {
+        return;
+    }
+    r.revocations += 1;
+    let from = s.acked.len();
+    for _ in 0..3 {
+        s.write(r.admin, "notes");
+    }
+    s.run_for(6_000);
+    let writes: Vec<_> = s.acked[from..]
+        .iter()
+        .filter(|w| w.device == r.admin)
+        .cloned()
+        .collect();
+    s.move_to(b, 4);
+    s.start(b);
+    s.run_for(8_000);
+    let held = s.devices[b]
+        .disk
+        .as_ref()
+        .map(|d| d.load_all())
+        .unwrap_or_default();
+    for w in &writes {
+        let got = held.get(&w.container).and_then(|c| c.get(&w.key));
+        assert_eq!(
+            got.as_ref(),
+            Some(&w.value),
+            "seed {}: d{b}, meeting only the keeper, lacks {} written after the revocation of d{v}\n{}",
+            s.seed,
+            w.key,
+            s.trace_tail()
+        );
+    }
+    if !writes.is_empty() {
+        s.count("keeper epoch handoffs");
+    }
+    s.move_to(b, 0);
+}
+
 fn run(seed: u64) -> std::collections::BTreeMap<&'static str, u64> {
     run_sim(seed).tally
 }
@@ -414,6 +472,9 @@ fn run_sim(seed: u64) -> Sim {
     };
     if keeper {
         keeper_handoff(&mut s);
+        if rng.bool() {
+            keeper_across_epoch(&mut s, &mut roles);
+        }
     }
     if rng.u32(0..3) == 0 {
         // A copy early on, so that many seeds restore one later.
@@ -491,6 +552,7 @@ fn agents_keep_their_promises_under_seeded_faults() {
                 "backups",
                 "restores",
                 "keeper requests",
+                "keeper epoch handoffs",
                 "crashes",
             ] {
                 assert!(

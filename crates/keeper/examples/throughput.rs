@@ -67,6 +67,7 @@ fn main() {
             },
             envelopes: chunk.to_vec(),
             replaces_through: 0,
+            membership: Default::default(),
         };
         let req = sign_request(&dev, &ctx, &did, i as u64, body, now).unwrap();
         let r = keeper.handle(req, now);
@@ -84,6 +85,8 @@ fn main() {
             KeeperBody::Pull {
                 since: cursor,
                 max_bytes: 4 * 1024 * 1024,
+                have_head: String::new(),
+                have_epoch: 0,
             },
             now,
         )
@@ -170,6 +173,7 @@ fn push_req(a: &Agent, now: u64, with_log: bool, n: usize) -> nuwa_proto::keeper
         },
         envelopes,
         replaces_through: 0,
+        membership: Default::default(),
     };
     sign_request(&a.dev, &a.ctx, a.log.did(), 0, body, now).unwrap()
 }
@@ -178,6 +182,8 @@ fn pull_req(a: &Agent, now: u64) -> nuwa_proto::keeper::KeeperRequest {
     let body = KeeperBody::Pull {
         since: 0,
         max_bytes: 64 * 1024,
+        have_head: String::new(),
+        have_epoch: 0,
     };
     sign_request(&a.dev, &a.ctx, a.log.did(), 0, body, now).unwrap()
 }

@@ -34,7 +34,7 @@ mod store;
 pub use mem_store::MemKeeperStore;
 pub use store::{
     AgentDoc, AgentHash, AgentRecord, AgentState, ENTRY_HEADER_BYTES, Entry, KeeperStore,
-    KeeperStoreError, Page, Pushed, Usage,
+    KeeperStoreError, Page, Pushed, StoredGrant, Usage,
 };
 
 use std::collections::{BTreeMap, HashMap};
@@ -47,7 +47,7 @@ use nuwa_identity::keys::{DeviceKey, verify_ed25519};
 use nuwa_identity::nip2::{NonceStore, ReplayError};
 use nuwa_proto::keeper::{
     KeeperAuth, KeeperBody, KeeperRequest, KeeperResponse, MAX_BATCH_ENTRIES, MAX_DETAIL_BYTES,
-    RefusalCode, envelope_bytes, envelope_from_bytes,
+    MAX_KEEPER_GRANTS, Membership, RefusalCode, envelope_bytes, envelope_from_bytes,
 };
 use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
@@ -120,6 +120,9 @@ pub struct KeeperStats {
     pub envelopes_compacted: u64,
     /// Refused requests by code.
     pub refused: BTreeMap<&'static str, u64>,
+    /// Membership a push carried that was left out (entries that did not
+    /// end at the proven head, grants that did not verify).
+    pub membership_ignored: u64,
     pub agents: usize,
 }
 
@@ -166,6 +169,7 @@ pub fn request_digest(req: &KeeperRequest) -> [u8; 32] {
             did_proof,
             envelopes,
             replaces_through,
+            membership,
         } => {
             m.push(1);
             m.extend_from_slice(&replaces_through.to_be_bytes());
@@ -178,11 +182,29 @@ pub fn request_digest(req: &KeeperRequest) -> [u8; 32] {
                 h.update(&b);
             }
             m.extend_from_slice(&h.finalize());
+            // Signed only when present, so a request of an older device
+            // keeps its digest.
+            if !membership.is_empty() {
+                put_field(&mut m, &membership.did_entries);
+                m.extend_from_slice(&(membership.epoch_grants.len() as u64).to_be_bytes());
+                for g in &membership.epoch_grants {
+                    put_field(&mut m, g);
+                }
+            }
         }
-        KeeperBody::Pull { since, max_bytes } => {
+        KeeperBody::Pull {
+            since,
+            max_bytes,
+            have_head,
+            have_epoch,
+        } => {
             m.push(2);
             m.extend_from_slice(&since.to_be_bytes());
             m.extend_from_slice(&max_bytes.to_be_bytes());
+            if !have_head.is_empty() {
+                put_field(&mut m, have_head.as_bytes());
+                m.extend_from_slice(&have_epoch.to_be_bytes());
+            }
         }
     }
     Sha256::digest(&m).into()
@@ -247,11 +269,98 @@ fn doc_from_proof(
         }
         ever_listed.insert(DidDocument::fragment(id).to_owned());
     }
+    let (chain, chain_head, grants) = before
+        .map(|b| (b.chain.clone(), b.chain_head.clone(), b.grants.clone()))
+        .unwrap_or_default();
     AgentDoc {
         head_seq: proof.head_seq(),
         head_hash: proof.head_hash().to_owned(),
         document,
         ever_listed,
+        chain,
+        chain_head,
+        grants,
+    }
+}
+
+/// Takes what a push carries of the agent's membership into `log`:
+/// entries whose head is the proof `log` follows, and grants signed by a
+/// key that may open epochs in `log`'s document, keeping the newest
+/// [`MAX_KEEPER_GRANTS`]. What does not fit is left out, not refused (a
+/// device behind another's proof still pushes its envelopes); devices
+/// check everything again when they take it. Returns what was left out.
+fn take_membership(log: &mut AgentDoc, m: &Membership, did: &str, now_secs: i64) -> u64 {
+    let mut ignored = 0;
+    if !m.did_entries.is_empty() {
+        let head = serde_json::from_slice::<Vec<nuwa_identity::chain::DidEntry>>(&m.did_entries)
+            .ok()
+            .filter(|e| e.first().is_some_and(|f| f.seq() == 1))
+            .and_then(|e| e.last().and_then(|l| l.hash().ok()));
+        match (head, std::str::from_utf8(&m.did_entries)) {
+            (Some(head), Ok(text)) if head == log.head_hash => {
+                log.chain = text.to_owned();
+                log.chain_head = head;
+            }
+            _ => ignored += 1,
+        }
+    }
+    for bytes in &m.epoch_grants {
+        let Some(epoch) = checked_grant_epoch(&log.document, bytes, did, now_secs) else {
+            ignored += 1;
+            continue;
+        };
+        if log.grants.iter().any(|g| g.bytes == *bytes) {
+            continue;
+        }
+        log.grants.push(StoredGrant {
+            epoch,
+            bytes: bytes.clone(),
+        });
+        log.grants.sort_by_key(|g| g.epoch);
+        while log.grants.len() > MAX_KEEPER_GRANTS {
+            log.grants.remove(0);
+        }
+    }
+    ignored
+}
+
+/// The epoch of a grant for `did` whose issuer may open epochs in `doc`
+/// and whose signature verifies.
+fn checked_grant_epoch(doc: &DidDocument, bytes: &[u8], did: &str, now_secs: i64) -> Option<u64> {
+    let grant = nuwa_crypto::epoch::EpochGrant::decode(bytes).ok()?;
+    if grant.agent_did != did {
+        return None;
+    }
+    let issuer = doc
+        .key_for(
+            &doc.key_id(&grant.issuer_context_id),
+            Relationship::CapabilityDelegation,
+            now_secs,
+        )
+        .ok()?;
+    grant.verify(&issuer).ok()?;
+    Some(grant.epoch)
+}
+
+/// What a pull's batch carries of the agent's membership: the chain when
+/// its head is not the puller's, and grants of epochs newer than the
+/// puller's. Nothing for an older device, which names no head.
+fn membership_for(log: &AgentDoc, have_head: &str, have_epoch: u64) -> Membership {
+    if have_head.is_empty() {
+        return Membership::default();
+    }
+    Membership {
+        did_entries: if log.chain_head != have_head {
+            log.chain.as_bytes().to_vec()
+        } else {
+            Vec::new()
+        },
+        epoch_grants: log
+            .grants
+            .iter()
+            .filter(|g| g.epoch > have_epoch)
+            .map(|g| g.bytes.clone())
+            .collect(),
     }
 }
 
@@ -435,20 +544,32 @@ impl Keeper {
             KeeperBody::Push {
                 envelopes,
                 replaces_through,
+                membership,
                 ..
-            } => self.push(
-                hash,
-                &req.agent_did,
-                stored,
-                log,
-                envelopes,
-                replaces_through,
-                now_ms,
-                (&req.auth.context_id, req.auth.timestamp_ms),
-                req.request_id,
-            ),
-            KeeperBody::Pull { since, max_bytes } => {
-                self.pull(hash, since, max_bytes, req.request_id)
+            } => {
+                let mut log = log;
+                self.stats.membership_ignored +=
+                    take_membership(&mut log, &membership, &req.agent_did, now_secs);
+                self.push(
+                    hash,
+                    &req.agent_did,
+                    stored,
+                    log,
+                    envelopes,
+                    replaces_through,
+                    now_ms,
+                    (&req.auth.context_id, req.auth.timestamp_ms),
+                    req.request_id,
+                )
+            }
+            KeeperBody::Pull {
+                since,
+                max_bytes,
+                have_head,
+                have_epoch,
+            } => {
+                let membership = membership_for(&log, &have_head, have_epoch);
+                self.pull(hash, since, max_bytes, membership, req.request_id)
             }
         }
     }
@@ -610,6 +731,7 @@ impl Keeper {
         hash: AgentHash,
         since: u64,
         max_bytes: u32,
+        membership: Membership,
         request_id: u64,
     ) -> Result<KeeperResponse, Refusal> {
         let limit = max_bytes.clamp(1, self.config.max_pull_bytes);
@@ -635,6 +757,7 @@ impl Keeper {
             entries,
             next,
             more: page.more,
+            membership,
         })
     }
 

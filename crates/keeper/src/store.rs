@@ -82,6 +82,25 @@ pub struct AgentDoc {
     /// relationship, so a revoked device is told it was revoked. At most
     /// `MAX_EVER_LISTED`.
     pub ever_listed: BTreeSet<String>,
+    /// DID chain entries from seq 1 (JSON) that a device pushed when their
+    /// head was the proof the keeper followed: served to devices that only
+    /// meet the keeper. Empty: none pushed yet.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub chain: String,
+    /// Hash of `chain`'s head entry.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub chain_head: String,
+    /// The newest epoch grants pushed (signature checked against
+    /// `document`), by epoch, at most `nuwa_proto::keeper::MAX_KEEPER_GRANTS`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<StoredGrant>,
+}
+
+/// An epoch grant as a keeper keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredGrant {
+    pub epoch: u64,
+    pub bytes: Vec<u8>,
 }
 
 /// One agent as a store holds it.

@@ -65,6 +65,7 @@ fn push(log: &DidChain, dev: u8, with_log: bool, envs: Vec<Envelope>) -> KeeperR
         },
         envelopes: envs,
         replaces_through: 0,
+        membership: Default::default(),
     };
     sign_request(&key(dev), &ctx(&key(dev)), log.did(), 7, body, NOW).unwrap()
 }
@@ -75,7 +76,12 @@ fn pull(log: &DidChain, dev: u8, since: u64, max_bytes: u32) -> KeeperRequest {
         &ctx(&key(dev)),
         log.did(),
         8,
-        KeeperBody::Pull { since, max_bytes },
+        KeeperBody::Pull {
+            since,
+            max_bytes,
+            have_head: String::new(),
+            have_epoch: 0,
+        },
         NOW,
     )
     .unwrap()
@@ -168,6 +174,7 @@ fn forged_replayed_stale_unknown_and_foreign_are_refused() {
         did_proof: serde_json::to_vec(&proof).unwrap(),
         envelopes: vec![sealed(&log, 2, b"a")],
         replaces_through: 0,
+        membership: Default::default(),
     };
     let req = sign_request(&key(2), &ctx(&key(2)), log.did(), 10, body, NOW).unwrap();
     assert_eq!(code(&k.handle(req, NOW)), Some(RefusalCode::BadLog));
@@ -201,6 +208,8 @@ fn forged_replayed_stale_unknown_and_foreign_are_refused() {
         KeeperBody::Pull {
             since: 0,
             max_bytes: 1000,
+            have_head: String::new(),
+            have_epoch: 0,
         },
         NOW - 11 * 60_000,
     )
@@ -421,6 +430,39 @@ fn an_oversized_push_is_refused_by_the_decoder() {
         vec![sealed(&log, 2, b"x"); MAX_PUSH_ENVELOPES],
     );
     assert!(Frame::decode(&Frame::KeeperRequest(Box::new(ok)).encode()).is_ok());
+    // Membership is bounded too: too many grants, an oversized or empty
+    // grant, or oversized entries.
+    let over = |m: Membership| {
+        let req = push_membership(&log, 2, m);
+        Frame::decode(&Frame::KeeperRequest(Box::new(req)).encode())
+            .unwrap_err()
+            .to_string()
+    };
+    let g = grant(&log, 1, 5, &[2]);
+    let err = over(Membership {
+        did_entries: Vec::new(),
+        epoch_grants: vec![g.clone(); MAX_KEEPER_GRANTS + 1],
+    });
+    assert!(err.contains("grants"), "{err}");
+    let err = over(Membership {
+        did_entries: Vec::new(),
+        epoch_grants: vec![vec![0; nuwa_proto::MAX_EPOCH_GRANT_BYTES + 1]],
+    });
+    assert!(err.contains("grant"), "{err}");
+    let err = over(Membership {
+        did_entries: vec![b' '; nuwa_proto::keeper::MAX_KEEPER_CHAIN_BYTES + 1],
+        epoch_grants: Vec::new(),
+    });
+    assert!(err.contains("entries"), "{err}");
+    let fine = push_membership(
+        &log,
+        2,
+        Membership {
+            did_entries: b"[]".to_vec(),
+            epoch_grants: vec![g; MAX_KEEPER_GRANTS],
+        },
+    );
+    assert!(Frame::decode(&Frame::KeeperRequest(Box::new(fine)).encode()).is_ok());
 }
 
 // Goal: a compacted snapshot drops what it covers in the same write, frees
@@ -441,6 +483,7 @@ fn a_snapshot_replaces_what_it_covers() {
             did_proof: Vec::new(),
             envelopes: vec![sealed(&log, 3, b"all of it"), sealed(&log, 3, b"and more")],
             replaces_through: through,
+            membership: Default::default(),
         };
         sign_request(&key(3), &ctx(&key(3)), log.did(), 9, body, NOW).unwrap()
     };
@@ -577,4 +620,152 @@ fn a_replay_is_refused_after_a_restart() {
         matches!(r, KeeperResponse::Pushed { first_seq: 2, .. }),
         "{r:?}"
     );
+}
+
+/// A grant of epoch `epoch` for devices `to`, signed by device `by` (1:
+/// the master key, which may open epochs).
+fn grant(log: &DidChain, by: u8, epoch: u64, to: &[u8]) -> Vec<u8> {
+    let recipients: Vec<(String, [u8; 32])> = to
+        .iter()
+        .map(|d| {
+            let public =
+                nuwa_identity::did_key::x25519_public_from_ed25519(&key(*d).public()).unwrap();
+            (ctx(&key(*d)), public)
+        })
+        .collect();
+    let admin = &log.current().capability_delegation[0];
+    let issuer = if by == 1 {
+        DidDocument::fragment(admin).to_owned()
+    } else {
+        ctx(&key(by))
+    };
+    nuwa_crypto::epoch::EpochGrant::create(
+        &SyncKey::generate(epoch).unwrap(),
+        &recipients,
+        &[],
+        &issuer,
+        key(by).signing_key(),
+        log.did(),
+        NOW_S as u64,
+    )
+    .unwrap()
+    .encode()
+    .unwrap()
+}
+
+fn push_membership(log: &DidChain, dev: u8, membership: Membership) -> KeeperRequest {
+    let body = KeeperBody::Push {
+        did_proof: log.proof().encode().unwrap(),
+        envelopes: Vec::new(),
+        replaces_through: 0,
+        membership,
+    };
+    sign_request(&key(dev), &ctx(&key(dev)), log.did(), 9, body, tick()).unwrap()
+}
+
+fn pull_membership(log: &DidChain, dev: u8, head: &str, epoch: u64) -> Membership {
+    let body = KeeperBody::Pull {
+        since: 0,
+        max_bytes: 1024,
+        have_head: head.to_owned(),
+        have_epoch: epoch,
+    };
+    let req = sign_request(&key(dev), &ctx(&key(dev)), log.did(), 10, body, tick()).unwrap();
+    match open_keeper_answer(req) {
+        KeeperResponse::Batch { membership, .. } => membership,
+        other => panic!("expected a batch, got {other:?}"),
+    }
+}
+
+thread_local! {
+    static KEEPER: std::cell::RefCell<Option<Keeper>> = const { std::cell::RefCell::new(None) };
+    static CLOCK: std::cell::Cell<u64> = const { std::cell::Cell::new(NOW) };
+}
+
+/// The test's clock, one ms later on every call.
+fn tick() -> u64 {
+    CLOCK.with(|c| {
+        c.set(c.get() + 1);
+        c.get()
+    })
+}
+
+fn open_keeper_answer(req: KeeperRequest) -> KeeperResponse {
+    let now = req.auth.timestamp_ms;
+    KEEPER.with(|k| k.borrow_mut().as_mut().unwrap().handle(req, now))
+}
+
+// Goal: grants travel through the keeper (issue 24). What a push carries of
+// the agent's membership is kept only when it checks out against the proof
+// the keeper follows (entries ending at its head; grants signed by a key
+// that may open epochs), is served to a puller whose head or epoch is
+// behind, to nobody who names no head (older devices), and survives a
+// restart. Method: a keeper over the memory store, pushes and pulls by
+// devices of one agent.
+#[test]
+fn membership_is_kept_when_it_checks_out_and_served_to_devices_behind() {
+    let log = agent(1, &[2, 3], &[]);
+    let entries = serde_json::to_vec(&log.entries()[1..]).unwrap();
+    let short = agent(1, &[2], &[]);
+    let stale_entries = serde_json::to_vec(&short.entries()[1..]).unwrap();
+    KEEPER.with(|k| *k.borrow_mut() = Some(open()));
+    let good = grant(&log, 1, 5, &[2, 3]);
+    let forged = grant(&log, 2, 6, &[2, 3]);
+    let r = open_keeper_answer(push_membership(
+        &log,
+        2,
+        Membership {
+            did_entries: stale_entries,
+            epoch_grants: vec![forged],
+        },
+    ));
+    assert!(matches!(r, KeeperResponse::Pushed { .. }), "{r:?}");
+    let r = open_keeper_answer(push_membership(
+        &log,
+        2,
+        Membership {
+            did_entries: entries.clone(),
+            epoch_grants: vec![good.clone()],
+        },
+    ));
+    assert!(matches!(r, KeeperResponse::Pushed { .. }), "{r:?}");
+    KEEPER.with(|k| {
+        assert_eq!(k.borrow().as_ref().unwrap().stats().membership_ignored, 2);
+    });
+
+    // A device behind gets the chain and the newer grant; the forged grant
+    // and the stale entries were never kept.
+    let m = pull_membership(&log, 3, "an older head", 0);
+    assert_eq!(m.did_entries, entries);
+    assert_eq!(m.epoch_grants, vec![good.clone()]);
+    // Up to date: nothing. An older device (no head named): nothing.
+    assert!(pull_membership(&log, 3, log.head_hash(), 5).is_empty());
+    assert!(pull_membership(&log, 3, "", 0).is_empty());
+    // Only newer grants; the chain only when the head differs.
+    let m = pull_membership(&log, 3, log.head_hash(), 4);
+    assert!(m.did_entries.is_empty());
+    assert_eq!(m.epoch_grants, vec![good.clone()]);
+
+    // Kept across a restart, and at most MAX_KEEPER_GRANTS, the newest.
+    KEEPER.with(|k| {
+        let old = k.borrow_mut().take().unwrap();
+        *k.borrow_mut() = Some(restart(old));
+    });
+    let later: Vec<Vec<u8>> = (6..6 + MAX_KEEPER_GRANTS as u64)
+        .map(|e| grant(&log, 1, e, &[3]))
+        .collect();
+    for g in &later {
+        let r = open_keeper_answer(push_membership(
+            &log,
+            3,
+            Membership {
+                did_entries: Vec::new(),
+                epoch_grants: vec![g.clone()],
+            },
+        ));
+        assert!(matches!(r, KeeperResponse::Pushed { .. }), "{r:?}");
+    }
+    let m = pull_membership(&log, 2, "an older head", 0);
+    assert_eq!(m.did_entries, entries, "the chain survived the restart");
+    assert_eq!(m.epoch_grants, later, "the newest grants, oldest first");
 }

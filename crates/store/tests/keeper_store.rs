@@ -311,6 +311,12 @@ fn proven_doc() -> AgentDoc {
         head_hash: "head".into(),
         document: chain.current().clone(),
         ever_listed: BTreeSet::from([ctx(2), ctx(3)]),
+        chain: "[]".into(),
+        chain_head: "head".into(),
+        grants: vec![nuwa_keeper::StoredGrant {
+            epoch: 3,
+            bytes: vec![1, 2, 3],
+        }],
     }
 }
 
@@ -514,6 +520,8 @@ fn a_keeper_directory_from_before_the_store_trait_opens() {
         let body = KeeperBody::Pull {
             since: 0,
             max_bytes: u32::MAX,
+            have_head: String::new(),
+            have_epoch: 0,
         };
         sign_request(&key(dev), &ctx(dev), a.did(), 1, body, at).expect("sign")
     };
@@ -547,6 +555,7 @@ fn a_keeper_directory_from_before_the_store_trait_opens() {
         did_proof: Vec::new(),
         envelopes: vec![env],
         replaces_through: 0,
+        membership: Default::default(),
     };
     let req = sign_request(&key(2), &ctx(2), a.did(), 2, body, now + 1).expect("sign");
     let r = k.handle(req, now + 1);
@@ -594,6 +603,7 @@ fn the_keeper_files_hold_no_plaintext() {
             did_proof: log.proof().encode().expect("proof"),
             envelopes: envs,
             replaces_through: 0,
+            membership: Default::default(),
         };
         let req = sign_request(&key(2), &ctx(2), log.did(), 1, body, NOW).expect("sign");
         let r = k.handle(req, NOW);

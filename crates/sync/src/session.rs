@@ -129,6 +129,8 @@ nuwa_counters::table! {
         DidEntriesMerged => "did_entries_merged", "Peers' DID chains fetched in full and merged with the fork rule";
         RemovalEvidenceMerged => "removal_evidence_merged", "Hellos whose lost DID branches removed a device this chain listed (strong removal) or won the fork rule";
         RemovalEvidenceRefused => "removal_evidence_refused", "Lost DID branches in Hellos that did not connect to this chain or did not verify";
+        KeeperChainMerged => "keeper_chain_merged", "DID chains served by a keeper that changed this device's chain (merged with the fork rule)";
+        KeeperChainRefused => "keeper_chain_refused", "DID chains served by a keeper that did not connect to this chain or did not verify";
     }
 }
 
@@ -1232,6 +1234,39 @@ impl Session {
                 peer: peer.to_owned(),
                 hello: Box::new(hello),
             });
+        }
+        out
+    }
+
+    /// What a keeper served of the agent's membership, for a device that
+    /// may meet nobody else: its DID chain, spliced and merged with the
+    /// fork rule like a peer's entries, then its epoch grants, checked
+    /// against the merged document like a peer's forwarded grant. The
+    /// keeper is untrusted; all it can do is withhold.
+    pub fn on_keeper_membership(
+        &mut self,
+        keeper: &str,
+        did_entries: &[u8],
+        grants: &[Vec<u8>],
+        now_ms: u64,
+    ) -> Vec<Effect> {
+        let mut out = Vec::new();
+        if !did_entries.is_empty() {
+            let spliced = parse_entries(did_entries)
+                .ok()
+                .and_then(|entries| self.membership.log().splice(&entries).ok().flatten());
+            let was = self.membership.log().head_hash().to_owned();
+            match spliced.map(|chain| self.membership.merge_log(&chain, now_ms)) {
+                Some(Ok(outcome)) if outcome.changed() => {
+                    out.push(Effect::Count(Count::KeeperChainMerged));
+                    self.after_log_extended(&was, now_ms, true, &mut out);
+                }
+                Some(Ok(_)) => {}
+                None | Some(Err(_)) => out.push(Effect::Count(Count::KeeperChainRefused)),
+            }
+        }
+        for grant in grants {
+            self.on_grant(keeper, grant, now_ms, &mut out);
         }
         out
     }

@@ -350,6 +350,10 @@ impl Sim {
         self.devices.len() - 1
     }
 
+    pub fn has_keeper(&self) -> bool {
+        self.keeper.is_some()
+    }
+
     pub fn count(&mut self, what: &'static str) {
         *self.tally.entry(what).or_default() += 1;
     }
