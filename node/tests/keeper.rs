@@ -120,3 +120,100 @@ fn not_online_together_through_a_keeper_that_compacts() {
         );
     });
 }
+
+// Goal: grants travel through the keeper (issue 24, done-when 4 on
+// loopback). A revokes V while B is away and writes a secret under the new
+// epoch; A stops. B, which meets nobody but the keeper and still holds the
+// chain from before the revocation, reads the secret (the keeper served
+// the chain and the grant), and lists V as revoked. V, back with only the
+// keeper, is refused by it and reads nothing new. Method: a real keeper
+// and three real daemons with every discovery off but the keeper.
+#[test]
+fn a_keeper_only_device_reads_what_was_written_after_a_revocation() {
+    isolated(
+        "a_keeper_only_device_reads_what_was_written_after_a_revocation",
+        || {
+            let mut c = Cluster::new();
+            let keeper = start_keeper(&c, "100000");
+            let a = c.init("a");
+            let b = c.provision(&a, "b");
+            let v = c.provision(&a, "v");
+            let only_keeper = [
+                "--no-mdns",
+                "--no-dht",
+                "--no-rendezvous",
+                "--no-known-peers",
+                "--keeper",
+                keeper.addr.as_str(),
+            ];
+            let ia = c.start(&a, &only_keeper);
+            cli_ok(&a, &["state", "put", "notes", "before", "1"]);
+            wait_for("A: the first write pushed", Duration::from_secs(20), || {
+                (keeper_field(&a, "pushed_all")? == serde_json::json!(true)).then_some(())
+            });
+            let cv = context_id(&v);
+            cli_ok(&a, &["device", "revoke", "--yes", &cv]);
+            let secret = unique_marker();
+            cli_ok(
+                &a,
+                &["state", "put", "notes", "secret", &format!("\"{secret}\"")],
+            );
+            wait_for(
+                "A: the secret pushed (with the grant)",
+                Duration::from_secs(20),
+                || {
+                    let s = status(&a).ok()?;
+                    let pushed = s["keepers"][0]["pushed_all"] == serde_json::json!(true);
+                    let grants_in = s["counters"]["keeper_pushes"].as_u64()? >= 2;
+                    (pushed && grants_in).then_some(())
+                },
+            );
+            c.stop(ia);
+
+            let ib = c.start(&b, &only_keeper);
+            wait_for(
+                "B reads the secret through the keeper alone",
+                Duration::from_secs(20),
+                || {
+                    get_json(&b, "notes")
+                        .is_some_and(|n| {
+                            n["before"] == serde_json::json!(1)
+                                && n["secret"] == serde_json::json!(secret)
+                        })
+                        .then_some(())
+                },
+            );
+            let st = status(&b).unwrap();
+            assert!(
+                st["counters"]["keeper_chain_merged"].as_u64() >= Some(1),
+                "{st}"
+            );
+            assert!(
+                st["counters"]["epoch_grants_adopted"].as_u64() >= Some(1),
+                "{st}"
+            );
+            let list: serde_json::Value =
+                serde_json::from_str(&cli_ok(&b, &["device", "list", "--json"])).unwrap();
+            let row = list
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["context_id"] == serde_json::json!(cv))
+                .cloned()
+                .unwrap();
+            assert_eq!(row["status"], serde_json::json!("revoked"), "{list}");
+            c.stop(ib);
+
+            let iv = c.start(&v, &only_keeper);
+            wait_for("the keeper refuses V", Duration::from_secs(20), || {
+                (status(&v).ok()?["counters"]["keeper_refusals"].as_u64()? >= 1).then_some(())
+            });
+            let nv = get_json(&v, "notes");
+            assert!(
+                nv.as_ref().is_none_or(|n| n.get("secret").is_none()),
+                "the revoked device read the secret: {nv:?}"
+            );
+            c.stop(iv);
+        },
+    );
+}
