@@ -112,7 +112,8 @@ fn phase(s: &mut Sim, r: &mut Roles) {
                 s.move_to(i, 0);
             }
         }
-        81..=83 => revoke_one(s, r),
+        81 => partitioned_revocations(s, r),
+        82..=83 => revoke_one(s, r),
         84..=86 => {
             let others: Vec<usize> = up.iter().copied().filter(|&i| i != r.admin).collect();
             if let (true, Some(i)) = (admin_up(s, r), pick(s, &others)) {
@@ -195,6 +196,65 @@ fn revoke_one(s: &mut Sim, r: &mut Roles) {
     s.run_for(200);
     if s.note_revocation(r.admin, id, target) {
         r.revocations += 1;
+    }
+}
+
+/// Whether device `i`'s own chain makes it an admin.
+fn is_admin(s: &Sim, i: usize) -> bool {
+    let ctx = s.devices[i].context_id();
+    s.devices[i].agent.as_ref().is_some_and(|a| {
+        a.session()
+            .log()
+            .current()
+            .capability_delegation
+            .iter()
+            .any(|id| nuwa_identity::document::DidDocument::fragment(id) == ctx)
+    })
+}
+
+/// Two admins revoke different devices while partitioned (issue 24): the
+/// admin promotes a second device, the two end up on networks of their
+/// own with one other device each, each revokes that device, both write,
+/// and the world heals. Both revocations must stand on every device (the
+/// end checks), no device that heard of a revocation seals a key to the
+/// revoked device (checked after every step), and the live devices end
+/// on one key epoch.
+fn partitioned_revocations(s: &mut Sim, r: &mut Roles) {
+    if !admin_up(s, r) || r.revocations > 0 || r.recovered {
+        return;
+    }
+    let mut others: Vec<usize> = live(s)
+        .into_iter()
+        .filter(|&i| i != r.admin && s.devices[i].joining.is_none())
+        .collect();
+    if others.len() < 3 {
+        return;
+    }
+    s.heal(5_000);
+    let a2 = others.remove(s.rng.usize(0..others.len()));
+    let v1 = others.remove(s.rng.usize(0..others.len()));
+    let v2 = others.remove(s.rng.usize(0..others.len()));
+    s.promote(r.admin, a2);
+    s.run_for(3_000);
+    if !is_admin(s, a2) || !s.devices[v1].running() || !s.devices[v2].running() {
+        return;
+    }
+    for (i, lan) in [(r.admin, 1), (v1, 1), (a2, 2), (v2, 2)] {
+        s.move_to(i, lan);
+    }
+    s.run_for(500);
+    let id1 = s.revoke(r.admin, v1);
+    let id2 = s.revoke(a2, v2);
+    s.run_for(1_000);
+    let first = s.note_revocation(r.admin, id1, v1);
+    let second = s.note_revocation(a2, id2, v2);
+    r.revocations += usize::from(first) + usize::from(second);
+    s.write(r.admin, "notes");
+    s.write(a2, "notes");
+    s.run_for(1_000);
+    s.heal(20_000);
+    if first && second {
+        s.count("partitioned revocations");
     }
 }
 
@@ -548,6 +608,7 @@ fn agents_keep_their_promises_under_seeded_faults() {
                 "pairings",
                 "recoveries",
                 "stale handovers",
+                "partitioned revocations",
                 "rotations",
                 "backups",
                 "restores",

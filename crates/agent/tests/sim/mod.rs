@@ -1264,6 +1264,23 @@ impl Sim {
             heads.len(),
             self.trace_tail()
         );
+        // One key epoch at the end: concurrent revocations converge on one
+        // epoch (n+1, or an n+2 that an admin opened when it re-signed a
+        // removal), and every live device holds it.
+        let epochs: BTreeSet<u64> = live
+            .iter()
+            .map(|&i| {
+                let a = self.devices[i].agent.as_ref().unwrap();
+                a.session().secure().keys().current().epoch()
+            })
+            .collect();
+        assert_eq!(
+            epochs.len(),
+            1,
+            "seed {}: devices end on key epochs {epochs:?}\n{}",
+            self.seed,
+            self.trace_tail()
+        );
         // Strong removal: no revoked device is listed anywhere, and the
         // chain itself removed it (an admin signed what a lost branch did).
         for &i in &live {
