@@ -125,6 +125,9 @@ pub(crate) struct Discovery {
     pub(crate) relays: BTreeSet<PeerId>,
     /// Relays asked, or to ask again at the given time.
     relay_next_ms: BTreeMap<PeerId, u64>,
+    /// Per relay, when a reservation whose connection was replaced may be
+    /// asked for again at once (see `NetEvent::RelayClosed`).
+    relay_quick_ms: BTreeMap<PeerId, u64>,
     /// The connection in use per peer, when it changed after connecting.
     pub(crate) paths: BTreeMap<PeerId, Multiaddr>,
     /// We listen on QUIC, so infrastructure nodes are dialed over it too.
@@ -189,6 +192,7 @@ impl Discovery {
             advertised: Vec::new(),
             relays: BTreeSet::new(),
             relay_next_ms: BTreeMap::new(),
+            relay_quick_ms: BTreeMap::new(),
             paths: BTreeMap::new(),
             quic: boot
                 .listen_addrs
@@ -814,8 +818,21 @@ impl Agent {
             NetEvent::RelayClosed { relay, reason } => {
                 d.relays.remove(&relay);
                 if d.nat != Nat::Public {
-                    debug!(%relay, %reason, "relay reservation ended; asking again soon");
-                    d.relay_next_ms.insert(relay, now_ms + RELAY_RETRY_MS);
+                    // The connection that held it closed while another one
+                    // to the relay is up (a dead path replaced after a
+                    // network change): ask again at once, once per retry
+                    // period, so peers reach us through it within seconds.
+                    let replaced = reason == "closed"
+                        && d.infra.connected.contains(&relay)
+                        && d.relay_quick_ms.get(&relay).is_none_or(|t| now_ms >= *t);
+                    let next = if replaced {
+                        d.relay_quick_ms.insert(relay, now_ms + RELAY_RETRY_MS);
+                        now_ms
+                    } else {
+                        now_ms + RELAY_RETRY_MS
+                    };
+                    debug!(%relay, %reason, replaced, "relay reservation ended; asking again");
+                    d.relay_next_ms.insert(relay, next);
                 }
             }
             NetEvent::PathChanged { peer, remote } => {

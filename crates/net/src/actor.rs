@@ -9,6 +9,7 @@ mod behaviours;
 mod commands;
 mod events;
 mod frames;
+mod liveness;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
@@ -45,6 +46,8 @@ struct PeerQueue {
     in_flight_frame: Option<(Vec<u8>, bool)>,
     /// The head frame is waiting for a direct connection (counted once).
     deferred: bool,
+    /// When the frame in flight went out, and its size (see `liveness`).
+    sent: Option<(tokio::time::Instant, usize)>,
 }
 
 /// One open connection to a peer.
@@ -85,6 +88,22 @@ pub(crate) struct Actor {
     /// Peers with a direct connection whose relayed ones close once
     /// nothing is in flight (or at the latest at the given time).
     relayed_to_close: BTreeMap<PeerId, tokio::time::Instant>,
+    /// Peers whose hole punch failed since their last direct connection:
+    /// frames for them no longer wait for one.
+    punch_failed: BTreeSet<PeerId>,
+    /// Peers dialed again after a stall (see `liveness`), and when: their
+    /// connections older than that close once a new one is up.
+    /// (suspected at, last dialed).
+    suspect: BTreeMap<PeerId, (tokio::time::Instant, tokio::time::Instant)>,
+    /// The listen addresses each connected peer last told us (identify),
+    /// for dialing it again after a stall (see `liveness`).
+    identified: BTreeMap<PeerId, Vec<Multiaddr>>,
+    /// When each peer last got a probe (see `liveness`).
+    probed: BTreeMap<PeerId, tokio::time::Instant>,
+    /// When every connected peer was last dialed again after a stall.
+    last_refresh: Option<tokio::time::Instant>,
+    /// Peers dialed from the listening port (infrastructure nodes).
+    reuse_port_peers: BTreeSet<PeerId>,
 }
 
 impl Actor {
@@ -122,6 +141,12 @@ impl Actor {
             reported_external: BTreeSet::new(),
             infrastructure,
             relayed_to_close: BTreeMap::new(),
+            punch_failed: BTreeSet::new(),
+            suspect: BTreeMap::new(),
+            probed: BTreeMap::new(),
+            identified: BTreeMap::new(),
+            last_refresh: None,
+            reuse_port_peers: BTreeSet::new(),
         }
     }
 
@@ -130,9 +155,10 @@ impl Actor {
         mut commands: mpsc::Receiver<Command>,
         cancel: CancellationToken,
     ) {
-        // Frames held for a direct connection are looked at again each
-        // second (their grace may have run out).
-        let mut deferred = tokio::time::interval(Duration::from_secs(1));
+        // Frames held for a direct connection are looked at again four
+        // times a second (their grace may have run out), and so are frames
+        // in flight (a stall is the first sign of a dead path).
+        let mut deferred = tokio::time::interval(Duration::from_millis(250));
         deferred.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // Nothing here awaits the owner: events leave with try_send, and
@@ -161,6 +187,7 @@ impl Actor {
                         self.pump(p);
                     }
                     self.close_relayed();
+                    self.watch_stalls();
                 }
                 drained = self.events.drain(), if self.events.has_backlog() => {
                     if drained.is_err() {

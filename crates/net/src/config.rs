@@ -161,7 +161,9 @@ pub struct NetConfig {
     /// reachable only through a relay ...
     pub relay_defer_bytes: usize,
     /// ... for at most this long after the relayed connection came up
-    /// (long enough for hole punching); then they go over the relay.
+    /// (hole punching takes a few round trips: within 0.1 s in the NAT
+    /// lab), or until a hole punch to the peer fails; then they go over
+    /// the relay.
     pub relay_direct_grace: Duration,
 }
 
@@ -177,7 +179,7 @@ impl Default for NetConfig {
             connection_limits: None,
             advertise_listen: None,
             relay_defer_bytes: 64 * 1024,
-            relay_direct_grace: Duration::from_secs(20),
+            relay_direct_grace: Duration::from_secs(5),
         }
     }
 }

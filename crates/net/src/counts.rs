@@ -44,6 +44,8 @@ nuwa_counters::table! {
         BytesSentRelayed => "bytes_sent_relayed", "Frame bytes sent over relayed connections";
         BytesSentDirect => "bytes_sent_direct", "Frame bytes sent over direct connections";
         FramesDeferredForDirect => "frames_deferred_for_direct", "Frames too big for the relay held for a direct connection";
+        ProbesSent => "probes_sent", "Empty frames sent after a gossip message to peers with nothing in flight (gossip has no receipts)";
+        PathsRefreshed => "paths_refreshed", "Times a stalled frame made this device dial every connected peer again (a network change)";
         // The address was one of our own listeners, or the peer was
         // ourselves.
         SelfDialsSkipped => "self_dials_skipped", "Dials not made because they pointed at this device itself";

@@ -10,6 +10,9 @@ use libp2p::{
 use tracing::{debug, info};
 
 use super::Actor;
+
+/// Peers remembered as failing hole punches (far above a device's peers).
+const MAX_PUNCH_FAILED: usize = 1024;
 use crate::swarm::BehaviourEvent;
 use crate::{GossipId, KAD_PROTOCOL, NetCount, NetEvent, Registration};
 
@@ -70,6 +73,9 @@ impl Actor {
         for a in &listen_addrs {
             self.swarm.add_peer_address(peer_id, a.clone());
         }
+        if self.identified.len() < 1024 || self.identified.contains_key(&peer_id) {
+            self.identified.insert(peer_id, listen_addrs.clone());
+        }
         NetEvent::Identified {
             peer: peer_id,
             listen_addrs,
@@ -98,12 +104,19 @@ impl Actor {
         }
     }
 
-    fn on_hole_punch(&self, ev: dcutr::Event) -> NetEvent {
+    fn on_hole_punch(&mut self, ev: dcutr::Event) -> NetEvent {
         let dcutr::Event {
             remote_peer_id,
             result,
         } = ev;
         let ok = result.is_ok();
+        if ok {
+            self.punch_failed.remove(&remote_peer_id);
+        } else if self.punch_failed.len() < MAX_PUNCH_FAILED {
+            // No direct path is coming: what waits for one goes now.
+            self.punch_failed.insert(remote_peer_id);
+            self.pump(remote_peer_id);
+        }
         self.counters.inc(if ok {
             NetCount::HolePunchesOk
         } else {
@@ -121,6 +134,17 @@ impl Actor {
     fn on_sync_event(&mut self, ev: request_response::Event<Vec<u8>, Vec<u8>>) -> Option<NetEvent> {
         match ev {
             request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request {
+                    request, channel, ..
+                } if request.is_empty() => {
+                    // A probe (see `liveness`): the receipt is all it asks.
+                    let _ = self
+                        .swarm
+                        .behaviour_mut()
+                        .sync
+                        .send_response(channel, Vec::new());
+                    None
+                }
                 request_response::Message::Request {
                     request, channel, ..
                 } => {

@@ -62,6 +62,11 @@ impl Actor {
         if addrs.is_empty() {
             return;
         }
+        if let Some(p) = peer.filter(|_| reuse_port)
+            && self.reuse_port_peers.len() < 1024
+        {
+            self.reuse_port_peers.insert(p);
+        }
         let opts = match peer {
             Some(peer) if reuse_port => match self.infra_dial(peer, addrs) {
                 Some(opts) => opts,
@@ -264,7 +269,10 @@ impl Actor {
                     warn!(error = %e, "cannot subscribe");
                 }
             }
-            GossipCommand::Publish { topic, data } => self.publish(topic, data),
+            GossipCommand::Publish { topic, data } => {
+                self.publish(topic, data);
+                self.probe_idle_peers();
+            }
             GossipCommand::Report { id, accept } => {
                 if let Some(g) = self.swarm.behaviour_mut().gossip.as_mut() {
                     let verdict = if accept {

@@ -146,6 +146,10 @@ impl Actor {
             relayed,
             since: tokio::time::Instant::now(),
         });
+        if !relayed {
+            self.punch_failed.remove(&peer_id);
+        }
+        self.replace_suspect(peer_id, connection_id);
         if num_established.get() != 1 {
             let out = self.on_paths_changed(peer_id);
             self.pump(peer_id);
@@ -175,6 +179,9 @@ impl Actor {
         self.conns.remove(&peer_id);
         self.reported_path.remove(&peer_id);
         self.relayed_to_close.remove(&peer_id);
+        self.suspect.remove(&peer_id);
+        self.probed.remove(&peer_id);
+        self.identified.remove(&peer_id);
         self.queues.remove(&peer_id);
         vec![NetEvent::Disconnected { peer: peer_id }]
     }

@@ -24,11 +24,13 @@ impl Actor {
 
     /// Sends the next queued frame to `peer` if none is in flight. A frame
     /// too big for the relay waits while the peer is reachable only through
-    /// one, for the grace that hole punching gets; then it goes anyway
-    /// (behind a symmetric NAT the relay is all there is).
+    /// one, for the grace that hole punching gets, unless a hole punch to
+    /// the peer already failed; then it goes anyway (behind a symmetric NAT
+    /// the relay is all there is).
     pub(super) fn pump(&mut self, peer: PeerId) {
         let relayed_since = self.relayed_only(&peer);
         let connected = self.swarm.is_connected(&peer);
+        let punch_failed = self.punch_failed.contains(&peer);
         let Some(q) = self.queues.get_mut(&peer) else {
             return;
         };
@@ -40,6 +42,7 @@ impl Actor {
             return;
         };
         if let Some(since) = relayed_since
+            && !punch_failed
             && head.len() > self.config.relay_defer_bytes
             && since.elapsed() < self.config.relay_direct_grace
         {
@@ -62,6 +65,7 @@ impl Actor {
         // (frame, may it be sent again): not if this is already the retry.
         let is_retry = matches!(q.in_flight_frame.take(), Some((f, false)) if f == frame);
         q.in_flight_frame = Some((frame.clone(), !is_retry));
+        q.sent = Some((tokio::time::Instant::now(), frame.len()));
         q.in_flight = Some(self.swarm.behaviour_mut().sync.send_request(&peer, frame));
     }
 
@@ -71,6 +75,7 @@ impl Actor {
         {
             q.in_flight = None;
             q.in_flight_frame = None;
+            q.sent = None;
         }
         self.pump(peer);
     }
@@ -87,6 +92,7 @@ impl Actor {
             return false;
         }
         q.in_flight = None;
+        q.sent = None;
         match q.in_flight_frame.take() {
             Some((frame, true)) if connected => {
                 debug!(%peer, "connection closed under a frame; sending it again");
@@ -161,6 +167,15 @@ impl Actor {
                 continue;
             }
             self.relayed_to_close.remove(&peer);
+            // The direct connection may have closed meanwhile (a dead path
+            // replaced after a network change): the relay is all there is.
+            let direct = self
+                .conns
+                .get(&peer)
+                .is_some_and(|cs| cs.iter().any(|c| !c.relayed));
+            if !direct {
+                continue;
+            }
             let relayed: Vec<ConnectionId> = self
                 .conns
                 .get(&peer)
