@@ -500,7 +500,7 @@ pub fn sign_with_epoch(
     // Each branch opened its epochs with entries of its own, so numbering
     // this one past every branch's length keeps it from reusing a number a
     // device of another branch holds under a different key. Several admins
-    // may hear of the same branches at once and each sign: the low 16
+    // may hear of the same branches at once and each sign: the next 16
     // bits, from the signer's key, keep their epochs apart, so every
     // device ends on the highest one instead of two under one number.
     let longest = log
@@ -510,8 +510,16 @@ pub fn sign_with_epoch(
         .chain([log.len() + 1])
         .max()
         .unwrap_or(0) as u64;
+    // 16 random bits below those: an admin that signs twice at one length
+    // (its home restored from a copy taken before the first time, so it
+    // no longer holds that key) opens another number, not a second key
+    // under the one its peers hold (seed 2348 of the agent simulator).
     let public = admin.key.public();
-    let min_epoch = (longest << 16) | u64::from(u16::from_be_bytes([public[0], public[1]]));
+    let mut fresh = [0u8; 2];
+    nuwa_entropy::fill(&mut fresh).map_err(crypto_err("draw the epoch number"))?;
+    let min_epoch = (longest << 32)
+        | (u64::from(u16::from_be_bytes([public[0], public[1]])) << 16)
+        | u64::from(u16::from_be_bytes(fresh));
     let mut log = log.clone();
     log.append_document(next, &admin.key, &admin.key_id, now_secs)
         .map_err(sign_err("DID document update"))?;

@@ -371,15 +371,19 @@ fn stale_handover(s: &mut Sim, r: &mut Roles) {
         .unwrap_or_default();
     // A witness that stays a member: one added after the stale chain is
     // out once the recovery wins, and may never run again.
-    let witness = live(s).into_iter().any(|i| {
-        i != r.admin
-            && stale_listed.contains(&s.devices[i].context_id())
-            && s.devices[i]
-                .agent
-                .as_ref()
-                .is_some_and(|a| a.session().log().current().find_method(&v_ctx).is_none())
-    });
-    if !witness {
+    let witnesses: Vec<usize> = live(s)
+        .into_iter()
+        .filter(|&i| {
+            i != r.admin
+                && stale_listed.contains(&s.devices[i].context_id())
+                && s.devices[i]
+                    .agent
+                    .as_ref()
+                    .is_some_and(|a| a.session().log().current().find_method(&v_ctx).is_none())
+        })
+        .collect();
+    s.witnesses.insert(v_ctx.clone(), witnesses.clone());
+    if witnesses.is_empty() {
         // Only the admin holds the revocation: losing it would lose the
         // revocation with it, which no rule can bring back.
         return;
