@@ -20,6 +20,8 @@
 //! - typed state ([`asm`]): the schema registry, the `state.*` tools,
 //!   batches, the lifecycle of items;
 //! - what `status`, `device list` and `sync --once` report;
+//! - [`read`]: what `state get` and `state export` answer, through the
+//!   daemon or on the home's store with none running;
 //! - [`infra`]: the infrastructure node's own decisions (which DHT records
 //!   it stores, what may wait for its keeper, when the keeper prunes).
 //!
@@ -52,6 +54,7 @@ mod keeper;
 pub mod lifecycle;
 pub mod pairing;
 pub mod peer;
+pub mod read;
 mod report;
 mod standing;
 pub mod status;
