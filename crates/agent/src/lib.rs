@@ -19,7 +19,8 @@
 //! - the keeper client: what to push, pull and compact;
 //! - typed state ([`asm`]): the schema registry, the `state.*` tools,
 //!   batches, the lifecycle of items;
-//! - what `status`, `device list` and `sync --once` report;
+//! - what `status`, `device list` and `sync --once` report, and which of a
+//!   revoked device's local changes will never sync ([`stranded`]);
 //! - [`read`]: what `state get` and `state export` answer, through the
 //!   daemon or on the home's store with none running;
 //! - [`infra`]: the infrastructure node's own decisions (which DHT records
@@ -58,6 +59,7 @@ pub mod read;
 mod report;
 mod standing;
 pub mod status;
+pub mod stranded;
 
 pub use agent::{Agent, Boot, Config};
 
