@@ -25,6 +25,11 @@ use crate::api::{
     RevokeBody, RevokeReply, challenge_mac,
 };
 use crate::home;
+use nuwa_agent::api::{ApiError, GetQuery};
+use nuwa_agent::asm::REGISTRY_CONTAINER;
+use nuwa_agent::asm_model::registry::Registry;
+use nuwa_agent::devices::format_unix_ms;
+use nuwa_agent::state::Container;
 use nuwa_agent::status::Status;
 
 fn no_daemon(home: &Path) -> anyhow::Error {
@@ -402,16 +407,12 @@ fn device_list_offline(
     // The store is the daemon's: open it only while holding the home lock
     // (another command may be writing the home; then the log alone).
     let seen = match home::try_lock(home)? {
-        Some(_lock) => {
-            let store = nuwa_store::SledStore::open(&home.join(home::STORE_DIR), h.at_rest.clone())
-                .with_context(|| format!("cannot open the store in {}", home.display()))?;
-            Some(
-                match nuwa_store::Storage::get_meta(&store, nuwa_agent::devices::SEEN_META) {
-                    Ok(Some(bytes)) => nuwa_agent::devices::Seen::from_bytes(&bytes),
-                    _ => nuwa_agent::devices::Seen::default(),
-                },
-            )
-        }
+        Some(_lock) => Some(
+            match nuwa_store::Storage::get_meta(&store_of(&h)?, nuwa_agent::devices::SEEN_META) {
+                Ok(Some(bytes)) => nuwa_agent::devices::Seen::from_bytes(&bytes),
+                _ => nuwa_agent::devices::Seen::default(),
+            },
+        ),
         None => None,
     };
     let mut rows = nuwa_agent::devices::list(
@@ -442,17 +443,6 @@ fn device_list_offline(
         ),
     };
     Ok((rows, note))
-}
-
-/// A Unix time in ms as RFC 3339 UTC, e.g. 2026-11-25T05:10:00.123Z.
-fn format_unix_ms(ms: u64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| format!("{ms} ms after the Unix epoch"))
 }
 
 pub fn put(home: &Path, container: &str, key: &str, value: &str, json: bool) -> Result<()> {
@@ -622,16 +612,61 @@ pub fn import(home: &Path, file: &Path, batch_size: usize, json: bool) -> Result
     Ok(())
 }
 
-pub fn get(home: &Path, container: &str, key: Option<&str>, raw: bool, json: bool) -> Result<()> {
-    let c = Client::new(home)?;
-    let mut q = vec![("container", container)];
-    if let Some(k) = key {
-        q.push(("key", k));
-    }
-    if raw {
-        q.push(("raw", "true"));
-    }
-    let value: serde_json::Value = c.call(c.to(reqwest::Method::GET, "/v1/state/get").query(&q))?;
+/// The home's store, opened with its at-rest key (hold the home's lock).
+fn store_of(h: &home::Home) -> Result<nuwa_store::SledStore> {
+    nuwa_store::SledStore::open(&h.dir.join(home::STORE_DIR), h.at_rest.clone())
+        .with_context(|| format!("cannot open the store in {}", h.dir.display()))
+}
+
+/// A read with `--offline` on the home itself, holding its lock: `None`
+/// when a daemon runs on the home (it holds the store), so the read goes
+/// through it and prints the same.
+fn read_offline(
+    home: &Path,
+    name: &str,
+    read: impl FnOnce(Option<&Container>, &Registry) -> Result<Vec<u8>, ApiError>,
+) -> Result<Option<Vec<u8>>> {
+    let h = home::load(home)?;
+    let Some(_lock) = home::try_lock(home)? else {
+        Client::new(home).map_err(|_| {
+            anyhow::anyhow!(
+                "home {} is locked by another nuwa-node command and no daemon answers on it; \
+                 run this again once that command has finished",
+                home.display()
+            )
+        })?;
+        return Ok(None);
+    };
+    let store = store_of(&h)?;
+    let actor = nuwa_agent::sync::run_actor(&h.device.public())?;
+    let load = |n| crate::daemon::load_container(&store, &actor, n).map(|l| l.map(|l| l.container));
+    let (registry, _) = nuwa_agent::asm::registry_of(load(REGISTRY_CONTAINER)?.as_ref());
+    let bytes = read(load(name)?.as_ref(), &registry);
+    Ok(Some(bytes.map_err(|e| {
+        anyhow::anyhow!("{} ({})", e.message, e.code)
+    })?))
+}
+
+pub fn get(home: &Path, q: GetQuery, offline: bool, json: bool) -> Result<()> {
+    let name = q.container.clone();
+    let value: serde_json::Value = match offline
+        .then(|| read_offline(home, &name, |c, reg| nuwa_agent::read::get(c, reg, &q)))
+        .transpose()?
+        .flatten()
+    {
+        Some(bytes) => serde_json::from_slice(&bytes)?,
+        None => {
+            let c = Client::new(home)?;
+            let mut query = vec![("container", q.container.as_str())];
+            if let Some(k) = &q.key {
+                query.push(("key", k));
+            }
+            if q.raw {
+                query.push(("raw", "true"));
+            }
+            c.call(c.to(reqwest::Method::GET, "/v1/state/get").query(&query))?
+        }
+    };
     if json {
         print_json(&value)
     } else {
@@ -784,19 +819,27 @@ impl SseParser {
     }
 }
 
-pub fn export(home: &Path, container: &str, out: &Path, json: bool) -> Result<()> {
-    let c = Client::new(home)?;
-    let bytes = runtime()?.block_on(async {
-        let r = c
-            .send(
-                c.to(reqwest::Method::GET, "/v1/state/export")
-                    .query(&[("container", container)]),
-            )
-            .await?;
-        r.bytes()
-            .await
-            .context("reading the export from the daemon")
-    })?;
+pub fn export(home: &Path, container: &str, out: &Path, offline: bool, json: bool) -> Result<()> {
+    let export = |c: Option<&Container>, _: &Registry| nuwa_agent::read::export(c, container);
+    let bytes = match offline
+        .then(|| read_offline(home, container, export))
+        .transpose()?
+        .flatten()
+    {
+        Some(bytes) => bytes,
+        None => {
+            let c = Client::new(home)?;
+            let query = [("container", container)];
+            let req = c.to(reqwest::Method::GET, "/v1/state/export").query(&query);
+            let r = runtime()?.block_on(async {
+                let r = c.send(req).await?;
+                r.bytes()
+                    .await
+                    .context("reading the export from the daemon")
+            });
+            r?.to_vec()
+        }
+    };
     std::fs::write(out, &bytes).with_context(|| format!("cannot write {}", out.display()))?;
     if json {
         return print_json(&serde_json::json!({

@@ -34,6 +34,7 @@ mod inputs;
 mod meta;
 pub(crate) mod reader;
 
+pub(crate) use exec::open::load_container;
 use exec::{Executor, Hands, setup};
 pub(crate) use inputs::stderr_is_tty;
 

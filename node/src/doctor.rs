@@ -1055,17 +1055,6 @@ fn key_fingerprint(key: &[u8]) -> String {
     hex::encode(&h.finalize()[..8])
 }
 
-fn format_time(unix_ms: u64) -> String {
-    let secs = i64::try_from(unix_ms / 1000).unwrap_or(i64::MAX);
-    time::OffsetDateTime::from_unix_timestamp(secs)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| format!("{secs} (unix seconds)"))
-}
-
 fn check_master_key(home: &Path) -> Check {
     const NAME: &str = "master-key";
     let h = home.display().to_string();
@@ -1113,7 +1102,7 @@ fn check_master_key(home: &Path) -> Check {
             NAME,
             format!(
                 "present; the backup recorded ({} to {}) is of another key",
-                format_time(r.backed_up_unix_ms),
+                nuwa_agent::devices::format_unix_ms(r.backed_up_unix_ms),
                 r.to
             ),
             fix,
@@ -1122,7 +1111,7 @@ fn check_master_key(home: &Path) -> Check {
             NAME,
             format!(
                 "present, backed up on {} to {}",
-                format_time(r.backed_up_unix_ms),
+                nuwa_agent::devices::format_unix_ms(r.backed_up_unix_ms),
                 r.to
             ),
         ),

@@ -24,6 +24,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use nuwa_agent::api::GetQuery;
 use nuwa_net::Multiaddr;
 
 const ABOUT: &str = "nuwa-node keeps one AI agent's state identical across all of its devices: \
@@ -177,7 +178,8 @@ enum Command {
     /// one peer, non-zero with the reason otherwise. With --json: one JSON
     /// result on stdout either way: {"converged", "through" ("peers",
     /// "keeper" or null), "peers_verified", "peers_in_sync", "containers",
-    /// "message", "longest_loop_turn_ms"}.
+    /// "message", "longest_loop_turn_ms"}. Then `state get --offline` and
+    /// `state export --offline` read what it pulled, with no daemon.
     Sync {
         /// Exit after one convergence (required; the only mode so far).
         #[arg(long)]
@@ -242,7 +244,8 @@ enum Command {
         #[arg(long)]
         print: bool,
     },
-    /// Read and write state through the running daemon.
+    /// Read and write state through the running daemon (`get` and `export`
+    /// also read the home with none: --offline).
     State {
         #[command(subcommand)]
         command: StateCommand,
@@ -514,6 +517,10 @@ enum StateCommand {
         /// objects with `_deleted`, sets as their CRDT encoding).
         #[arg(long)]
         raw: bool,
+        /// Read the home's store with no daemon (e.g. after `sync --once`);
+        /// if a daemon runs on the home, ask it. Same output either way.
+        #[arg(long)]
+        offline: bool,
     },
     /// Print every change to the state as it happens (this device's writes
     /// and changes synced in from peers) until Ctrl-C: one line per change,
@@ -531,6 +538,9 @@ enum StateCommand {
         /// Where to write the document (overwritten if it exists).
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
+        /// Read the home's store with no daemon, as `state get --offline`.
+        #[arg(long)]
+        offline: bool,
     },
     /// Typed state schemas (NIP-8): register or list.
     Schema {
@@ -1039,12 +1049,23 @@ fn state_command(home_dir: &std::path::Path, command: StateCommand, json: bool) 
             container,
             key,
             raw,
-        } => client::get(&home_dir, &container, key.as_deref(), raw, json),
+            offline,
+        } => client::get(
+            &home_dir,
+            GetQuery {
+                container,
+                key,
+                raw,
+            },
+            offline,
+            json,
+        ),
         StateCommand::Events { container } => client::events(&home_dir, container.as_deref(), json),
         StateCommand::Export {
             container,
-            out: file,
-        } => client::export(&home_dir, &container, &file, json),
+            out,
+            offline,
+        } => client::export(&home_dir, &container, &out, offline, json),
         StateCommand::Import { file, batch_size } => {
             client::import(&home_dir, &file, batch_size as usize, json)
         }

@@ -19,13 +19,6 @@ const CORE: [&str; 3] = [
     "did:nuwa:core:AgentSettings#v1",
 ];
 
-fn note_schema_file() -> String {
-    format!(
-        "{}/../crates/asm/schemas/examples/note.json",
-        env!("CARGO_MANIFEST_DIR")
-    )
-}
-
 fn json_out(home: &Path, args: &[&str]) -> Value {
     serde_json::from_str(&cli_ok(home, args)).unwrap()
 }

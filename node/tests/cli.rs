@@ -16,14 +16,6 @@ const NOTE: &str = "did:nuwa:state:note#v1";
 const LIVE: &str = "11111111-1111-4111-8111-111111111111";
 const GONE: &str = "22222222-2222-4222-8222-222222222222";
 
-fn note_schema_file() -> String {
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../crates/asm/schemas/examples/note.json"
-    )
-    .to_owned()
-}
-
 fn note(title: &str) -> String {
     json!({"title": title, "body": "b", "tags": ["x", "y"],
            "createdAt": "2026-11-21T09:00:00Z", "updatedAt": "2026-11-21T09:00:00Z"})

@@ -163,6 +163,7 @@ impl Agent {
         let mut keys = vec![
             crate::discovery::KNOWN_PEERS_META.to_owned(),
             crate::devices::SEEN_META.to_owned(),
+            crate::stranded::LOCAL_WRITES_META.to_owned(),
         ];
         keys.extend(
             config
@@ -180,7 +181,7 @@ impl Agent {
         let once = config
             .once_ms
             .map(|ms| crate::report::Once::new(now_ms + ms));
-        let standing = Standing::new(boot.master, &boot.log);
+        let standing = Standing::new(boot.master, &boot.log, &boot.meta, now_ms);
         let context_id = nuwa_identity::keys::context_id_for(&boot.device.public());
         let mut membership = Membership::new(
             boot.log.clone(),
@@ -204,7 +205,9 @@ impl Agent {
             book,
             once,
         };
-        agent.standing.check_revoked(agent.session.membership());
+        agent
+            .standing
+            .check_revoked(agent.session.membership(), now_ms);
         if let Err(r) = agent.session.self_authorised(now_ms) {
             warn!(
                 reason = %r,
@@ -498,6 +501,7 @@ impl Agent {
     pub fn shutdown(&mut self, now_ms: u64) -> Vec<Effect> {
         let mut out = Out::default();
         self.remember_seen(now_ms, true, &mut out);
+        self.save_local_writes(now_ms, true, &mut out);
         out.effects
     }
 
@@ -513,5 +517,27 @@ impl Agent {
             out.push(Effect::RunCatchUp(Box::new(catch_up)));
         }
         self.refresh_registry(out);
+        self.save_local_writes(now_ms, false, out);
+    }
+
+    /// Notes this handle's local changes (see [`crate::stranded`]) and
+    /// saves the record when it is due, or at once (`force`).
+    fn save_local_writes(&mut self, now_ms: u64, force: bool, out: &mut Out) {
+        for e in &out.effects {
+            if let Effect::Persist {
+                container,
+                origin: nuwa_sync::Origin::Local,
+                ..
+            } = e
+            {
+                self.standing.writes.wrote(container, now_ms);
+            }
+        }
+        if let Some(bytes) = self.standing.writes.take_save(now_ms, force) {
+            out.push(Effect::SaveMeta {
+                key: crate::stranded::LOCAL_WRITES_META.to_owned(),
+                bytes,
+            });
+        }
     }
 }

@@ -24,6 +24,33 @@ use crate::effect::Effect;
 /// The replicated map container holding registered schemas.
 pub const REGISTRY_CONTAINER: &str = "nuwa:schemas";
 
+/// The schema registry that the registry container `c` holds (the core
+/// models alone without it), and each replicated schema that does not
+/// register. The daemon rebuilds it when the container changes;
+/// `state get --offline` builds it from the store.
+pub fn registry_of(c: Option<&nuwa_state::Container>) -> (Registry, Vec<String>) {
+    let mut reg = Registry::with_core();
+    let mut refused = Vec::new();
+    if let Some(Value::Object(entries)) = c.map(|c| c.to_json()) {
+        // Register lower versions first so version bumps apply in order.
+        let mut raws: Vec<Value> = entries
+            .values()
+            .filter_map(|v| v.as_str().and_then(|s| serde_json::from_str(s).ok()))
+            .collect();
+        raws.sort_by_key(|v| {
+            nuwa_asm::schema::SchemaId::parse(v["$id"].as_str().unwrap_or(""))
+                .map(|i| (i.base, i.version))
+                .unwrap_or_default()
+        });
+        for raw in raws {
+            if let Err(e) = reg.register(raw) {
+                refused.push(e.to_string());
+            }
+        }
+    }
+    (reg, refused)
+}
+
 /// Refuses an object over [`MAX_OBJECT_BYTES`].
 pub(crate) fn check_object_size(v: &Value) -> Result<(), ApiError> {
     let n = serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX);
@@ -220,24 +247,10 @@ impl Agent {
         if heads == self.asm.registry_heads {
             return;
         }
-        let mut reg = Registry::with_core();
-        if let Value::Object(entries) = c.to_json() {
-            // Register lower versions first so version bumps apply in order.
-            let mut raws: Vec<Value> = entries
-                .values()
-                .filter_map(|v| v.as_str().and_then(|s| serde_json::from_str(s).ok()))
-                .collect();
-            raws.sort_by_key(|v| {
-                nuwa_asm::schema::SchemaId::parse(v["$id"].as_str().unwrap_or(""))
-                    .map(|i| (i.base, i.version))
-                    .unwrap_or_default()
-            });
-            for raw in raws {
-                if let Err(e) = reg.register(raw) {
-                    out.count(Count::SchemasRefusedFromPeers);
-                    warn!(error = %e, "a replicated schema does not register");
-                }
-            }
+        let (reg, refused) = registry_of(Some(c));
+        for e in refused {
+            out.count(Count::SchemasRefusedFromPeers);
+            warn!(error = %e, "a replicated schema does not register");
         }
         out.push(Effect::ReaderRegistry(Box::new(reg.clone())));
         self.asm.registry = reg;

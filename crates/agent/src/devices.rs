@@ -177,6 +177,18 @@ pub fn list(log: &DidChain, seen: &Seen, me: &str, now_ms: u64) -> Vec<DeviceEnt
         .collect()
 }
 
+/// A Unix time in ms as RFC 3339 UTC, e.g. 2026-11-25T05:10:00.123Z (for
+/// `device list`, `state events`, `doctor` and `status`).
+pub fn format_unix_ms(ms: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("{ms} ms after the Unix epoch"))
+}
+
 /// "5m3s ago" and the like.
 pub fn ago(now_ms: u64, t_ms: u64) -> String {
     let ago = now_ms.saturating_sub(t_ms) / 1000;

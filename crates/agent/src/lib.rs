@@ -19,7 +19,10 @@
 //! - the keeper client: what to push, pull and compact;
 //! - typed state ([`asm`]): the schema registry, the `state.*` tools,
 //!   batches, the lifecycle of items;
-//! - what `status`, `device list` and `sync --once` report;
+//! - what `status`, `device list` and `sync --once` report, and which of a
+//!   revoked device's local changes will never sync ([`stranded`]);
+//! - [`read`]: what `state get` and `state export` answer, through the
+//!   daemon or on the home's store with none running;
 //! - [`infra`]: the infrastructure node's own decisions (which DHT records
 //!   it stores, what may wait for its keeper, when the keeper prunes).
 //!
@@ -52,9 +55,11 @@ mod keeper;
 pub mod lifecycle;
 pub mod pairing;
 pub mod peer;
+pub mod read;
 mod report;
 mod standing;
 pub mod status;
+pub mod stranded;
 
 pub use agent::{Agent, Boot, Config};
 

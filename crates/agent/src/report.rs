@@ -232,6 +232,7 @@ impl Agent {
                 name: self.book.name.clone(),
                 authorised: m.self_authorised(now_ms).is_ok(),
                 revoked: self.standing.revoked(),
+                never_syncs: self.standing.writes.never_syncs().cloned(),
                 did_log_len: m.log().len(),
                 hello_bytes: m
                     .hello(now_ms)

@@ -5,6 +5,8 @@
 //! local writes. (Adopting grants that peers forward, and holding envelopes
 //! of an epoch still on its way, are the session's: `nuwa_sync::session`.)
 
+use std::collections::BTreeMap;
+
 use nuwa_identity::chain::DidChain;
 use nuwa_identity::document::DidDocument;
 use nuwa_identity::keys::DeviceKey;
@@ -20,6 +22,7 @@ use crate::count::Count;
 use crate::effect::{Effect, NewHome};
 use crate::input::RequestId;
 use crate::lifecycle::{self, Admin};
+use crate::stranded::LocalWrites;
 
 /// Who this device is to the agent beyond its device key.
 pub(crate) struct Standing {
@@ -32,14 +35,23 @@ pub(crate) struct Standing {
     /// This device was listed in the DID chain and no longer is: it
     /// refuses local writes and redials with backoff.
     revoked: bool,
+    /// When recent local changes were made, and once revoked, which of
+    /// them never sync.
+    pub(crate) writes: LocalWrites,
 }
 
 impl Standing {
-    pub(crate) fn new(master: Option<DeviceKey>, saved: &DidChain) -> Self {
+    pub(crate) fn new(
+        master: Option<DeviceKey>,
+        saved: &DidChain,
+        meta: &BTreeMap<String, Vec<u8>>,
+        now_ms: u64,
+    ) -> Self {
         Standing {
             master,
             saved: saved.clone(),
             revoked: false,
+            writes: LocalWrites::from_meta(meta, now_ms),
         }
     }
 
@@ -53,9 +65,14 @@ impl Standing {
     }
 
     /// Re-checks whether this device was revoked (at start and when the
-    /// chain grows), and says once what it means.
-    pub(crate) fn check_revoked(&mut self, m: &Membership) {
+    /// chain grows), says once what it means, and decides which local
+    /// changes never sync.
+    pub(crate) fn check_revoked(&mut self, m: &Membership, now_ms: u64) {
         let now = is_revoked(m);
+        if now {
+            self.writes
+                .revoked(removed_at_ms(m.log(), m.context_id()), now_ms);
+        }
         if now && !self.revoked {
             warn!(
                 context_id = %m.context_id(),
@@ -101,13 +118,35 @@ impl Standing {
 /// key is not revoked: renewing it brings it back).
 fn is_revoked(m: &Membership) -> bool {
     let ctx = m.context_id();
-    let lists = |d: &DidDocument| {
-        d.verification_method
-            .iter()
-            .any(|vm| DidDocument::fragment(&vm.id) == ctx)
-    };
-    let listed_before = m.log().documents().any(|d| lists(&d));
-    listed_before && !lists(m.log().current())
+    let listed_before = m.log().documents().any(|d| lists(&d, ctx));
+    listed_before && !lists(m.log().current(), ctx)
+}
+
+fn lists(d: &DidDocument, context_id: &str) -> bool {
+    d.verification_method
+        .iter()
+        .any(|vm| DidDocument::fragment(&vm.id) == context_id)
+}
+
+/// When the chain last removed `context_id`: the time (Unix ms) of the
+/// latest entry after which its document no longer lists a device the one
+/// before listed. `None` when no entry of the chain did (a removal on a
+/// branch that lost, which `DidChain::current` still honours).
+fn removed_at_ms(log: &DidChain, context_id: &str) -> Option<u64> {
+    let mut listed = false;
+    let mut removed_at = None;
+    for (doc, entry) in log.documents().zip(log.entries()) {
+        let now = lists(&doc, context_id);
+        if listed && !now {
+            removed_at = Some(
+                u64::try_from(entry.timestamp())
+                    .unwrap_or(0)
+                    .saturating_mul(1000),
+            );
+        }
+        listed = now;
+    }
+    removed_at
 }
 
 fn secs(now_ms: u64) -> i64 {

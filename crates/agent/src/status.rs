@@ -155,10 +155,35 @@ pub struct DeviceStatus {
     #[serde(default)]
     pub revoked: bool,
     pub did_log_len: usize,
+    /// Once this device knows it was revoked: the local changes it made
+    /// from the revocation on, which never sync (see [`NeverSyncs`]).
+    #[serde(default)]
+    pub never_syncs: Option<NeverSyncs>,
     /// Size of the Hello this device sends on every connection (it carries
     /// the compact proof of the DID document, not the chain).
     #[serde(default)]
     pub hello_bytes: usize,
+}
+
+/// The local changes a revoked device made from its revocation on: no
+/// peer takes them, so they never sync (`state export` still reads them).
+/// Decided by `nuwa_agent::stranded`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NeverSyncs {
+    /// The time of the DID entry that removed this device (the admin's
+    /// clock); `None` when it was removed on a branch of the chain that
+    /// lost, so no entry of its chain says when.
+    pub revoked_at_unix_ms: Option<u64>,
+    /// When this device learned it.
+    pub learned_at_unix_ms: u64,
+    /// Local changes made from the revocation on (one per write, batch
+    /// or typed-state operation per container).
+    pub changes: u64,
+    /// The same per container.
+    pub containers: BTreeMap<String, u64>,
+    /// Whether the record of local changes reaches back to the revocation;
+    /// if not, there may be more than these.
+    pub complete: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -228,6 +253,35 @@ pub struct ContainerStatus {
     pub changes: usize,
 }
 
+impl NeverSyncs {
+    /// One line for `status`: how many, where, and that export reads them.
+    pub fn render(&self) -> String {
+        if self.changes == 0 && self.complete {
+            return "no local change was made after the revocation: nothing is lost".to_owned();
+        }
+        let per: Vec<String> = self
+            .containers
+            .iter()
+            .map(|(c, n)| format!("{c} ({n})"))
+            .collect();
+        format!(
+            "{}{} local change(s) made after this device was revoked will never sync{}{}; \
+             `nuwa-node state export CONTAINER --out FILE` still reads them",
+            if self.complete { "" } else { "at least " },
+            self.changes,
+            if per.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", per.join(", "))
+            },
+            match self.revoked_at_unix_ms {
+                Some(t) => format!(" (revoked at {})", crate::devices::format_unix_ms(t)),
+                None => " (no entry of this device's DID chain says when it was revoked)".into(),
+            },
+        )
+    }
+}
+
 impl Status {
     /// One line answering "is this device in sync?".
     pub fn sync_summary(&self) -> String {
@@ -292,6 +346,9 @@ impl Status {
             "NOT AUTHORISED (key not active in the DID document)"
         };
         out.push_str(&format!("sync       {}\n", self.sync_summary()));
+        if let Some(n) = &self.device.never_syncs {
+            out.push_str(&format!("unsynced   {}\n", n.render()));
+        }
         out.push_str(&format!("agent      {}\n", self.agent_did));
         out.push_str(&format!(
             "device     {} ({}) {}\n",

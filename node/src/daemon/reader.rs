@@ -337,44 +337,18 @@ impl Reader {
         }
     }
 
-    fn no_such_container(name: &str) -> ApiError {
-        ApiError::new(
-            ErrorCode::NoSuchContainer,
-            format!("container {name:?} does not exist on this device"),
-        )
-    }
-
     fn serve(&mut self, req: ApiRequest) {
         match req {
             ApiRequest::Get(q, reply) => {
                 let r = self.ensure(&q.container).and_then(|()| {
-                    let c = self
-                        .replicas
-                        .get(&q.container)
-                        .ok_or_else(|| Self::no_such_container(&q.container))?;
-                    let typed = self.registry.get(&q.container).filter(|_| !q.raw);
-                    let value = match (typed, &q.key) {
-                        (Some(schema), key) => user_view(c, schema, &q.container, key.as_deref())?,
-                        (None, None) => c.to_json(),
-                        (None, Some(k)) => c.get(k).ok_or_else(|| {
-                            ApiError::new(
-                                ErrorCode::NoSuchKey,
-                                format!("key {k:?} is not set in container {:?}", q.container),
-                            )
-                        })?,
-                    };
-                    serde_json::to_vec(&value)
-                        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))
+                    nuwa_agent::read::get(self.replicas.get(&q.container), &self.registry, &q)
                 });
                 let _ = reply.send(r);
             }
             ApiRequest::Export(name, reply) => {
-                let r = self.ensure(&name).and_then(|()| {
-                    self.replicas
-                        .get(&name)
-                        .map(Container::save)
-                        .ok_or_else(|| Self::no_such_container(&name))
-                });
+                let r = self
+                    .ensure(&name)
+                    .and_then(|()| nuwa_agent::read::export(self.replicas.get(&name), &name));
                 let _ = reply.send(r);
             }
             ApiRequest::Tool(Tool::Query(q), reply) => {
@@ -421,43 +395,6 @@ impl Reader {
             }
         }
     }
-}
-
-/// A typed container as its user sees it, as `state.query` renders items:
-/// live objects only, each field as plain JSON (a set as an array). An
-/// object or map container is `{id: object}`, a list or log `[object]`;
-/// with `id`, that one object.
-fn user_view(
-    c: &Container,
-    schema: &nuwa_agent::asm_model::schema::AsmSchema,
-    name: &str,
-    id: Option<&str>,
-) -> Result<serde_json::Value, ApiError> {
-    let failed = |e: nuwa_agent::asm_model::doc::DocError| {
-        ApiError::new(
-            ErrorCode::Internal,
-            format!("cannot read typed container {name:?}: {e}"),
-        )
-    };
-    if let Some(id) = id {
-        return nuwa_agent::asm_model::doc::get(c.doc(), &schema.layout, id)
-            .map_err(failed)?
-            .map(|view| view.value)
-            .ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::NoSuchObject,
-                    format!("no live object with id {id:?} in {name:?}"),
-                )
-            });
-    }
-    let items = nuwa_agent::asm_model::doc::items(c.doc(), &schema.layout).map_err(failed)?;
-    Ok(match schema.layout.container {
-        nuwa_agent::asm_model::model::ContainerKind::List
-        | nuwa_agent::asm_model::model::ContainerKind::Log => {
-            serde_json::Value::Array(items.into_iter().map(|(_, v)| v).collect())
-        }
-        _ => serde_json::Value::Object(items.into_iter().collect()),
-    })
 }
 
 fn answer_misrouted(req: ApiRequest) {

@@ -401,6 +401,15 @@ pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
     hits
 }
 
+/// The example note schema (`did:nuwa:state:note#v1`), for `state schema add`.
+pub fn note_schema_file() -> String {
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../crates/asm/schemas/examples/note.json"
+    )
+    .to_owned()
+}
+
 pub fn unique_marker() -> String {
     // The kernel hands out a fresh random UUID on every read.
     let uuid = fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap();

@@ -28,7 +28,7 @@ pub(super) struct Opened {
 }
 
 /// A container as the store holds it: decrypted, decompressed, loaded.
-pub(in crate::daemon) struct LoadedContainer {
+pub(crate) struct LoadedContainer {
     pub container: Container,
     /// Sequence number of the last logged change.
     pub last_seq: u64,
@@ -36,7 +36,7 @@ pub(in crate::daemon) struct LoadedContainer {
     pub logged: u64,
 }
 
-pub(in crate::daemon) fn load_container(
+pub(crate) fn load_container(
     store: &dyn Storage,
     actor: &[u8],
     name: &str,
