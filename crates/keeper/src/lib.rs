@@ -540,6 +540,20 @@ impl Keeper {
             now_ms,
         )?;
 
+        self.answer(req, hash, stored, log, now_ms)
+    }
+
+    /// What a request that passed every check gets: a push stored (with
+    /// what it carries of the agent's membership), or a page pulled.
+    fn answer(
+        &mut self,
+        req: KeeperRequest,
+        hash: AgentHash,
+        stored: Option<AgentState>,
+        log: AgentDoc,
+        now_ms: u64,
+    ) -> Result<KeeperResponse, Refusal> {
+        let now_secs = (now_ms / 1000) as i64;
         match req.body {
             KeeperBody::Push {
                 envelopes,
