@@ -587,3 +587,31 @@ fn peer_id_round_trip() {
     assert_eq!(peer, kp.public().to_peer_id());
     assert_eq!(public_of(&peer), Some(public));
 }
+
+// Goal: an empty frame is a probe (see `actor/liveness.rs`): the network
+// actor of the receiver answers it and never hands it to its owner, and
+// the sender gets its receipt, so a probe proves a path alive without
+// touching the sync protocol. Method: a probe, then a frame; the
+// receiver's owner sees only the frame.
+#[tokio::test]
+async fn a_probe_is_answered_by_the_network_and_never_reaches_the_owner() {
+    let (a, mut a_rx, _) = node(3, 1024 * 1024).await;
+    let (b, mut b_rx, b_addr) = node(4, 1024 * 1024).await;
+    a.dial(Some(b.local_peer_id()), vec![b_addr]).await.unwrap();
+    next_matching(&mut a_rx, |e| match e {
+        NetEvent::Connected { .. } => Some(()),
+        _ => None,
+    })
+    .await;
+    a.send(b.local_peer_id(), Vec::new()).await.unwrap();
+    a.send(b.local_peer_id(), vec![7; 10]).await.unwrap();
+    let first = next_matching(&mut b_rx, |e| match e {
+        NetEvent::Frame { frame, .. } => Some(frame),
+        _ => None,
+    })
+    .await;
+    assert_eq!(first, vec![7; 10], "the probe reached the owner");
+    // One frame is in flight per peer and the next leaves on the receipt
+    // of the one before: the frame's arrival is the probe's receipt.
+    assert_eq!(a.counters().get(NetCount::BytesSentDirect), 10);
+}
