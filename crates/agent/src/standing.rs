@@ -203,13 +203,23 @@ impl Agent {
                 "a device name is 1 to 64 bytes",
             ));
         }
+        let expires = body
+            .expires_secs
+            .map(|s| {
+                crate::expiry::check_secs(s).map(|s| crate::expiry::expires_at(secs(now_ms), s))
+            })
+            .transpose()
+            .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))?;
         let admin = self.standing.admin(&self.session, secs(now_ms))?;
+        // Room first: devices whose time ran out leave before one is added.
+        self.prune_expired(now_ms, out);
         let mut log = self.session.log().clone();
         let x25519 = nuwa_identity::did_key::x25519_public_from_ed25519(&device.public())
             .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        let keys = (&device.public(), &x25519);
         let context_id =
-            lifecycle::add_device(&mut log, &admin, &device.public(), &x25519, secs(now_ms))
-                .map_err(|e| ApiError::new(ErrorCode::Internal, crate::explain(&e)))?;
+            lifecycle::add_device_until(&mut log, &admin, keys, expires.clone(), secs(now_ms))
+                .map_err(|e| ApiError::new(ErrorCode::CannotChangeDevices, crate::explain(&e)))?;
         drop(admin);
         self.commit_own_chain(&log, now_ms, out)?;
         let grant =
@@ -225,12 +235,13 @@ impl Agent {
                 grant,
             }),
         });
-        info!(device = %context_id, out = %body.out, "device provisioned");
+        info!(device = %context_id, out = %body.out, expires = ?expires, "device provisioned");
         let reply = ProvisionReply {
             context_id,
             name: name.to_owned(),
             out: body.out,
             did_log_len: log.len(),
+            expires,
         };
         serde_json::to_value(reply).map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))
     }
@@ -355,7 +366,12 @@ impl Agent {
 
     /// Hands a chain this device signed with a new key epoch to the
     /// session, keys saved before the chain (as `device revoke` does).
-    fn adopt_with_epoch(&mut self, r: lifecycle::Revocation, now_ms: u64, out: &mut Out) -> bool {
+    pub(crate) fn adopt_with_epoch(
+        &mut self,
+        r: lifecycle::Revocation,
+        now_ms: u64,
+        out: &mut Out,
+    ) -> bool {
         let Some(key) = r.keys.get(r.epoch).cloned() else {
             return false;
         };
