@@ -207,7 +207,9 @@ impl Agent {
             once,
             pruning: Default::default(),
         };
-        agent.standing.check_revoked(agent.session.membership());
+        agent
+            .standing
+            .check_revoked(agent.session.membership(), now_ms);
         if let Err(r) = agent.session.self_authorised(now_ms) {
             warn!(
                 reason = %r,

@@ -217,8 +217,11 @@ pub(crate) struct Pruning {
 impl Agent {
     /// On tick: a verified peer whose device expired since its Hello is
     /// hung up on and refused like one whose Hello came after (its later
-    /// Hellos are refused by the session as `key_expired`).
+    /// Hellos are refused by the session as `key_expired`); and this
+    /// device, once its own entry expired, stands as revoked.
     pub(crate) fn drop_expired_peers(&mut self, now_ms: u64, out: &mut Out) {
+        self.standing
+            .check_expired(self.session.membership(), now_ms);
         let now_secs = (now_ms / 1000) as i64;
         let doc = self.session.log().current();
         let expired: Vec<String> = self

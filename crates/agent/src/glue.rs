@@ -235,7 +235,8 @@ impl Agent {
     /// proof.
     fn on_log_extended(&mut self, now_ms: u64, out: &mut Out) {
         info!(len = self.session.log().len(), "adopted a newer DID log");
-        self.standing.check_revoked(self.session.membership());
+        self.standing
+            .check_revoked(self.session.membership(), now_ms);
         // A revoked device was told what it means by check_revoked.
         if !self.standing.revoked() {
             if let Err(r) = self.session.self_authorised(now_ms) {

@@ -32,6 +32,9 @@ pub(crate) struct Standing {
     /// This device was listed in the DID chain and no longer is: it
     /// refuses local writes and redials with backoff.
     revoked: bool,
+    /// This device's own entry expired (`--expires`): it stands as a
+    /// revoked one, whether or not an admin pruned it yet.
+    expired: bool,
 }
 
 impl Standing {
@@ -40,6 +43,7 @@ impl Standing {
             master,
             saved: saved.clone(),
             revoked: false,
+            expired: false,
         }
     }
 
@@ -54,9 +58,12 @@ impl Standing {
 
     /// Re-checks whether this device was revoked (at start and when the
     /// chain grows), and says once what it means.
-    pub(crate) fn check_revoked(&mut self, m: &Membership) {
-        let now = is_revoked(m);
-        if now && !self.revoked {
+    pub(crate) fn check_revoked(&mut self, m: &Membership, now_ms: u64) {
+        let now = is_revoked(m) || self.expired;
+        if now && !self.revoked && !self.expired && ran_out(m, now_ms) {
+            // Pruned after its time ran out: not a revocation.
+            self.say_expired(m);
+        } else if now && !self.revoked && !self.expired {
             warn!(
                 context_id = %m.context_id(),
                 "this device was revoked from the agent: its peers refuse it, it receives \
@@ -68,8 +75,42 @@ impl Standing {
         self.revoked = now;
     }
 
+    /// On tick: once this device's own entry expired (grace included),
+    /// its peers refuse it; it says so once and refuses local writes.
+    pub(crate) fn check_expired(&mut self, m: &Membership, now_ms: u64) {
+        let doc = m.log().current();
+        let status = doc.key_status(&doc.key_id(m.context_id()), secs(now_ms));
+        if self.expired || status != nuwa_identity::document::KeyStatus::Expired {
+            return;
+        }
+        self.say_expired(m);
+    }
+
+    fn say_expired(&mut self, m: &Membership) {
+        warn!(
+            context_id = %m.context_id(),
+            "this device's time ran out (it was provisioned or paired with --expires): its \
+             peers refuse it, it receives nothing new and it refuses local writes (they would \
+             never sync). Export what you need (`nuwa-node state export`) and provision a new \
+             device for the next job"
+        );
+        self.expired = true;
+        self.revoked = true;
+    }
+
     /// The error for a write on a revoked device.
     pub(crate) fn revoked_error(&self, session: &Session) -> ApiError {
+        if self.expired {
+            return ApiError::new(
+                ErrorCode::DeviceRevoked,
+                format!(
+                    "this device ({}) expired (it was provisioned or paired with --expires), so \
+                     nothing written here would reach another device; the write was refused. \
+                     Export what you need (`nuwa-node state export`) and provision a new device",
+                    session.membership().context_id()
+                ),
+            );
+        }
         ApiError::new(
             ErrorCode::DeviceRevoked,
             format!(
@@ -108,6 +149,17 @@ fn is_revoked(m: &Membership) -> bool {
     };
     let listed_before = m.log().documents().any(|d| lists(&d));
     listed_before && !lists(m.log().current())
+}
+
+/// Whether this device's last listing in the chain had expired by now
+/// (an admin pruned it after its time ran out).
+fn ran_out(m: &Membership, now_ms: u64) -> bool {
+    let ctx = m.context_id();
+    m.log()
+        .documents()
+        .filter_map(|d| d.find_method(ctx).cloned())
+        .last()
+        .is_some_and(|vm| vm.check_not_expired(secs(now_ms)).is_err())
 }
 
 fn secs(now_ms: u64) -> i64 {
