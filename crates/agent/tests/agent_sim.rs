@@ -386,17 +386,50 @@ fn expiry(s: &mut Sim, r: &mut Roles) {
     }
     let secs = 3 + s.rng.u64(0..10);
     let n = s.devices.len();
-    s.provision_expiring(r.admin, Some(secs));
-    if s.devices.len() == n {
-        return;
-    }
+    // Provisioned, or paired (`pair --expires` and `approve --expires`:
+    // the shorter wins).
+    let want = if s.rng.bool() {
+        s.provision_expiring(r.admin, Some(secs));
+        s.run_for(100);
+        if s.devices.len() == n {
+            return;
+        }
+        s.start(n);
+        secs
+    } else {
+        let other = [None, Some(2 + s.rng.u64(0..12))][s.rng.usize(0..2)];
+        let (joiner, approver) = if s.rng.bool() {
+            (Some(secs), other)
+        } else {
+            (other, Some(secs))
+        };
+        let lan = s.devices[r.admin].lan;
+        s.pair_expiring(r.admin, lan, None, (joiner, approver));
+        s.run_for(3_000);
+        if !s.devices[n].running() {
+            return;
+        }
+        joiner.into_iter().chain(approver).min().unwrap_or(secs)
+    };
     let ctx = s.devices[n].context_id();
-    let grace = nuwa_identity::document::EXPIRY_GRACE_SECS as u64;
+    let listed = s.devices[r.admin]
+        .agent
+        .as_ref()
+        .and_then(|a| a.session().log().current().find_method(&ctx).cloned());
+    let Some(expires) = listed.and_then(|m| m.expires_unix_secs().ok().flatten()) else {
+        return;
+    };
+    let added = (s.now_ms / 1000) as i64;
+    assert!(
+        (added - 4..=added).contains(&(expires - want as i64)),
+        "seed {}: {ctx} expires at {expires}, {want} s after it was added (by {added})",
+        s.seed
+    );
+    let grace = nuwa_identity::document::EXPIRY_GRACE_SECS;
     // Refused from the first second past expiry and grace; a step more
     // for the peers' next tick.
-    let refused_ms = (s.now_ms / 1000 + secs + grace + 2) * 1000;
+    let refused_ms = (expires + grace + 2) as u64 * 1000;
     s.expiring.insert(ctx.clone(), refused_ms);
-    s.start(n);
     for _ in 0..2 {
         s.write(n, "notes");
     }

@@ -1068,6 +1068,18 @@ impl Sim {
     /// A new device waits to pair with a fresh code (on `lan`), and
     /// `approver` approves it (`recovery`: a handover to recovery words).
     pub fn pair(&mut self, approver: usize, lan: usize, recovery: Option<RecoveryJoin>) -> usize {
+        self.pair_expiring(approver, lan, recovery, (None, None))
+    }
+
+    /// [`Sim::pair`] with `pair --expires` on the new device and `device
+    /// approve --expires` on the approver (seconds; `None`: not given).
+    pub fn pair_expiring(
+        &mut self,
+        approver: usize,
+        lan: usize,
+        recovery: Option<RecoveryJoin>,
+        (joiner_secs, approver_secs): (Option<u64>, Option<u64>),
+    ) -> usize {
         let key = DeviceKey::generate().expect("entropy");
         let n = self.devices.len();
         let j = self.add_device(format!("d{n}"), DeviceKey::from_seed(&key.seed()), None);
@@ -1082,7 +1094,8 @@ impl Sim {
             self.devices[j].peer,
             recovery,
         )
-        .expect("flow");
+        .expect("flow")
+        .with_expiry(joiner_secs);
         self.devices[j].joining = Some(flow);
         // Its pairing announcement, on its network.
         let txt = nuwa_agent::announce::Announcement::new_signed(
@@ -1104,7 +1117,7 @@ impl Sim {
             name: None,
             timeout_secs: Some(60),
             recovery: is_recovery,
-            expires_secs: None,
+            expires_secs: approver_secs,
         };
         self.request(approver, Request::Approve(body), Request2::Other("approve"));
         j
