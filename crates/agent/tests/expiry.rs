@@ -175,6 +175,8 @@ fn a_thousand_ci_devices_stay_within_the_hello_and_pointer_limits() {
         "  1000 listed, {pruned} pruned in {prunes} updates, peak proof {} B, peak pointer {} B",
         peak.0, peak.1
     );
+    // The rate: 10 hours at most one prune per 10 minutes.
+    assert!(prunes <= 61, "{prunes} prunes in 10 hours");
     assert!(
         peak.0 <= MAX_PROOF_BYTES && peak.1 <= MAX_POINTER_BYTES,
         "{peak:?}"
@@ -235,4 +237,45 @@ fn a_thousand_ci_devices_stay_within_the_hello_and_pointer_limits() {
     println!(
         "expired device: refused {refused} time(s) by its peer, counted as peers_refused_expired"
     );
+}
+
+// Goal: only the document's first admin prunes at the rate; another admin
+// prunes only devices the first left for an hour (it may be gone), so two
+// admins do not fork the chain over one prune. Method: the master's home
+// promotes d1, provisions a device expiring in 5 s and goes away; d1 ticks
+// past the expiry, then an hour later (the clock jumps).
+#[test]
+fn a_second_admin_prunes_only_what_the_first_left_for_an_hour() {
+    let _entropy = nuwa_entropy::deterministic_for_simulation(26);
+    let quiet = Knobs {
+        loss_per_mille: 0,
+        ..Knobs::default()
+    };
+    let mut s = Sim::new(26, 2, quiet);
+    s.start(0);
+    s.start(1);
+    s.run_for(2_000);
+    s.promote(0, 1);
+    s.provision_expiring(0, Some(5));
+    s.run_for(3_000);
+    let ci = s.devices[2].context_id();
+    let lists = |s: &Sim| {
+        let log = s.devices[1]
+            .agent
+            .as_ref()
+            .expect("d1 runs")
+            .session()
+            .log();
+        let doc = log.current();
+        let admin = doc.key_id(&s.devices[1].context_id());
+        assert!(doc.capability_delegation.contains(&admin), "d1 is an admin");
+        doc.find_method(&ci).is_some()
+    };
+    assert!(lists(&s), "d1 holds the chain that lists the CI device");
+    s.crash(0);
+    s.run_for((5 + EXPIRY_GRACE_SECS as u64 + 5) * 1000);
+    assert!(lists(&s), "the second admin leaves the prune to the first");
+    s.now_ms += 3_600 * 1000;
+    s.handle(1, Input::Tick { rss_bytes: None });
+    assert!(!lists(&s), "an hour on, the second admin prunes");
 }
