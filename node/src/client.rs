@@ -29,6 +29,7 @@ use nuwa_agent::api::{ApiError, GetQuery};
 use nuwa_agent::asm::REGISTRY_CONTAINER;
 use nuwa_agent::asm_model::registry::Registry;
 use nuwa_agent::devices::format_unix_ms;
+use nuwa_agent::expiry;
 use nuwa_agent::state::Container;
 use nuwa_agent::status::Status;
 
@@ -855,7 +856,7 @@ pub fn approve(
     code: &str,
     name: Option<String>,
     timeout: std::time::Duration,
-    recovery: bool,
+    (recovery, expires_secs): (bool, Option<u64>),
     json: bool,
 ) -> Result<()> {
     let c = Client::new(home).map_err(|_| {
@@ -875,6 +876,7 @@ pub fn approve(
         name,
         timeout_secs: Some(timeout.as_secs()),
         recovery,
+        expires_secs,
     };
     let r: ApproveReply = c.call(
         c.to(reqwest::Method::POST, "/v1/devices/approve")
@@ -884,19 +886,7 @@ pub fn approve(
     if json {
         return print_json(&r);
     }
-    if r.handover {
-        println!(
-            "handed over: device {} (\"{}\", peer {}) received the DID log and the keys \
-             sealed to the recovery key; it lists itself as admin with the recovery words and \
-             its peers learn it when it syncs",
-            r.context_id, r.name, r.peer_id
-        );
-        return Ok(());
-    }
-    println!(
-        "approved: device {} (\"{}\", peer {}) added; DID log now has {} updates",
-        r.context_id, r.name, r.peer_id, r.did_log_len
-    );
+    println!("{r}");
     Ok(())
 }
 
@@ -931,26 +921,27 @@ pub fn revoke(home: &Path, context_id: &str, json: bool) -> Result<()> {
     if json {
         return print_json(&r);
     }
-    println!(
-        "revoked {}: new writes are sealed under key epoch {}, shared with {} device(s): {}",
-        r.revoked,
-        r.epoch,
-        r.remaining.len(),
-        r.remaining.join(", ")
-    );
+    println!("{r}");
     Ok(())
 }
 
 /// `device provision`: through the daemon when one runs on this home (so
 /// that its DID log and the files never fork), on the files otherwise.
-pub fn provision(home: &Path, out: &Path, name: &str) -> Result<crate::api::ProvisionReply> {
+pub fn provision(
+    home: &Path,
+    out: &Path,
+    name: &str,
+    expires_secs: Option<u64>,
+) -> Result<crate::api::ProvisionReply> {
     if home::try_lock(home)?.is_some() {
-        let info = home::provision(home, out, name)?;
+        let expires = expires_secs.map(|s| expiry::expires_at(home::now_unix_secs(), s));
+        let info = home::provision(home, out, name, expires.clone())?;
         return Ok(crate::api::ProvisionReply {
             context_id: info.context_id,
             name: info.name,
             out: out.display().to_string(),
             did_log_len: home::load(home)?.log.len(),
+            expires,
         });
     }
     // The lock was held: a daemon runs (or another command is writing, in
@@ -962,6 +953,7 @@ pub fn provision(home: &Path, out: &Path, name: &str) -> Result<crate::api::Prov
         &crate::api::ProvisionBody {
             out: out.display().to_string(),
             name: name.to_owned(),
+            expires_secs,
         },
     )
 }
@@ -1030,13 +1022,6 @@ pub fn admin_change(home: &Path, promote: bool, context_id: &str, json: bool) ->
     if json {
         return print_json(&r);
     }
-    if promote {
-        println!(
-            "{} is an admin now: it can approve, provision, promote, demote and revoke devices",
-            r.subject
-        );
-    } else {
-        println!("{} is no longer an admin", r.subject);
-    }
+    println!("{r}");
     Ok(())
 }

@@ -231,17 +231,15 @@ fn add_device(
     log: &mut DidChain,
     admin: &nuwa_agent::lifecycle::Admin,
     device: &DeviceKey,
+    expires: Option<String>,
 ) -> Result<String> {
     // The device's X25519 key (the Montgomery form of its Ed25519 key) goes
     // under `keyAgreement`: new sync-key epochs are sealed to it.
     let x25519 = nuwa_agent::identity::did_key::x25519_public_from_ed25519(&device.public())
         .context("cannot derive the device's key-agreement key")?;
-    Ok(nuwa_agent::lifecycle::add_device(
-        log,
-        admin,
-        &device.public(),
-        &x25519,
-        now_unix_secs(),
+    let (keys, now) = ((&device.public(), &x25519), now_unix_secs());
+    Ok(nuwa_agent::lifecycle::add_device_until(
+        log, admin, keys, expires, now,
     )?)
 }
 
@@ -273,13 +271,13 @@ pub fn init(dir: &Path, name: &str, recovery_public: &[u8; 32]) -> Result<Home> 
 /// created offline from a home that holds the master key. Holds both
 /// homes' locks while it writes. (With a daemon running, the daemon does
 /// it: see `daemon::provision`.)
-pub fn provision(dir: &Path, out: &Path, name: &str) -> Result<DeviceInfo> {
+pub fn provision(dir: &Path, out: &Path, name: &str, exp: Option<String>) -> Result<DeviceInfo> {
     let _lock = lock(dir)?;
     let home = load(dir)?;
     let admin = crate::home::load_admin(dir, &home.log, &home.device, now_unix_secs())?;
     let (_out_lock, device) = prepare_new_home(out)?;
     let mut log = home.log.clone();
-    add_device(&mut log, &admin, &device)?;
+    add_device(&mut log, &admin, &device, exp)?;
     drop(admin);
     // The provisioning home learns the new device at once; other devices
     // learn it from the newer log in the new device's Hello.

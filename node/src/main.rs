@@ -150,6 +150,11 @@ enum Command {
         /// Give the initial sync this long.
         #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
         sync_timeout: std::time::Duration,
+        /// Ask to be a short-lived device (a CI job): peers refuse it once
+        /// DURATION (e.g. 10m, 2h, 30d) has passed since it was approved, and an admin
+        /// prunes it, with no revocation. The approver's --expires, if shorter, wins.
+        #[arg(long, value_name = "DURATION", value_parser = parse_expires)]
+        expires: Option<u64>,
         /// Network, discovery and API settings; each overrides its key in
         /// HOME/config.toml, and each can come from its NUWA_ variable.
         #[command(flatten)]
@@ -325,6 +330,10 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         .map_err(|e| format!("{s:?} is not a duration ({e}); use e.g. 30s, 2m, 500ms or 1h"))
 }
 
+fn parse_expires(s: &str) -> Result<u64, String> {
+    nuwa_agent::expiry::parse_expires(s, home::now_unix_secs()).map_err(|e| e.to_string())
+}
+
 fn parse_json(what: &str, text: &str) -> Result<serde_json::Value> {
     serde_json::from_str(text).with_context(|| format!("{what} is not valid JSON: {text:?}"))
 }
@@ -418,6 +427,10 @@ enum DeviceCommand {
         /// Any device of the agent can do this, admin or not.
         #[arg(long)]
         recovery: bool,
+        /// List the device as short-lived: it expires DURATION (e.g. 10m, 2h) after it
+        /// is added (the shorter of this and the device's own `pair --expires` wins).
+        #[arg(long, value_name = "DURATION", value_parser = parse_expires)]
+        expires: Option<u64>,
     },
     /// Revoke a device (by its context id, see `device list`): remove its
     /// keys from the DID document and open a new key epoch, so it receives
@@ -467,6 +480,11 @@ enum DeviceCommand {
         /// A name for the new device (default: none).
         #[arg(long, default_value = "")]
         name: String,
+        /// A short-lived device (a CI job): it expires after DURATION (e.g. 5s, 10m, 2h,
+        /// 30d) or at an RFC 3339 instant, written in its DID entry; then peers and keepers
+        /// refuse it, and an admin's running daemon prunes it, with no revocation.
+        #[arg(long, value_name = "DURATION", value_parser = parse_expires)]
+        expires: Option<u64>,
     },
 }
 
@@ -678,6 +696,7 @@ fn pair_options(
         code_ttl: ttl,
         sync,
         recovery,
+        expires_secs: None,
     })
 }
 
@@ -758,10 +777,11 @@ fn real_main(cli: Cli) -> Result<()> {
             ttl,
             no_sync,
             sync_timeout,
+            expires,
             net,
         } => {
             let _log = init_tracing_quiet()?;
-            let opts = pair_options(
+            let mut opts = pair_options(
                 &home_dir,
                 name.unwrap_or_default(),
                 ttl,
@@ -769,6 +789,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 (!no_sync).then_some(sync_timeout),
                 None,
             )?;
+            opts.expires_secs = expires;
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             rt.block_on(pair::run(&home_dir, opts))
         }
@@ -937,7 +958,8 @@ fn device_command(home_dir: &std::path::Path, command: DeviceCommand, json: bool
             name,
             timeout,
             recovery,
-        } => client::approve(home_dir, &code, name, timeout, recovery, json),
+            expires,
+        } => client::approve(home_dir, &code, name, timeout, (recovery, expires), json),
         DeviceCommand::Revoke { context_id, yes } => {
             let context_id = context_id.trim();
             if !yes {
@@ -952,17 +974,12 @@ fn device_command(home_dir: &std::path::Path, command: DeviceCommand, json: bool
             }
             client::revoke(home_dir, context_id, json)
         }
-        DeviceCommand::Provision { out, name } => {
-            let info = client::provision(home_dir, &out, &name)?;
+        DeviceCommand::Provision { out, name, expires } => {
+            let info = client::provision(home_dir, &out, &name, expires)?;
             if json {
                 return client::print_json(&info);
             }
-            println!(
-                "provisioned device {} in {}",
-                info.context_id,
-                out.display()
-            );
-            println!("next: nuwa-node --home {} run", out.display());
+            println!("{info}");
             Ok(())
         }
     }

@@ -36,6 +36,8 @@ pub struct PairOptions {
     /// `recover` on a fresh home: take a recovery handover instead of a
     /// grant, and list this device with the words.
     pub recovery: Option<RecoveryJoin>,
+    /// `pair --expires`: ask to expire this many seconds after approval.
+    pub expires_secs: Option<u64>,
 }
 
 /// What the pairing loop ended with.
@@ -73,7 +75,8 @@ pub async fn run(dir: &Path, mut opts: PairOptions) -> Result<()> {
     let recovery = opts.recovery.is_some();
     let shown = code.clone();
     let seed = DeviceKey::from_seed(&device.seed());
-    let mut flow = JoinFlow::new(code, seed, name, local, opts.recovery.take())?;
+    let mut flow = JoinFlow::new(code, seed, name, local, opts.recovery.take())?
+        .with_expiry(opts.expires_secs);
     print_code(&shown, ttl_secs, recovery);
     let mut w = start(&opts, &device, &flow).await?;
     let paired = wait_for_approval(&mut w, &mut flow, &device, dir).await;

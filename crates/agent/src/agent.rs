@@ -155,6 +155,8 @@ pub struct Agent {
     pub(crate) book: Book,
     /// `sync --once`: the deadline and the last progress line.
     pub(crate) once: Option<crate::report::Once>,
+    /// When this device last pruned expired devices from the DID chain.
+    pub(crate) pruning: crate::expiry::Pruning,
 }
 
 impl Agent {
@@ -204,6 +206,7 @@ impl Agent {
             pairing: crate::approve::Pairing::default(),
             book,
             once,
+            pruning: Default::default(),
         };
         agent
             .standing
@@ -267,6 +270,8 @@ impl Agent {
         self.discovery_tick(now_ms, out);
         self.keeper_tick(now_ms, out);
         self.remember_seen(now_ms, false, out);
+        self.drop_expired_peers(now_ms, out);
+        self.prune_expired(now_ms, out);
         self.once_tick(now_ms, out);
     }
 

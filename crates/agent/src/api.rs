@@ -89,6 +89,9 @@ pub struct ProvisionBody {
     /// The new home: an absolute path, absent or empty.
     pub out: String,
     pub name: String,
+    /// The device expires this many seconds from now (`--expires`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -97,6 +100,9 @@ pub struct ProvisionReply {
     pub name: String,
     pub out: String,
     pub did_log_len: usize,
+    /// When the device expires (RFC 3339), if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -112,6 +118,10 @@ pub struct ApproveBody {
     /// hands over open only with the recovery words.
     #[serde(default)]
     pub recovery: bool,
+    /// The device expires this many seconds after it is added
+    /// (`--expires`); the shorter of this and what the device asks wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -120,10 +130,83 @@ pub struct ApproveReply {
     pub name: String,
     pub peer_id: String,
     pub did_log_len: usize,
+    /// When the device expires (RFC 3339), if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
     /// A recovery handover (`--recovery`): nothing was added; the device
     /// lists itself with the recovery words.
     #[serde(default)]
     pub handover: bool,
+}
+
+impl std::fmt::Display for ApproveReply {
+    /// What `device approve` prints.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (ctx, name, peer) = (&self.context_id, &self.name, &self.peer_id);
+        if self.handover {
+            return write!(
+                f,
+                "handed over: device {ctx} (\"{name}\", peer {peer}) received the DID log and \
+                 the keys sealed to the recovery key; it lists itself as admin with the recovery \
+                 words and its peers learn it when it syncs"
+            );
+        }
+        write!(
+            f,
+            "approved: device {ctx} (\"{name}\", peer {peer}) added; DID log now has {} updates",
+            self.did_log_len
+        )?;
+        write_expiry(f, self.expires.as_deref())
+    }
+}
+
+impl std::fmt::Display for ProvisionReply {
+    /// What `device provision` prints.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "provisioned device {} in {}", self.context_id, self.out)?;
+        write_expiry(f, self.expires.as_deref())?;
+        write!(f, "\nnext: nuwa-node --home {} run", self.out)
+    }
+}
+
+impl std::fmt::Display for RevokeReply {
+    /// What `device revoke` prints.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "revoked {}: new writes are sealed under key epoch {}, shared with {} device(s): {}",
+            self.revoked,
+            self.epoch,
+            self.remaining.len(),
+            self.remaining.join(", ")
+        )
+    }
+}
+
+impl std::fmt::Display for AdminReply {
+    /// What `device promote` and `device demote` print.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.change.as_str() {
+            "promoted" => write!(
+                f,
+                "{} is an admin now: it can approve, provision, promote, demote and revoke devices",
+                self.subject
+            ),
+            "demoted" => write!(f, "{} is no longer an admin", self.subject),
+            other => write!(f, "{}: {other}", self.subject),
+        }
+    }
+}
+
+fn write_expiry(f: &mut std::fmt::Formatter<'_>, expires: Option<&str>) -> std::fmt::Result {
+    match expires {
+        Some(at) => write!(
+            f,
+            "\nit expires at {at}: then its peers and keepers refuse it, with no revocation, \
+             and an admin's running daemon removes it from the DID document"
+        ),
+        None => Ok(()),
+    }
 }
 
 #[derive(Debug, Deserialize)]

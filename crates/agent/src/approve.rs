@@ -49,6 +49,8 @@ struct Approval {
     next_rv_ms: u64,
     /// Set once the grant is sent: what to answer when the device confirms.
     granted: Option<ApproveReply>,
+    /// `approve --expires`, in seconds from when the device is added.
+    expires_secs: Option<u64>,
 }
 
 #[derive(Default)]
@@ -89,6 +91,9 @@ impl Agent {
                 ErrorCode::Busy,
                 "another approval is in progress on this device; wait for it to finish",
             ));
+        }
+        if let Some(Err(e)) = body.expires_secs.map(crate::expiry::check_secs) {
+            return Some(ApiError::new(ErrorCode::BadRequest, e.to_string()));
         }
         if let Some(name) = &body.name {
             if name.is_empty() || name.len() > nuwa_proto::MAX_DEVICE_NAME_BYTES {
@@ -155,6 +160,7 @@ impl Agent {
             tried: BTreeSet::new(),
             next_rv_ms: 0,
             granted: None,
+            expires_secs: body.expires_secs,
         });
         self.pairing_tick(now_ms, out);
     }
@@ -549,14 +555,13 @@ impl Agent {
         let now_secs = (now_ms / 1000) as i64;
         let admin = self.standing.admin(&self.session, now_secs)?;
         let mut log = self.session.log().clone();
-        let context_id = lifecycle::add_device(
-            &mut log,
-            &admin,
-            &joiner.ed25519_public,
-            &joiner.x25519_public,
-            now_secs,
-        )
-        .map_err(|e| ApiError::new(ErrorCode::Internal, crate::explain(&e)))?;
+        let asked = self.pairing.approval.as_ref().and_then(|a| a.expires_secs);
+        let expires = crate::expiry::shorter(asked, joiner.expires_secs.filter(|s| *s > 0))
+            .map(|s| crate::expiry::expires_at(now_secs, s));
+        let keys = (&joiner.ed25519_public, &joiner.x25519_public);
+        let context_id =
+            lifecycle::add_device_until(&mut log, &admin, keys, expires.clone(), now_secs)
+                .map_err(|e| ApiError::new(ErrorCode::CannotChangeDevices, crate::explain(&e)))?;
         drop(admin);
         let grant_pt = GrantPlaintext::new(
             &log,
@@ -587,6 +592,7 @@ impl Agent {
                 peer_id: peer.to_string(),
                 did_log_len: log.len(),
                 handover: false,
+                expires,
             });
         }
         out.send(peer, &step(PairingStep::Grant, grant.encode()));
@@ -623,6 +629,7 @@ impl Agent {
             peer_id: peer.to_string(),
             did_log_len: log_len,
             handover: true,
+            expires: None,
         });
         out.send(peer, &step(PairingStep::Grant, grant.encode()));
         info!(%name, "recovery handover sent: the log, and the keys sealed to the recovery key");

@@ -124,3 +124,24 @@ pub const SESSION_TIMEOUT_MS: u64 = 30_000;
 /// change: the DHT pointer (60 KiB) carries it with about 600 bytes of its
 /// own, and a `Hello` carries it whole.
 pub const MAX_PROOF_AFTER_CHANGE: usize = 56 * 1024;
+
+// ---- Time-limited devices ----------------------------------------------
+
+/// The longest `--expires` accepted: beyond it a device is not short-lived
+/// (leave `--expires` out and revoke it when done).
+pub const MAX_EXPIRES_SECS: u64 = 10 * 365 * 86_400;
+/// An admin prunes expired devices from the DID chain at most this often:
+/// each prune is a DID update and a new key epoch that every device takes.
+pub const PRUNE_EXPIRED_EVERY_MS: u64 = 10 * 60 * 1000;
+/// An admin that is not the first admin of the document prunes only
+/// devices expired (grace included) for this long, so the first admin,
+/// when it runs, prunes alone and two admins do not fork the chain.
+pub const PRUNE_FALLBACK_SECS: i64 = 3600;
+/// A proof (the DID document Hellos and the DHT pointer carry) past this
+/// size is pruned of its expired devices at once, whatever the rate.
+pub const PRUNE_AT_PROOF_BYTES: usize = 32 * 1024;
+/// A document listing this many methods is pruned at once as well (the
+/// document holds at most `MAX_VERIFICATION_METHODS`; a device takes two).
+pub const PRUNE_AT_METHODS: usize = nuwa_identity::document::MAX_VERIFICATION_METHODS * 3 / 4;
+const _: () = assert!(PRUNE_AT_PROOF_BYTES < MAX_PROOF_AFTER_CHANGE);
+const _: () = assert!(PRUNE_AT_METHODS < nuwa_identity::document::MAX_VERIFICATION_METHODS);

@@ -19,6 +19,8 @@ nuwa_counters::table! {
         ContainersPoisoned => "containers_poisoned", "Containers reloaded from the store after Automerge panicked on peer input";
         ContainersEvicted => "containers_evicted", "Containers whose document left memory (idle, or over the memory budget); they load again on use";
         DevicesRevoked => "devices_revoked", "Devices revoked from this device";
+        ExpiredDevicesPruned => "expired_devices_pruned", "Devices whose --expires ran out, removed from the DID chain by this device (one update and key epoch per prune)";
+        PeersRefusedExpired => "peers_refused_expired", "Hellos, gossip and keeper envelopes refused because the sender's device expired (--expires)";
         EpochGrantsResealed => "epoch_grants_resealed", "Grants of the current key epoch sealed to one member device that lacked it (paired on a branch that met this epoch late)";
         DidLogForksLost => "did_log_forks_lost", "DID log forks (two admins' concurrent updates) this device resolved for the other branch (the fork rule)";
         DidLogUpdatesRebased => "did_log_updates_rebased", "This device's DID updates of a branch that lost a fork, signed again on top of the winner";

@@ -30,8 +30,13 @@ pub struct DeviceEntry {
     pub context_id: String,
     pub name: String,
     pub relationships: Vec<String>,
-    /// `active`, `expired` or `revoked`.
+    /// `active`, `expired` or `revoked` (an expired device pruned from the
+    /// document stays `expired`).
     pub status: String,
+    /// When the device expires or expired (RFC 3339), if it was listed
+    /// with an expiry (`--expires`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
     /// Unix ms this device last saw it verified; `null` if never.
     pub last_seen_unix_ms: Option<u64>,
     /// Whether this row is the device running the command.
@@ -146,21 +151,26 @@ fn relationships_of(doc: &DidDocument, key_id: &str) -> Vec<String> {
 pub fn list(log: &DidChain, seen: &Seen, me: &str, now_ms: u64) -> Vec<DeviceEntry> {
     let current = log.current();
     let now_secs = (now_ms / 1000) as i64;
-    let mut ever: BTreeMap<String, String> = BTreeMap::new();
+    // The last method each device was listed with: its expiry tells an
+    // expired device that was pruned from one that was revoked.
+    let mut ever: BTreeMap<String, nuwa_identity::document::VerificationMethod> = BTreeMap::new();
     for doc in log.documents() {
         for m in &doc.verification_method {
             let frag = DidDocument::fragment(&m.id);
             if m.r#type == nuwa_identity::document::ED25519_KEY_TYPE && frag.starts_with("device-")
             {
-                ever.entry(frag.to_owned()).or_insert_with(|| m.id.clone());
+                ever.insert(frag.to_owned(), m.clone());
             }
         }
     }
     ever.into_iter()
-        .map(|(ctx, key_id)| {
+        .map(|(ctx, method)| {
+            let key_id = method.id.clone();
+            let ran_out = method.check_not_expired(now_secs).is_err();
             let status = match current.key_status(&key_id, now_secs) {
                 KeyStatus::Active => "active",
                 KeyStatus::Expired => "expired",
+                KeyStatus::NotListed if ran_out => "expired",
                 KeyStatus::NotListed => "revoked",
             };
             let s = seen.devices.get(&ctx);
@@ -172,6 +182,7 @@ pub fn list(log: &DidChain, seen: &Seen, me: &str, now_ms: u64) -> Vec<DeviceEnt
                 this_device: ctx == me,
                 context_id: ctx,
                 stored_as_of_unix_ms: None,
+                expires: method.expires,
             }
         })
         .collect()
@@ -215,8 +226,13 @@ pub fn render(entries: &[DeviceEntry], now_ms: u64) -> String {
             None => "never".to_owned(),
             Some(t) => ago(now_ms, t),
         };
+        let expires = match &e.expires {
+            Some(at) if e.status == "active" => format!(" (expires {at})"),
+            Some(at) => format!(" (expired {at})"),
+            None => String::new(),
+        };
         out.push_str(&format!(
-            "{:<22} {:<12} {:<8} {:<14} {}\n",
+            "{:<22} {:<12} {:<8} {:<14} {}{expires}\n",
             e.context_id,
             if e.name.is_empty() { "-" } else { &e.name },
             e.status,

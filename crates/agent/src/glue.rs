@@ -163,6 +163,9 @@ impl Agent {
                         debug!(%peer, reason = %rejection, "envelope from the keeper rejected")
                     }
                 }
+                if rejection == nuwa_sync::membership::Rejection::KeyExpired {
+                    out.count(Count::PeersRefusedExpired);
+                }
                 self.reject(door.as_str(), peer, &rejection, now_ms, out);
             }
             SessionEffect::EnvelopeRejected {

@@ -80,6 +80,8 @@ pub struct JoinFlow {
     code: PairingCode,
     keys: JoinerPublicKeys,
     name: String,
+    /// `pair --expires`: seconds after it is added.
+    expires_secs: Option<u64>,
     local: PeerId,
     device: DeviceKey,
     recovery: Option<RecoveryJoin>,
@@ -140,6 +142,7 @@ impl JoinFlow {
             code,
             keys,
             name,
+            expires_secs: None,
             local,
             device,
             recovery,
@@ -148,6 +151,13 @@ impl JoinFlow {
             last_peer: None,
             identified: Default::default(),
         })
+    }
+
+    /// Asks the approver to list this device as expiring `secs` after it
+    /// is added (`pair --expires`; the approver may make it shorter).
+    pub fn with_expiry(mut self, secs: Option<u64>) -> Self {
+        self.expires_secs = secs;
+        self
     }
 
     /// The code this device shows.
@@ -264,6 +274,7 @@ impl JoinFlow {
             self.keys,
             &self.name,
         )
+        .map(|j| j.with_expiry(self.expires_secs))
         .and_then(|mut j| j.start(&peer.to_string(), now_secs).map(|req| (j, req)));
         let (joiner, req) = match started {
             Ok(x) => x,

@@ -11,6 +11,8 @@
 //!   and rotate devices, recovery, and the epoch grants they issue; and,
 //!   while the agent runs, revocation, provisioning and admin changes, the
 //!   rebase of a lost fork and the revoked-write gate;
+//! - [`expiry`]: time-limited devices (`--expires`), and pruning them
+//!   from the DID chain once their time ran out;
 //! - [`pairing`]: what both ends of pairing share, and the approving side;
 //!   [`join`]: the new device's side (`pair`, and a fresh home's `recover`);
 //! - discovery: which peers to dial (known peers, mDNS announcements, DHT
@@ -47,6 +49,7 @@ pub mod count;
 pub mod devices;
 mod discovery;
 pub mod effect;
+pub mod expiry;
 mod glue;
 pub mod infra;
 pub mod input;

@@ -280,16 +280,42 @@ pub fn add_device(
     x25519: &[u8; 32],
     now_secs: i64,
 ) -> Result<String> {
+    add_device_until(log, admin, (ed25519, x25519), None, now_secs)
+}
+
+/// [`add_device`] for a device that expires at `expires` (RFC 3339, see
+/// [`crate::expiry`]): both its keys carry the instant, after which (and
+/// [`nuwa_identity::document::EXPIRY_GRACE_SECS`]) every peer refuses it.
+/// Refused when the document would outgrow what Hellos and DHT pointers
+/// carry: `log` is unchanged then.
+pub fn add_device_until(
+    log: &mut DidChain,
+    admin: &Admin,
+    (ed25519, x25519): (&[u8; 32], &[u8; 32]),
+    expires: Option<String>,
+    now_secs: i64,
+) -> Result<String> {
     let context_id = context_id_for(ed25519);
     let mut doc: DidDocument = log.current().clone();
-    doc.add_key(&context_id, ed25519, DEVICE_RELATIONSHIPS, None)
+    doc.add_key(&context_id, ed25519, DEVICE_RELATIONSHIPS, expires.clone())
         .map_err(doc_err("add the device key to the DID document"))?;
-    doc.add_key_agreement_key(&format!("{context_id}{X25519_SUFFIX}"), x25519, None)
+    doc.add_key_agreement_key(&format!("{context_id}{X25519_SUFFIX}"), x25519, expires)
         .map_err(doc_err(
             "add the device's key-agreement key to the DID document",
         ))?;
-    log.append_document(&doc, &admin.key, &admin.key_id, now_secs)
+    let mut next = log.clone();
+    next.append_document(&doc, &admin.key, &admin.key_id, now_secs)
         .map_err(sign_err("DID document update"))?;
+    let bytes = next.proof().encode().map(|b| b.len()).unwrap_or(usize::MAX);
+    if bytes > MAX_PROOF_AFTER_CHANGE {
+        return Err(refused(format!(
+            "refused: with one more device the proof of the agent's DID document would be \
+             {bytes} bytes, over the {MAX_PROOF_AFTER_CHANGE} that DHT pointers and Hellos carry. \
+             Revoke devices no longer used (`nuwa-node device list`, `nuwa-node device revoke`); \
+             expired devices are pruned by an admin's running daemon"
+        )));
+    }
+    *log = next;
     Ok(context_id)
 }
 
@@ -544,7 +570,7 @@ pub fn sign_with_epoch(
 /// Opens the next key epoch, sealed to every active device of `log`'s
 /// current document, and signs its grant with `issuer` (a key listed with
 /// `capabilityDelegation` under the fragment `issuer_fragment`).
-fn new_epoch(
+pub(crate) fn new_epoch(
     log: &DidChain,
     keys: &KeyRing,
     issuer: &DeviceKey,
@@ -912,7 +938,7 @@ pub fn grant_current_to(
 }
 
 /// Whether only the recovery key is left to administer `doc`.
-fn no_admin_device(doc: &DidDocument) -> bool {
+pub(crate) fn no_admin_device(doc: &DidDocument) -> bool {
     doc.capability_delegation
         .iter()
         .all(|id| is_recovery_key(id))

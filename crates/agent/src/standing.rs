@@ -38,6 +38,9 @@ pub(crate) struct Standing {
     /// When recent local changes were made, and once revoked, which of
     /// them never sync.
     pub(crate) writes: LocalWrites,
+    /// This device's own entry expired (`--expires`): it stands as a
+    /// revoked one, whether or not an admin pruned it yet.
+    expired: bool,
 }
 
 impl Standing {
@@ -52,6 +55,7 @@ impl Standing {
             saved: saved.clone(),
             revoked: false,
             writes: LocalWrites::from_meta(meta, now_ms),
+            expired: false,
         }
     }
 
@@ -68,12 +72,15 @@ impl Standing {
     /// chain grows), says once what it means, and decides which local
     /// changes never sync.
     pub(crate) fn check_revoked(&mut self, m: &Membership, now_ms: u64) {
-        let now = is_revoked(m);
+        let now = is_revoked(m) || self.expired;
         if now {
             self.writes
                 .revoked(removed_at_ms(m.log(), m.context_id()), now_ms);
         }
-        if now && !self.revoked {
+        if now && !self.revoked && !self.expired && ran_out(m, now_ms) {
+            // Pruned after its time ran out: not a revocation.
+            self.say_expired(m);
+        } else if now && !self.revoked && !self.expired {
             warn!(
                 context_id = %m.context_id(),
                 "this device was revoked from the agent: its peers refuse it, it receives \
@@ -85,8 +92,42 @@ impl Standing {
         self.revoked = now;
     }
 
+    /// On tick: once this device's own entry expired (grace included),
+    /// its peers refuse it; it says so once and refuses local writes.
+    pub(crate) fn check_expired(&mut self, m: &Membership, now_ms: u64) {
+        let doc = m.log().current();
+        let status = doc.key_status(&doc.key_id(m.context_id()), secs(now_ms));
+        if self.expired || status != nuwa_identity::document::KeyStatus::Expired {
+            return;
+        }
+        self.say_expired(m);
+    }
+
+    fn say_expired(&mut self, m: &Membership) {
+        warn!(
+            context_id = %m.context_id(),
+            "this device's time ran out (it was provisioned or paired with --expires): its \
+             peers refuse it, it receives nothing new and it refuses local writes (they would \
+             never sync). Export what you need (`nuwa-node state export`) and provision a new \
+             device for the next job"
+        );
+        self.expired = true;
+        self.revoked = true;
+    }
+
     /// The error for a write on a revoked device.
     pub(crate) fn revoked_error(&self, session: &Session) -> ApiError {
+        if self.expired {
+            return ApiError::new(
+                ErrorCode::DeviceRevoked,
+                format!(
+                    "this device ({}) expired (it was provisioned or paired with --expires), so \
+                     nothing written here would reach another device; the write was refused. \
+                     Export what you need (`nuwa-node state export`) and provision a new device",
+                    session.membership().context_id()
+                ),
+            );
+        }
         ApiError::new(
             ErrorCode::DeviceRevoked,
             format!(
@@ -147,6 +188,17 @@ fn removed_at_ms(log: &DidChain, context_id: &str) -> Option<u64> {
         listed = now;
     }
     removed_at
+}
+
+/// Whether this device's last listing in the chain had expired by now
+/// (an admin pruned it after its time ran out).
+fn ran_out(m: &Membership, now_ms: u64) -> bool {
+    let ctx = m.context_id();
+    m.log()
+        .documents()
+        .filter_map(|d| d.find_method(ctx).cloned())
+        .last()
+        .is_some_and(|vm| vm.check_not_expired(secs(now_ms)).is_err())
 }
 
 fn secs(now_ms: u64) -> i64 {
@@ -242,13 +294,23 @@ impl Agent {
                 "a device name is 1 to 64 bytes",
             ));
         }
+        let expires = body
+            .expires_secs
+            .map(|s| {
+                crate::expiry::check_secs(s).map(|s| crate::expiry::expires_at(secs(now_ms), s))
+            })
+            .transpose()
+            .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))?;
         let admin = self.standing.admin(&self.session, secs(now_ms))?;
+        // Room first: devices whose time ran out leave before one is added.
+        self.prune_expired(now_ms, out);
         let mut log = self.session.log().clone();
         let x25519 = nuwa_identity::did_key::x25519_public_from_ed25519(&device.public())
             .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        let keys = (&device.public(), &x25519);
         let context_id =
-            lifecycle::add_device(&mut log, &admin, &device.public(), &x25519, secs(now_ms))
-                .map_err(|e| ApiError::new(ErrorCode::Internal, crate::explain(&e)))?;
+            lifecycle::add_device_until(&mut log, &admin, keys, expires.clone(), secs(now_ms))
+                .map_err(|e| ApiError::new(ErrorCode::CannotChangeDevices, crate::explain(&e)))?;
         drop(admin);
         self.commit_own_chain(&log, now_ms, out)?;
         let grant =
@@ -264,12 +326,13 @@ impl Agent {
                 grant,
             }),
         });
-        info!(device = %context_id, out = %body.out, "device provisioned");
+        info!(device = %context_id, out = %body.out, expires = ?expires, "device provisioned");
         let reply = ProvisionReply {
             context_id,
             name: name.to_owned(),
             out: body.out,
             did_log_len: log.len(),
+            expires,
         };
         serde_json::to_value(reply).map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))
     }
@@ -394,7 +457,12 @@ impl Agent {
 
     /// Hands a chain this device signed with a new key epoch to the
     /// session, keys saved before the chain (as `device revoke` does).
-    fn adopt_with_epoch(&mut self, r: lifecycle::Revocation, now_ms: u64, out: &mut Out) -> bool {
+    pub(crate) fn adopt_with_epoch(
+        &mut self,
+        r: lifecycle::Revocation,
+        now_ms: u64,
+        out: &mut Out,
+    ) -> bool {
         let Some(key) = r.keys.get(r.epoch).cloned() else {
             return false;
         };

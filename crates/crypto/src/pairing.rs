@@ -81,7 +81,8 @@ const SIDE_APPROVER: u8 = b'A';
 const SIDE_JOINER: u8 = b'B';
 
 const HEADER_BYTES: usize = 2;
-const JOIN_REQUEST_MAX_BYTES: usize = HEADER_BYTES + SPAKE_MSG_BYTES + 32 + 32 + 1 + MAX_NAME_BYTES;
+const JOIN_REQUEST_MAX_BYTES: usize =
+    HEADER_BYTES + SPAKE_MSG_BYTES + 32 + 32 + 1 + MAX_NAME_BYTES + 8;
 const APPROVER_CONFIRM_BYTES: usize = HEADER_BYTES + SPAKE_MSG_BYTES + MAC_BYTES;
 const JOINER_CONFIRM_BYTES: usize = HEADER_BYTES + MAC_BYTES;
 const GRANT_MAX_BYTES: usize =
@@ -386,6 +387,9 @@ pub struct JoinRequest {
     joiner_ed25519_public: [u8; 32],
     joiner_x25519_public: [u8; 32],
     name: String,
+    /// The joiner asks to expire this many seconds after it is added
+    /// (`pair --expires`); absent, it asks for nothing.
+    expires_secs: Option<u64>,
 }
 
 /// Message 2, approver → joiner: the approver's SPAKE2 message and its confirmation MAC.
@@ -427,7 +431,15 @@ impl JoinRequest {
         &self.name
     }
 
-    /// Encodes as `version ‖ 1 ‖ spake_msg[33] ‖ ed25519[32] ‖ x25519[32] ‖ name_len u8 ‖ name`.
+    /// The expiry the joiner asks for, in seconds after it is added.
+    #[must_use]
+    pub fn expires_secs(&self) -> Option<u64> {
+        self.expires_secs
+    }
+
+    /// Encodes as `version ‖ 1 ‖ spake_msg[33] ‖ ed25519[32] ‖ x25519[32] ‖ name_len u8 ‖ name`,
+    /// then `expires_secs u64 BE` only when the joiner asks for an expiry (so a request
+    /// without one is byte for byte what it always was).
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
         let mut out = header(KIND_JOIN_REQUEST, JOIN_REQUEST_MAX_BYTES);
@@ -437,6 +449,9 @@ impl JoinRequest {
         // Construction and decoding both cap the name at MAX_NAME_BYTES (64), so it fits a u8.
         out.push(self.name.len() as u8);
         out.extend_from_slice(self.name.as_bytes());
+        if let Some(secs) = self.expires_secs {
+            out.extend_from_slice(&secs.to_be_bytes());
+        }
         out
     }
 
@@ -454,6 +469,11 @@ impl JoinRequest {
         let joiner_x25519_public = r.array::<32>()?;
         let [name_len] = r.array::<1>()?;
         let name_bytes = r.take(usize::from(name_len))?;
+        let expires_secs = if r.rest.is_empty() {
+            None
+        } else {
+            Some(u64::from_be_bytes(r.array::<8>()?))
+        };
         r.finish()?;
         let name = std::str::from_utf8(name_bytes)
             .map_err(|_| PairingError::Malformed {
@@ -467,6 +487,7 @@ impl JoinRequest {
             joiner_ed25519_public,
             joiner_x25519_public,
             name,
+            expires_secs,
         })
     }
 }
@@ -705,6 +726,10 @@ impl TranscriptInput<'_> {
         update_field(&mut h, &self.request.joiner_ed25519_public);
         update_field(&mut h, &self.request.joiner_x25519_public);
         update_field(&mut h, self.request.name.as_bytes());
+        // Bound only when asked for, so a transcript without one is unchanged.
+        if let Some(secs) = self.request.expires_secs {
+            update_field(&mut h, &secs.to_be_bytes());
+        }
         h.finalize().into()
     }
 }
@@ -919,6 +944,7 @@ pub struct Joiner {
     joiner_peer_id: String,
     keys: JoinerPublicKeys,
     name: String,
+    expires_secs: Option<u64>,
     state: JoinerState,
 }
 
@@ -955,8 +981,17 @@ impl Joiner {
             joiner_peer_id: joiner_peer_id.to_owned(),
             keys,
             name: name.to_owned(),
+            expires_secs: None,
             state: JoinerState::Ready,
         })
+    }
+
+    /// Asks the approver to list this device as expiring `secs` after it
+    /// is added (`pair --expires`); the approver may make it shorter.
+    #[must_use]
+    pub fn with_expiry(mut self, secs: Option<u64>) -> Self {
+        self.expires_secs = secs;
+        self
     }
 
     /// Binds the approver, whose PeerId the joiner learns from the authenticated connection
@@ -988,6 +1023,7 @@ impl Joiner {
             joiner_ed25519_public: self.keys.ed25519_public,
             joiner_x25519_public: self.keys.x25519_public,
             name: self.name.clone(),
+            expires_secs: self.expires_secs,
         };
         self.state = JoinerState::AwaitingConfirm {
             spake: Box::new(spake),
@@ -1097,6 +1133,9 @@ pub struct VerifiedJoiner {
     pub x25519_public: [u8; 32],
     /// The joiner's display name (1 to 64 bytes, no control characters).
     pub name: String,
+    /// The expiry the joiner asked for (seconds after it is added), bound
+    /// by the transcript like its keys and name.
+    pub expires_secs: Option<u64>,
 }
 
 enum ApproverState {
@@ -1214,6 +1253,7 @@ impl Approver {
                 ed25519_public: request.joiner_ed25519_public,
                 x25519_public: request.joiner_x25519_public,
                 name: request.name.clone(),
+                expires_secs: request.expires_secs,
             },
         };
         Ok(reply)

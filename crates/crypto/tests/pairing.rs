@@ -717,7 +717,8 @@ fn oversized_and_malformed_inputs_are_refused() {
             "{r:?}"
         );
     };
-    oversized(JoinRequest::decode(&[1u8; 165]).map(drop), 164);
+    // 164 bytes plus the optional expiry (8 bytes, `pair --expires`).
+    oversized(JoinRequest::decode(&[1u8; 173]).map(drop), 172);
     oversized(ApproverConfirm::decode(&[1u8; 68]).map(drop), 67);
     oversized(JoinerConfirm::decode(&[1u8; 35]).map(drop), 34);
     oversized(

@@ -769,3 +769,38 @@ fn membership_is_kept_when_it_checks_out_and_served_to_devices_behind() {
     assert_eq!(m.did_entries, entries, "the chain survived the restart");
     assert_eq!(m.epoch_grants, later, "the newest grants, oldest first");
 }
+
+// Goal: a device whose DID entry expired (`--expires`, grace included) is
+// refused by the keeper with no revocation, while one whose time still
+// runs is served. Method: device 4 listed with `expires` 140 s before
+// NOW, device 5 with `expires` 600 s after; both pull and push at NOW.
+#[test]
+fn an_expired_device_can_neither_pull_nor_push() {
+    let mut log = agent(1, &[2], &[]);
+    let mut doc = log.current().clone();
+    for (d, expires) in [(4u8, "2025-06-15T15:06:00Z"), (5, "2025-06-15T15:18:20Z")] {
+        doc.add_key(
+            &ctx(&key(d)),
+            &key(d).public(),
+            &[Relationship::Authentication],
+            Some(expires.to_owned()),
+        )
+        .unwrap();
+    }
+    let id = log.current().capability_delegation[0].clone();
+    log.append_document(&doc, &key(1), &id, NOW_S - 300)
+        .unwrap();
+    let mut k = open();
+    let r = k.handle(push(&log, 2, true, vec![sealed(&log, 2, b"a")]), NOW);
+    assert!(matches!(r, KeeperResponse::Pushed { .. }), "{r:?}");
+    assert!(matches!(
+        k.handle(pull(&log, 5, 0, 1000), NOW),
+        KeeperResponse::Batch { .. }
+    ));
+    assert_eq!(
+        code(&k.handle(pull(&log, 4, 0, 1000), NOW)),
+        Some(RefusalCode::RevokedKey)
+    );
+    let r = k.handle(push(&log, 4, false, vec![sealed(&log, 4, b"b")]), NOW);
+    assert_eq!(code(&r), Some(RefusalCode::RevokedKey));
+}

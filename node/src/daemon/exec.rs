@@ -604,7 +604,7 @@ mod tests {
         let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
         let recovery = nuwa_agent::identity::keys::DeviceKey::generate().unwrap();
         home::init(&a_dir, "a", &recovery.public()).unwrap();
-        home::provision(&a_dir, &b_dir, "b").unwrap();
+        home::provision(&a_dir, &b_dir, "b", None).unwrap();
         let (a, b) = (home::load(&a_dir).unwrap(), home::load(&b_dir).unwrap());
         let store = Arc::new(CheckingStore {
             inner: MemStore::new(),

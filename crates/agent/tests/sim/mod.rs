@@ -244,6 +244,14 @@ pub struct Sim {
     pub backups: BTreeMap<usize, (Disk, u64, usize)>,
     /// Writes acknowledged so far.
     pub acks: usize,
+    /// Short-lived devices (`--expires`) and the virtual ms after which
+    /// every peer must refuse them (expiry plus grace): from then on they
+    /// count as revoked for the invariants (see `check_device`).
+    pub expiring: BTreeMap<String, u64>,
+    /// Devices that refused a peer because its device expired.
+    pub refused_expired: BTreeSet<usize>,
+    /// Short-lived devices whose time ran out.
+    pub expired: BTreeSet<String>,
 }
 
 fn addr_of(i: usize) -> (Multiaddr, SocketAddr) {
@@ -298,6 +306,9 @@ impl Sim {
             next_request: 0,
             acked: Vec::new(),
             revoked: BTreeMap::new(),
+            expiring: BTreeMap::new(),
+            refused_expired: BTreeSet::new(),
+            expired: BTreeSet::new(),
             epoch_knew: BTreeMap::new(),
             witnesses: BTreeMap::new(),
             recovery,
@@ -637,6 +648,13 @@ impl Sim {
             self.send(i, e);
         }
         for e in rest {
+            if matches!(
+                e,
+                Effect::Count(nuwa_agent::count::Count::PeersRefusedExpired)
+            ) {
+                self.count("expired refusals");
+                self.refused_expired.insert(i);
+            }
             self.rest(i, e);
         }
     }
@@ -1037,12 +1055,20 @@ impl Sim {
     /// `device provision` on admin `admin`: a new home, written by the
     /// agent's effects; the new device starts later.
     pub fn provision(&mut self, admin: usize) -> RequestId {
+        self.provision_expiring(admin, None)
+    }
+
+    /// `device provision --expires SECS` on admin `admin`.
+    pub fn provision_expiring(&mut self, admin: usize, expires_secs: Option<u64>) -> RequestId {
         let device = DeviceKey::generate().expect("entropy");
         let body = nuwa_agent::api::ProvisionBody {
             out: format!("/sim/d{}", self.devices.len()),
             name: format!("d{}", self.devices.len()),
+            expires_secs,
         };
-        self.note(format!("d{admin} provisions"));
+        self.note(format!(
+            "d{admin} provisions (expires in {expires_secs:?} s)"
+        ));
         let req = Request::Provision { body, device };
         self.request(admin, req, Request2::Other("provision"))
     }
@@ -1050,6 +1076,18 @@ impl Sim {
     /// A new device waits to pair with a fresh code (on `lan`), and
     /// `approver` approves it (`recovery`: a handover to recovery words).
     pub fn pair(&mut self, approver: usize, lan: usize, recovery: Option<RecoveryJoin>) -> usize {
+        self.pair_expiring(approver, lan, recovery, (None, None))
+    }
+
+    /// [`Sim::pair`] with `pair --expires` on the new device and `device
+    /// approve --expires` on the approver (seconds; `None`: not given).
+    pub fn pair_expiring(
+        &mut self,
+        approver: usize,
+        lan: usize,
+        recovery: Option<RecoveryJoin>,
+        (joiner_secs, approver_secs): (Option<u64>, Option<u64>),
+    ) -> usize {
         let key = DeviceKey::generate().expect("entropy");
         let n = self.devices.len();
         let j = self.add_device(format!("d{n}"), DeviceKey::from_seed(&key.seed()), None);
@@ -1064,7 +1102,8 @@ impl Sim {
             self.devices[j].peer,
             recovery,
         )
-        .expect("flow");
+        .expect("flow")
+        .with_expiry(joiner_secs);
         self.devices[j].joining = Some(flow);
         // Its pairing announcement, on its network.
         let txt = nuwa_agent::announce::Announcement::new_signed(
@@ -1086,6 +1125,7 @@ impl Sim {
             name: None,
             timeout_secs: Some(60),
             recovery: is_recovery,
+            expires_secs: approver_secs,
         };
         self.request(approver, Request::Approve(body), Request2::Other("approve"));
         j
@@ -1157,6 +1197,7 @@ impl Sim {
     /// the key of an epoch its revocation opened, and a device never lists
     /// again a device its chain removed.
     fn check_device(&mut self, i: usize) {
+        self.note_expired();
         let Some(agent) = self.devices[i].agent.as_ref() else {
             return;
         };
@@ -1164,10 +1205,16 @@ impl Sim {
         let newest = agent.session().secure().keys().current().epoch();
         if !self.epoch_knew.contains_key(&newest) {
             let doc = agent.session().log().current();
+            let now_secs = (self.now_ms / 1000) as i64;
+            // An expired device listed still is as good as removed: no
+            // grant may be sealed to it.
             let knew = self
                 .revoked
                 .keys()
-                .filter(|r| doc.find_method(r).is_none())
+                .filter(|r| {
+                    doc.find_method(r)
+                        .is_none_or(|m| m.check_not_expired(now_secs).is_err())
+                })
                 .cloned()
                 .collect();
             self.epoch_knew.insert(newest, knew);
@@ -1207,6 +1254,16 @@ impl Sim {
             })
             .filter(|f| f.starts_with("device-"))
             .collect();
+        // Refused by every peer: once its time ran out, an expired device
+        // is nobody's verified peer.
+        for (peer, ctx) in agent.session().verified() {
+            assert!(
+                !self.expired.contains(ctx),
+                "seed {}: d{i} still syncs with expired {ctx} ({peer})\n{}",
+                self.seed,
+                self.trace_tail()
+            );
+        }
         let d = &mut self.devices[i];
         if let Some(back) = current.intersection(&d.removed_seen).next() {
             panic!(
@@ -1215,6 +1272,35 @@ impl Sim {
             );
         }
         d.removed_seen.extend(ever.difference(&current).cloned());
+    }
+
+    /// A short-lived device whose time (grace included) ran out counts as
+    /// revoked from here on, as of an epoch past every epoch held now (any
+    /// epoch opened later must not reach it).
+    fn note_expired(&mut self) {
+        let now = self.now_ms;
+        let due: Vec<String> = self
+            .expiring
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(c, _)| c.clone())
+            .collect();
+        for ctx in due {
+            self.expiring.remove(&ctx);
+            let held = self
+                .devices
+                .iter()
+                .filter_map(|d| d.agent.as_ref())
+                .map(|a| a.session().secure().keys().current().epoch())
+                .max()
+                .unwrap_or(0);
+            self.revoked.entry(ctx.clone()).or_insert(held + 1);
+            self.expired.insert(ctx.clone());
+            if let Some(d) = self.devices.iter_mut().find(|d| d.context_id() == ctx) {
+                d.gone = true;
+            }
+            self.note(format!("{ctx} expired"));
+        }
     }
 
     /// Records that `target` was revoked by `admin` once the admin's reply
@@ -1297,10 +1383,17 @@ impl Sim {
         };
         for &i in &live {
             let log = self.devices[i].agent.as_ref().unwrap().session().log();
+            let now_secs = (self.now_ms / 1000) as i64;
             for doc in [log.current(), log.chain_document()] {
                 for ctx in self.revoked.keys().filter(|c| !untold(c)) {
+                    // An expired device no admin pruned yet (the first
+                    // admin was lost) is listed, but as expired.
+                    let expired = self.expired.contains(ctx)
+                        && doc
+                            .find_method(ctx)
+                            .is_some_and(|m| m.check_not_expired(now_secs).is_err());
                     assert!(
-                        doc.find_method(ctx).is_none(),
+                        doc.find_method(ctx).is_none() || expired,
                         "seed {}: d{i} lists revoked {ctx} at the end\n{}",
                         self.seed,
                         self.trace_tail()

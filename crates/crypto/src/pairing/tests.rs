@@ -58,6 +58,7 @@ fn golden_bytes() {
         joiner_ed25519_public: [0x33; 32],
         joiner_x25519_public: [0x44; 32],
         name: "pc".to_owned(),
+        expires_secs: None,
     };
     let mut golden = vec![1u8, 1];
     golden.extend_from_slice(&spake_b);
@@ -66,6 +67,17 @@ fn golden_bytes() {
     golden.extend_from_slice(&[2, b'p', b'c']);
     assert_eq!(request.encode(), golden);
     assert_eq!(JoinRequest::decode(&golden).expect("decodes"), request);
+    // `pair --expires 10m`: the seconds follow, big-endian.
+    let expiring = JoinRequest {
+        expires_secs: Some(600),
+        ..request.clone()
+    };
+    golden.extend_from_slice(&600u64.to_be_bytes());
+    assert_eq!(expiring.encode(), golden);
+    assert_eq!(JoinRequest::decode(&golden).expect("decodes"), expiring);
+    for cut in [1, 7] {
+        assert!(JoinRequest::decode(&golden[..golden.len() - cut]).is_err());
+    }
 
     let confirm = ApproverConfirm {
         spake_msg: spake_a,
@@ -109,6 +121,7 @@ fn transcript_binds_every_field() {
         joiner_ed25519_public: [0x33; 32],
         joiner_x25519_public: [0x44; 32],
         name: "pc".to_owned(),
+        expires_secs: None,
     };
     let base = TranscriptInput {
         approver_peer_id: "A",
@@ -120,12 +133,14 @@ fn transcript_binds_every_field() {
     let mut other_spake_a = spake_a;
     other_spake_a[5] ^= 1;
     let mut variants: Vec<JoinRequest> = Vec::new();
-    for i in 0..4 {
+    for i in 0..6 {
         let mut r = request.clone();
         match i {
             0 => r.spake_msg[7] ^= 1,
             1 => r.joiner_ed25519_public[0] ^= 1,
             2 => r.joiner_x25519_public[31] ^= 1,
+            3 => r.expires_secs = Some(600),
+            4 => r.expires_secs = Some(601),
             _ => r.name.push('x'),
         }
         variants.push(r);
