@@ -286,6 +286,8 @@ pub const DID_ENTRIES_SLACK: usize = 1024;
 
 /// Largest page of DID entries this session serves in one frame.
 pub const DID_ENTRIES_PAGE_BYTES: usize = 1024 * 1024;
+/// Refused grants kept to try again when the chain grows (one per peer).
+const MAX_GRANT_RETRIES: usize = 256;
 
 struct Held {
     at_ms: u64,
@@ -306,6 +308,11 @@ pub struct Session {
     /// Peers told of as lacking our epoch ([`Effect::PeerLacksEpoch`]),
     /// with that epoch; bounded.
     lacking: BTreeMap<PeerKey, u64>,
+    /// Grants of verified peers refused against our document as it was
+    /// (an issuer it did not list as admin yet, a device it still listed),
+    /// tried again when our chain grows: the chain that makes them valid
+    /// may come after the Hello that carried them, from another peer.
+    grant_retry: BTreeMap<PeerKey, Vec<u8>>,
     /// Queue gossiped deltas instead of applying them (see `defer_gossip`).
     defer_gossip: bool,
     /// Earliest seal time among the queued deltas.
@@ -345,6 +352,7 @@ impl Session {
             held: VecDeque::new(),
             skewed: BTreeMap::new(),
             lacking: BTreeMap::new(),
+            grant_retry: BTreeMap::new(),
             defer_gossip: false,
             queued_sealed_at: None,
             fetching: BTreeMap::new(),
@@ -1144,6 +1152,11 @@ impl Session {
             out.push(Effect::Count(Count::HelloRefreshSent));
             self.push_hello(&peer, now_ms, out);
         }
+        for (peer, grant) in std::mem::take(&mut self.grant_retry) {
+            if matches!(self.peers.get(&peer), Some(PeerState::Verified { .. })) {
+                self.on_grant(&peer, &grant, now_ms, out);
+            }
+        }
     }
 
     /// Merges the lost branches a Hello carries (strong removal); when our
@@ -1294,6 +1307,10 @@ impl Session {
                     peer: peer.to_owned(),
                     reason,
                 });
+                if self.grant_retry.len() < MAX_GRANT_RETRIES || self.grant_retry.contains_key(peer)
+                {
+                    self.grant_retry.insert(peer.to_owned(), bytes.to_vec());
+                }
                 return;
             }
         };
