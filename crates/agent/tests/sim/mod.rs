@@ -497,6 +497,11 @@ impl Sim {
         if !same_key || self.devices[i].gone {
             return false;
         }
+        // A witness of a revocation rolled back to a copy may have
+        // forgotten it: it no longer counts as one.
+        for w in self.witnesses.values_mut() {
+            w.retain(|&x| x != i);
+        }
         self.crash(i);
         let others: Vec<BTreeMap<String, Container>> = (0..self.devices.len())
             .filter(|&j| j != i && !self.devices[j].gone)
@@ -1373,9 +1378,10 @@ impl Sim {
         );
         // Strong removal: no revoked device is listed anywhere, and the
         // chain itself removed it (an admin signed what a lost branch did).
-        // A revocation whose every witness was lost or revoked before it
-        // met the recovered chain died with them: no device alive ever
-        // heard of it (the limit written in ARCHITECTURE.md).
+        // A revocation whose every witness was lost, revoked or rolled
+        // back to a copy before it met the recovered chain died with them:
+        // no device alive may have heard of it (the limit written in
+        // ARCHITECTURE.md).
         let untold = |ctx: &String| {
             self.witnesses
                 .get(ctx)
