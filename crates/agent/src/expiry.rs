@@ -170,28 +170,7 @@ pub fn prune(
                 .to_owned(),
         ));
     }
-    let mut log = log.clone();
-    log.append_document(&next, &admin.key, &admin.key_id, now_secs)
-        .map_err(|source| LifecycleError::Sign {
-            what: "DID document update",
-            source: Box::new(source),
-        })?;
-    let (keys, grant, epoch, remaining) = lifecycle::new_epoch(
-        &log,
-        keys,
-        &admin.key,
-        admin.fragment(),
-        devices,
-        0,
-        now_secs,
-    )?;
-    Ok(Revocation {
-        log,
-        keys,
-        grant,
-        epoch,
-        remaining,
-    })
+    lifecycle::sign_removal(log, keys, admin, &next, devices, 0, now_secs)
 }
 
 /// Whether the proof of `log` is near what a `Hello` and a DHT pointer

@@ -455,16 +455,31 @@ pub fn revoke(
              to change the agent. Promote another device first (`nuwa-node device promote ID`)"
         );
     }
+    sign_removal(log, keys, admin, &next, &[target.to_owned()], 0, now_secs)
+}
+
+/// `next` (a document without `revoked`) signed onto `log` by `admin`,
+/// and a new key epoch (at least `min_epoch`) sealed to the devices it
+/// leaves: what revoking, pruning and re-signing a lost removal share.
+pub(crate) fn sign_removal(
+    log: &DidChain,
+    keys: &KeyRing,
+    admin: &Admin,
+    next: &DidDocument,
+    revoked: &[String],
+    min_epoch: u64,
+    now_secs: i64,
+) -> Result<Revocation> {
     let mut log = log.clone();
-    log.append_document(&next, &admin.key, &admin.key_id, now_secs)
+    log.append_document(next, &admin.key, &admin.key_id, now_secs)
         .map_err(sign_err("DID document update"))?;
     let (keys, grant, epoch, remaining) = new_epoch(
         &log,
         keys,
         &admin.key,
         admin.fragment(),
-        &[target.to_owned()],
-        0,
+        revoked,
+        min_epoch,
         now_secs,
     )?;
     Ok(Revocation {
@@ -546,25 +561,7 @@ pub fn sign_with_epoch(
     let min_epoch = (longest << 32)
         | (u64::from(u16::from_be_bytes([public[0], public[1]])) << 16)
         | u64::from(u16::from_be_bytes(fresh));
-    let mut log = log.clone();
-    log.append_document(next, &admin.key, &admin.key_id, now_secs)
-        .map_err(sign_err("DID document update"))?;
-    let (keys, grant, epoch, remaining) = new_epoch(
-        &log,
-        keys,
-        &admin.key,
-        admin.fragment(),
-        &revoked,
-        min_epoch,
-        now_secs,
-    )?;
-    Ok(Revocation {
-        log,
-        keys,
-        grant,
-        epoch,
-        remaining,
-    })
+    sign_removal(log, keys, admin, next, &revoked, min_epoch, now_secs)
 }
 
 /// Opens the next key epoch, sealed to every active device of `log`'s
