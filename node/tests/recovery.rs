@@ -139,13 +139,7 @@ fn losing_the_admin_is_recovered_with_the_words() {
         // The admin device is lost: a copy of its home survives elsewhere.
         c.stop(ia);
         let lost_copy = c.home("a-restored");
-        let cp = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&a)
-            .arg(&lost_copy)
-            .status()
-            .unwrap();
-        assert!(cp.success());
+        copy_home(&a, &lost_copy);
         std::fs::remove_dir_all(&a).unwrap();
 
         // Recovery needs b's daemon stopped, and says so.
@@ -536,15 +530,7 @@ fn a_fresh_home_recovers_the_agent() {
         three_in_sync(&a, &b, &cc);
         c.stop(ia);
         let lost_copy = c.home("a-restored");
-        assert!(
-            std::process::Command::new("cp")
-                .arg("-a")
-                .arg(&a)
-                .arg(&lost_copy)
-                .status()
-                .unwrap()
-                .success()
-        );
+        copy_home(&a, &lost_copy);
         std::fs::remove_dir_all(&a).unwrap();
 
         // Another agent's words: the handover opens for nobody; nothing written.
@@ -685,15 +671,7 @@ fn rotating_a_device_key_keeps_its_state() {
 
         c.stop(ia);
         let old_copy = c.home("a-old");
-        assert!(
-            std::process::Command::new("cp")
-                .arg("-a")
-                .arg(&a)
-                .arg(&old_copy)
-                .status()
-                .unwrap()
-                .success()
-        );
+        copy_home(&a, &old_copy);
         let out = cli_ok(&a, &["device", "rotate", "--json"]);
         let r: Value = serde_json::from_str(&out).unwrap();
         let new_ctx = r["context_id"].as_str().unwrap().to_owned();
@@ -877,15 +855,7 @@ fn stale_handover_attack(test: &str, online: bool) {
             // The holder keeps a copy of the home, then `i` hears of its
             // revocation.
             let copy = c.home("i-copy");
-            assert!(
-                std::process::Command::new("cp")
-                    .arg("-a")
-                    .arg(&i)
-                    .arg(&copy)
-                    .status()
-                    .unwrap()
-                    .success()
-            );
+            copy_home(&i, &copy);
             ii = c.start(&i, &[]);
             wait_for("i is verified again", Duration::from_secs(15), || {
                 status(&a)

@@ -10,22 +10,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-
-/// `cp -a`: the copy a person makes of a home (modes kept).
-fn copy_home(from: &Path, to: &Path) {
-    let st = Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .expect("cp");
-    assert!(st.success(), "cp -a {} {}", from.display(), to.display());
-}
 
 /// Whether `home`'s container holds every key of `want` with its value.
 fn holds(home: &Path, container: &str, want: &[(String, Value)]) -> bool {

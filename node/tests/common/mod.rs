@@ -410,6 +410,17 @@ pub fn note_schema_file() -> String {
     .to_owned()
 }
 
+/// `cp -a`: the copy a person makes of a home (modes kept).
+pub fn copy_home(from: &Path, to: &Path) {
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("cp");
+    assert!(st.success(), "cp -a {} {}", from.display(), to.display());
+}
+
 pub fn unique_marker() -> String {
     // The kernel hands out a fresh random UUID on every read.
     let uuid = fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap();
