@@ -247,9 +247,12 @@ wait_value() { # HOST HOME CONTAINER KEY MINLEN SECS -> 0/1
 "$BIN" --home "$TMP/d1" init --name d1 --i-have-written-it-down >/dev/null
 "$BIN" --home "$TMP/d1" device provision --out "$TMP/d2" --name d2 >/dev/null
 
-run_case() { # NAME MODE1 MODE2 EXPECT(direct|relayed)
-  local name="$1" expect="$4"
-  lab_up "$2" "$3"
+# start_pair NAME: the infrastructure node (rendezvous, DHT, relay) and d1
+# and d2 behind their routers, told only about it; sets RV, and STARTED
+# (when the devices were started). Fails (1)
+# when the infrastructure node did not start.
+start_pair() {
+  local name="$1" h _
   rm -rf "$TMP/infra"
   # `ip netns exec` execs the node (a shell function would put a subshell
   # in between), so TERM reaches it and it logs its counters at exit.
@@ -257,24 +260,31 @@ run_case() { # NAME MODE1 MODE2 EXPECT(direct|relayed)
     --listen /ip4/0.0.0.0/tcp/4001 --listen /ip4/0.0.0.0/udp/4001/quic-v1 \
     >"$TMP/$name-infra.out" 2>"$TMP/$name-infra.log" &
   PIDS+=($!)
-  local rv="" _
+  RV=""
   for _ in $(seq 1 100); do
-    rv="$(grep -m1 '/ip4/198.51.100.2/tcp/' "$TMP/$name-infra.out" 2>/dev/null || true)"
-    [ -n "$rv" ] && break
+    RV="$(grep -m1 '/ip4/198.51.100.2/tcp/' "$TMP/$name-infra.out" 2>/dev/null || true)"
+    [ -n "$RV" ] && break
     sleep 0.1
   done
-  [ -n "$rv" ] || { fail "$name: the infrastructure node did not start"; stop_all; lab_down; return; }
-  local t0 h; t0=$(now)
+  [ -n "$RV" ] || return 1
+  STARTED=$(now)
   for h in d1 d2; do
     rm -f "$TMP/$h/api.json"
     RUST_LOG="${NAT_LOG:-info,nuwa_net=debug}" ip netns exec "$(ns "$h")" "$BIN" --home "$TMP/$h" run \
       --listen /ip4/0.0.0.0/tcp/4001 --listen /ip4/0.0.0.0/udp/4001/quic-v1 \
-      --no-mdns --rendezvous "$rv" --bootstrap "$rv" >/dev/null 2>"$TMP/$name-$h.log" &
+      --no-mdns --rendezvous "$RV" --bootstrap "$RV" >/dev/null 2>"$TMP/$name-$h.log" &
     PIDS+=($!)
   done
   for h in d1 d2; do
     for _ in $(seq 1 100); do [ -f "$TMP/$h/api.json" ] && break; sleep 0.05; done
   done
+}
+
+run_case() { # NAME MODE1 MODE2 EXPECT(direct|relayed)
+  local name="$1" expect="$4"
+  lab_up "$2" "$3"
+  start_pair "$name" || { fail "$name: the infrastructure node did not start"; stop_all; lab_down; return; }
+  local t0="$STARTED"
   cli d1 "$TMP/d1" state put "$name" first '"hello"' >/dev/null
   if wait_value d2 "$TMP/d2" "$name" first 1 5; then
     pass "$name: a write reached the other device $(since "$t0") s after both started"
@@ -529,29 +539,7 @@ PY
 run_move_case() {
   local name=moved t0 path=""
   lab_up preserving preserving
-  rm -rf "$TMP/infra"
-  RUST_LOG="${NAT_INFRA_LOG:-info}" ip netns exec "$(ns infra)" "$BIN" --home "$TMP/infra" rendezvous \
-    --listen /ip4/0.0.0.0/tcp/4001 --listen /ip4/0.0.0.0/udp/4001/quic-v1 \
-    >"$TMP/$name-infra.out" 2>"$TMP/$name-infra.log" &
-  PIDS+=($!)
-  RV=""
-  for _ in $(seq 1 100); do
-    RV="$(grep -m1 '/ip4/198.51.100.2/tcp/' "$TMP/$name-infra.out" 2>/dev/null || true)"
-    [ -n "$RV" ] && break
-    sleep 0.1
-  done
-  [ -n "$RV" ] || { fail "$name: the infrastructure node did not start"; stop_all; lab_down; return; }
-  local h
-  for h in d1 d2; do
-    rm -f "$TMP/$h/api.json"
-    RUST_LOG="${NAT_LOG:-info,nuwa_net=debug}" ip netns exec "$(ns "$h")" "$BIN" --home "$TMP/$h" run \
-      --listen /ip4/0.0.0.0/tcp/4001 --listen /ip4/0.0.0.0/udp/4001/quic-v1 \
-      --no-mdns --rendezvous "$RV" --bootstrap "$RV" >/dev/null 2>"$TMP/$name-$h.log" &
-    PIDS+=($!)
-  done
-  for h in d1 d2; do
-    for _ in $(seq 1 100); do [ -f "$TMP/$h/api.json" ] && break; sleep 0.05; done
-  done
+  start_pair "$name" || { fail "$name: the infrastructure node did not start"; stop_all; lab_down; return; }
   t0=$(now)
   while :; do
     path="$(peer_path d1 "$TMP/d1")"
