@@ -551,6 +551,12 @@ pub fn sign_with_epoch(
         .chain([log.len() + 1])
         .max()
         .unwrap_or(0) as u64;
+    // And past the epoch this device holds, by a whole step of the high
+    // bits: were it only `current + 1`, two admins that adopted the same
+    // epoch would each open that same next number under their own key
+    // (seed 5953 of the agent simulator), and the low bits below, drawn
+    // here, are what keeps concurrent signers apart.
+    let longest = longest.max((keys.current().epoch() >> 32) + 1);
     // 16 random bits below those: an admin that signs twice at one length
     // (its home restored from a copy taken before the first time, so it
     // no longer holds that key) opens another number, not a second key
@@ -1508,5 +1514,41 @@ mod tests {
         assert!(rebased_document(&m, &merged, &[winner_admin.key.public()]).is_none());
         // Nor does a device whose log simply grew.
         assert!(rebased_document(&base, &merged, &own).is_none());
+    }
+
+    // Goal: two admins that hold the same key epoch and each sign a change
+    // with a new epoch (both heard of the same lost branch) open two
+    // different numbers, both past the one they held, even when that one
+    // is already past every branch's length. Seed 5953 of the agent
+    // simulator: both opened `current + 1`, two keys under one number,
+    // and neither side could read the other's writes.
+    #[test]
+    fn two_admins_signing_at_once_open_different_epochs() {
+        let a = agent(2);
+        let ctx: Vec<String> = a
+            .devices
+            .iter()
+            .map(|d| context_id_for(&d.public()))
+            .collect();
+        let log = promote(&a.log, &a.master, &ctx[0], 1_010).unwrap();
+        let phone = Admin {
+            key_id: format!("{}#{}", log.did(), ctx[0]),
+            key: DeviceKey::from_seed(&a.devices[0].seed()),
+        };
+        // Both hold an epoch whose high bits are already past the length.
+        let held = (u64::from(u32::MAX) << 8) | 0x1234;
+        let keys = KeyRing::new(SyncKey::generate(held).unwrap());
+        // Both sign the removal of the other device.
+        let mut next = log.current().clone();
+        next.remove_key(&ctx[1]).unwrap();
+        next.remove_key(&format!("{}{X25519_SUFFIX}", ctx[1]))
+            .unwrap();
+        for _ in 0..20 {
+            let by_master = sign_with_epoch(&log, &keys, &a.master, &next, 1_020).unwrap();
+            let by_phone = sign_with_epoch(&log, &keys, &phone, &next, 1_020).unwrap();
+            assert!(by_master.epoch > held && by_phone.epoch > held);
+            assert_ne!(by_master.epoch, by_phone.epoch);
+            assert_ne!(by_master.epoch, held + 1);
+        }
     }
 }

@@ -372,16 +372,20 @@ fn stale_handover(s: &mut Sim, r: &mut Roles) {
         })
         .unwrap_or_default();
     // A witness that stays a member: one added after the stale chain is
-    // out once the recovery wins, and may never run again.
+    // out once the recovery wins, and may never run again. It heard of the
+    // revocation when its chain once listed the device and no longer does
+    // (a home restored from a copy taken before the device was added
+    // lists it nowhere without having heard anything: seed 4108).
     let witnesses: Vec<usize> = live(s)
         .into_iter()
         .filter(|&i| {
             i != r.admin
                 && stale_listed.contains(&s.devices[i].context_id())
-                && s.devices[i]
-                    .agent
-                    .as_ref()
-                    .is_some_and(|a| a.session().log().current().find_method(&v_ctx).is_none())
+                && s.devices[i].agent.as_ref().is_some_and(|a| {
+                    let log = a.session().log();
+                    log.current().find_method(&v_ctx).is_none()
+                        && log.documents().any(|d| d.find_method(&v_ctx).is_some())
+                })
         })
         .collect();
     s.witnesses.insert(v_ctx.clone(), witnesses.clone());

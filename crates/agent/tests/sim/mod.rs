@@ -1431,6 +1431,24 @@ impl Sim {
                         .filter(|(_, c)| holds(c))
                         .map(|(j, _)| *j)
                         .collect();
+                    // What each live device stands on, for the replay.
+                    for &k in &live {
+                        let s = self.devices[k].agent.as_ref().unwrap().session();
+                        let verified: Vec<&str> = s.verified().map(|(_, c)| c).collect();
+                        let listed: Vec<&str> = s
+                            .log()
+                            .current()
+                            .verification_method
+                            .iter()
+                            .map(|m| nuwa_identity::document::DidDocument::fragment(&m.id))
+                            .collect();
+                        eprintln!(
+                            "d{k} ({}): chain length {}, epoch {}, verified {verified:?}, lists {listed:?}",
+                            s.membership().context_id(),
+                            s.log().len(),
+                            s.secure().epoch(),
+                        );
+                    }
                     panic!(
                         "seed {}: d{}'s write {} in {} (acknowledged at {} ms) is missing on d{i} \
                          (held by {holders:?})\n{}",
