@@ -45,6 +45,16 @@ pub struct SessionConfig {
     pub hello_refresh_ms: u64,
     /// Envelopes held at once; the oldest goes first.
     pub max_held: usize,
+    /// A peer whose `Hello` has not come gets ours again this often until
+    /// it does (or [`SessionConfig::hello_deadline_ms`] runs out): both
+    /// first Hellos go out on the first connection, and when that one
+    /// closes at once (a redial after a network change replaced it) both
+    /// are lost, and both sides would otherwise wait out the deadline.
+    pub hello_resend_ms: u64,
+    /// A verified peer that sends its `Hello` again gets ours back, at most
+    /// this often: it may be the one still waiting for ours (it resends
+    /// while it waits).
+    pub hello_answer_ms: u64,
 }
 
 impl Default for SessionConfig {
@@ -54,6 +64,8 @@ impl Default for SessionConfig {
             held_for_ms: 30_000,
             hello_refresh_ms: 300_000,
             max_held: 256,
+            hello_resend_ms: 2_000,
+            hello_answer_ms: 30_000,
         }
     }
 }
@@ -115,6 +127,8 @@ nuwa_counters::table! {
         PeersVerified => "peers_verified", "Peers whose Hello verified";
         HelloRefreshed => "hello_refreshed", "Repeated Hellos of verified peers that verified";
         HelloRefreshSent => "hello_refresh_sent", "Hellos pushed after the DID log grew";
+        HelloResent => "hello_resent", "Hellos sent again to a connected peer whose own Hello had not come (the first pair was lost with a connection)";
+        HelloAnswered => "hello_answered", "Hellos sent back to a verified peer that sent its Hello again (it may still wait for ours)";
         FrameFromUnverifiedPeer => "frame_from_unverified_peer", "State frames from peers whose Hello has not verified (dropped)";
         PayloadRejected => "payload_rejected", "Opened payloads the sync engine refused";
         EnvelopesHeldForEpoch => "envelopes_held_for_epoch", "Envelopes held until their key epoch's grant arrives";
@@ -326,6 +340,8 @@ pub struct Session {
     closing: BTreeMap<PeerKey, u64>,
     /// When each peer last got our `Hello`.
     hello_sent_ms: BTreeMap<PeerKey, u64>,
+    /// When each verified peer last got our `Hello` back for one of its own.
+    hello_answered_ms: BTreeMap<PeerKey, u64>,
 }
 
 /// How long a refused peer that was sent the entries past its head keeps
@@ -359,6 +375,7 @@ impl Session {
             next_unasked_ms: 0,
             closing: BTreeMap::new(),
             hello_sent_ms: BTreeMap::new(),
+            hello_answered_ms: BTreeMap::new(),
         }
     }
 
@@ -503,6 +520,7 @@ impl Session {
         let mut out = Vec::new();
         self.fetching.remove(peer);
         self.hello_sent_ms.remove(peer);
+        self.hello_answered_ms.remove(peer);
         if let Some(PeerState::Verified { context_id, .. }) = self.peers.remove(peer) {
             out.push(Effect::PeerGone {
                 peer: peer.to_owned(),
@@ -533,6 +551,7 @@ impl Session {
     fn forget_peer(&mut self, peer: &str) {
         self.peers.remove(peer);
         self.hello_sent_ms.remove(peer);
+        self.hello_answered_ms.remove(peer);
         self.fetching.remove(peer);
         self.engine.peer_down(peer);
     }
@@ -651,8 +670,17 @@ impl Session {
             return;
         }
         if verified {
-            // A verified peer re-sends its Hello when its DID log grew.
+            // A verified peer re-sends its Hello when its DID log grew, or
+            // when ours did not reach it: answer, at most every
+            // `hello_answer_ms`, so that a lost Hello of ours costs it
+            // one resend instead of its whole deadline.
             out.push(Effect::Count(Count::HelloRefreshed));
+            let answered = self.hello_answered_ms.get(peer).copied();
+            if answered.is_none_or(|at| now_ms.saturating_sub(at) >= self.config.hello_answer_ms) {
+                self.hello_answered_ms.insert(peer.to_owned(), now_ms);
+                out.push(Effect::Count(Count::HelloAnswered));
+                self.push_hello(peer, now_ms, out);
+            }
             if let Some(PeerState::Verified {
                 clock_offset_ms, ..
             }) = self.peers.get_mut(peer)
@@ -1415,10 +1443,34 @@ impl Session {
             });
             self.drop_peer(&peer, &mut out);
         }
+        self.resend_hellos(now_ms, &mut out);
         self.refresh_hellos(now_ms, &mut out);
         let actions = self.engine.tick(now_ms);
         self.engine_actions(actions, &mut out);
         out
+    }
+
+    /// Our `Hello` again to every connected peer whose own has not come
+    /// and that has not had ours for [`SessionConfig::hello_resend_ms`]
+    /// (one whose Hello waits for its DID entries has sent it).
+    fn resend_hellos(&mut self, now_ms: u64, out: &mut Vec<Effect>) {
+        let every = self.config.hello_resend_ms;
+        let due: Vec<PeerKey> = self
+            .peers
+            .iter()
+            .filter(|(p, s)| {
+                matches!(s, PeerState::Pending { .. }) && !self.fetching.contains_key(*p)
+            })
+            .filter(|(p, _)| {
+                let last = self.hello_sent_ms.get(*p).copied().unwrap_or(0);
+                now_ms.saturating_sub(last) >= every
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        for peer in due {
+            out.push(Effect::Count(Count::HelloResent));
+            self.push_hello(&peer, now_ms, out);
+        }
     }
 
     /// Our `Hello` again to every verified peer that has not had it for
