@@ -34,7 +34,13 @@
 #   5. both behind port-preserving NATs on a direct path, then d2's home
 #      gets a new public address: writes flow both ways again (target
 #      5 s; fails past 15 s); whether the path is direct again (punched
-#      anew) within 30 s is reported as OPEN, not failed (not built yet).
+#      anew) within 30 s is reported as OPEN, not failed (not built yet);
+#   6. pairing across two NATs: d1's daemon (the admin) behind r1, a fresh
+#      home running `pair` behind r2 (mDNS off, only the infrastructure
+#      node given); `device approve CODE` on d1 finds the code at
+#      rendezvous and reaches the new device through the relay circuit it
+#      holds; the new home is written, its initial sync brings a write made
+#      before pairing, and a write made on it after reaches d1.
 #
 # Usage: testnet/nat-suite.sh [--case N]... Needs root and nftables; skips
 # (exit 0, with the reason) where the kernel lacks NAT in namespaces.
@@ -54,7 +60,7 @@ while [ $# -gt 0 ]; do
     *) echo "nat-suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ ${#CASES[@]} -gt 0 ] || CASES=(1 4 2 3 5)
+[ ${#CASES[@]} -gt 0 ] || CASES=(1 4 2 3 5 6)
 
 if [ "$(id -u)" != 0 ]; then
   echo "testnet/nat-suite.sh needs root (network namespaces); skipping" >&2
@@ -598,8 +604,68 @@ run_move_case() {
   lab_down
 }
 
+# Case 6: a phone away from home is paired from the laptop at home.
+run_pair_case() {
+  local name=pair t0 code="" _
+  lab_up preserving preserving
+  start_infra "$name"
+  [ -n "$RV" ] || { fail "$name: the infrastructure node did not start"; stop_all; lab_down; return; }
+  start_device d1 "$TMP/d1" "$TMP/$name-d1.log"
+  cli d1 "$TMP/d1" state put "$name" before '"written before pairing"' >/dev/null
+  rm -rf "$TMP/phone"
+  t0=$(now)
+  RUST_LOG="${NAT_LOG:-info}" ip netns exec "$(ns d2)" "$BIN" --home "$TMP/phone" pair --name phone \
+    --no-mdns --rendezvous "$RV" --keeper "$RV" --bootstrap "$RV" --sync-timeout 30s \
+    >"$TMP/$name-phone.out" 2>"$TMP/$name-phone.log" &
+  local pair_pid=$!
+  PIDS+=("$pair_pid")
+  for _ in $(seq 1 100); do
+    code="$(sed -n 's/^pairing code: //p' "$TMP/$name-phone.out" 2>/dev/null | head -1)"
+    [ -n "$code" ] && break
+    sleep 0.1
+  done
+  if [ -z "$code" ]; then
+    fail "$name: \`pair\` printed no code"; stop_all; lab_down; return
+  fi
+  # Let the new device hold its circuit and register it.
+  for _ in $(seq 1 100); do
+    grep -q "reachable through a relay" "$TMP/$name-phone.log" 2>/dev/null && break
+    sleep 0.1
+  done
+  if cli d1 "$TMP/d1" device approve "$code" >"$TMP/$name-approve.out" 2>&1; then
+    pass "$name: approved across two NATs $(since "$t0") s after \`pair\` started ($(grep -c 'p2p-circuit' "$TMP/$name-phone.log" || true) circuit lines in its log)"
+  else
+    fail "$name: \`device approve\` failed: $(tail -3 "$TMP/$name-approve.out" | tr '\n' ' ')"
+    stop_all; lab_down; return
+  fi
+  local rc=0
+  wait "$pair_pid" || rc=$?
+  if [ "$rc" = 0 ] && [ -f "$TMP/phone/device.key" ]; then
+    pass "$name: \`pair\` wrote the home and exited 0 $(since "$t0") s after it started"
+  else
+    fail "$name: \`pair\` exited $rc: $(tail -3 "$TMP/$name-phone.log" | tr '\n' ' ')"
+    stop_all; lab_down; return
+  fi
+  start_device d2 "$TMP/phone" "$TMP/$name-phone-run.log"
+  if wait_value d2 "$TMP/phone" "$name" before 1 10; then
+    pass "$name: the new device holds the write made before pairing"
+  else
+    fail "$name: the write made before pairing did not reach the new device within 10 s"
+  fi
+  t0=$(now)
+  cli d2 "$TMP/phone" state put "$name" after '"from the phone"' >/dev/null
+  if wait_value d1 "$TMP/d1" "$name" after 1 10; then
+    pass "$name: a write on the new device reached d1 in $(since "$t0") s ($(peer_path d1 "$TMP/d1"))"
+  else
+    fail "$name: a write on the new device did not reach d1 within 10 s"
+  fi
+  stop_all
+  lab_down
+}
+
 for c in "${CASES[@]}"; do
   case "$c" in
+    6) run_pair_case ;;
     5) run_move_case ;;
     1) run_case preserving preserving preserving direct ;;
     4) run_case public preserving public direct ;;

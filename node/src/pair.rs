@@ -117,9 +117,10 @@ async fn start(opts: &PairOptions, device: &DeviceKey, flow: &JoinFlow) -> Resul
                 kad: false,
                 rendezvous_client: !servers.is_empty(),
                 gossip: false,
-                // Pairing is a short session a person starts; it registers
-                // its private addresses (the approving device is expected
-                // on the same network) and does not reserve relays.
+                // Pairing is a short session a person starts: no hole
+                // punching. It registers its addresses and holds a relay
+                // circuit on each rendezvous server (the flow says so), so
+                // an approver behind another NAT reaches it through one.
                 nat_traversal: false,
                 infrastructure: None,
             },
@@ -217,6 +218,7 @@ async fn wait_for_approval(
     device: &DeviceKey,
     dir: &Path,
 ) -> Result<Paired> {
+    let namespace = flow.namespace();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut announce = tokio::time::interval(Duration::from_millis(ANNOUNCE_REFRESH_MS));
     announce.tick().await;
@@ -240,7 +242,7 @@ async fn wait_for_approval(
                 }
             }
         };
-        if let Some(paired) = perform(w, steps, device, dir).await? {
+        if let Some(paired) = perform(w, steps, device, dir, &namespace).await? {
             return Ok(paired);
         }
     }
@@ -250,14 +252,15 @@ async fn wait_for_approval(
 /// flow decides on.
 async fn on_event(w: &Waiting, flow: &mut JoinFlow, ev: NetEvent) -> Option<Vec<JoinStep>> {
     match ev {
-        NetEvent::Connected { peer, .. } if w.servers.iter().any(|(p, _)| *p == peer) => {
-            let ns = flow.namespace();
-            let _ = w
-                .net
-                .rendezvous_register(peer, ns, RENDEZVOUS_TTL_SECS)
-                .await;
+        NetEvent::Connected { peer, .. } => {
+            let (_, addr) = w.servers.iter().find(|(p, _)| *p == peer)?;
+            Some(flow.on_server_connected(peer, addr.clone()))
+        }
+        NetEvent::Disconnected { peer, .. } if w.servers.iter().any(|(p, _)| *p == peer) => {
+            flow.on_server_lost(peer);
             None
         }
+        NetEvent::ExternalAddrs(_) => Some(flow.on_addresses_changed()),
         NetEvent::Identified { peer, listen_addrs } => {
             flow.on_identified(peer, listen_addrs);
             None
@@ -277,6 +280,7 @@ async fn perform(
     steps: Vec<JoinStep>,
     device: &DeviceKey,
     dir: &Path,
+    namespace: &str,
 ) -> Result<Option<Paired>> {
     for step in steps {
         match step {
@@ -284,6 +288,16 @@ async fn perform(
                 let _ = w.net.send(peer, frame.encode()).await;
             }
             JoinStep::Say(line) => eprintln!("{line}"),
+            JoinStep::Register { server } => {
+                let ns = namespace.to_owned();
+                let _ = w
+                    .net
+                    .rendezvous_register(server, ns, RENDEZVOUS_TTL_SECS)
+                    .await;
+            }
+            JoinStep::ReserveRelay { server, addr } => {
+                let _ = w.net.reserve_relay(server, addr).await;
+            }
             JoinStep::Failed(reason) => bail!(reason),
             JoinStep::Paired {
                 peer,

@@ -67,6 +67,12 @@ pub enum JoinStep {
     /// Pairing failed for good (the code is spent, expired, or recovery
     /// was refused); nothing was written.
     Failed(String),
+    /// Register the code's namespace ([`JoinFlow::namespace`]) at this
+    /// rendezvous server, with the addresses we have now.
+    Register { server: PeerId },
+    /// Hold a relay circuit on this server (reached at `addr`), so that an
+    /// approver behind another NAT reaches us through it.
+    ReserveRelay { server: PeerId, addr: Multiaddr },
 }
 
 struct Exchange {
@@ -91,6 +97,8 @@ pub struct JoinFlow {
     last_peer: Option<PeerId>,
     /// Listen addresses of the peers that identified themselves.
     identified: std::collections::BTreeMap<PeerId, Vec<Multiaddr>>,
+    /// Rendezvous servers we are connected to (each is also a relay).
+    servers: std::collections::BTreeSet<PeerId>,
 }
 
 fn abort(peer: PeerId, reason: String) -> JoinStep {
@@ -150,6 +158,7 @@ impl JoinFlow {
             exchange: None,
             last_peer: None,
             identified: Default::default(),
+            servers: Default::default(),
         })
     }
 
@@ -188,6 +197,35 @@ impl JoinFlow {
     /// The rendezvous namespace to register under at each server.
     pub fn namespace(&self) -> String {
         rendezvous_namespace(&self.code.nameplate())
+    }
+
+    /// Connected to the rendezvous server `server` (at `addr`): register
+    /// the code there at once (an approver on our network can use our
+    /// private addresses), and hold a relay circuit on it, so that an
+    /// approver elsewhere (a phone on mobile data, a laptop behind another
+    /// NAT) can reach us through it once the registration names it.
+    pub fn on_server_connected(&mut self, server: PeerId, addr: Multiaddr) -> Vec<JoinStep> {
+        self.servers.insert(server);
+        vec![
+            JoinStep::Register { server },
+            JoinStep::ReserveRelay { server, addr },
+        ]
+    }
+
+    /// The connection to `server` closed: its registration and circuit
+    /// went with it (the shell dials it again).
+    pub fn on_server_lost(&mut self, server: PeerId) {
+        self.servers.remove(&server);
+    }
+
+    /// The addresses we advertise changed (a relay circuit is held, or
+    /// went): register again at every server we are connected to, so the
+    /// registration names them (a registration replaces the one before).
+    pub fn on_addresses_changed(&mut self) -> Vec<JoinStep> {
+        self.servers
+            .iter()
+            .map(|&server| JoinStep::Register { server })
+            .collect()
     }
 
     /// `peer`'s listen addresses, as identify reports them.
@@ -509,6 +547,46 @@ mod tests {
             flow.on_identified(peer(), vec!["/ip4/10.0.0.1/tcp/1".parse().unwrap()]);
         }
         assert_eq!(flow.identified.len(), MAX_IDENTIFIED_PEERS);
+    }
+
+    // Goal: a device waiting to pair is reachable from behind another NAT:
+    // on each rendezvous server it registers at once and holds a relay
+    // circuit, and once its addresses change (a circuit is held) it
+    // registers again everywhere
+    // (so the registration names the circuit); a server it lost is not
+    // registered at again until it reconnects.
+    #[test]
+    fn a_waiting_device_registers_and_holds_a_relay_circuit_on_each_server() {
+        let (mut flow, _) = flow();
+        let (s1, s2) = (peer(), peer());
+        let a1: Multiaddr = format!("/ip4/198.51.100.1/tcp/4001/p2p/{s1}")
+            .parse()
+            .unwrap();
+        let a2: Multiaddr = format!("/ip4/198.51.100.2/tcp/4001/p2p/{s2}")
+            .parse()
+            .unwrap();
+        let steps = flow.on_server_connected(s1, a1.clone());
+        assert!(matches!(steps[0], JoinStep::Register { server } if server == s1));
+        assert!(
+            matches!(&steps[1], JoinStep::ReserveRelay { server, addr } if *server == s1 && *addr == a1)
+        );
+        flow.on_server_connected(s2, a2);
+        let again: Vec<PeerId> = flow
+            .on_addresses_changed()
+            .into_iter()
+            .map(|s| match s {
+                JoinStep::Register { server } => server,
+                _ => panic!("only registrations follow an address change"),
+            })
+            .collect();
+        let mut want = vec![s1, s2];
+        want.sort();
+        assert_eq!(again, want);
+        flow.on_server_lost(s1);
+        assert!(matches!(
+            flow.on_addresses_changed().as_slice(),
+            [JoinStep::Register { server }] if *server == s2
+        ));
     }
 
     // Goal: frames that are not pairing steps (the approver's Hello,

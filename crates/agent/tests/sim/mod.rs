@@ -1152,6 +1152,10 @@ impl Sim {
                     }
                 }
                 JoinStep::Say(line) => self.note(format!("d{j}: {line}")),
+                // The simulated network has no rendezvous servers or relays
+                // on the pairing path: the approver meets the new device
+                // on its LAN.
+                JoinStep::Register { .. } | JoinStep::ReserveRelay { .. } => {}
                 JoinStep::Failed(reason) => {
                     self.note(format!("d{j} pairing failed: {reason}"));
                     self.devices[j].joining = None;
