@@ -6,6 +6,10 @@
 
 use std::time::Duration;
 
+use libp2p::Transport as _;
+use libp2p::core::muxing::StreamMuxerBox;
+use libp2p::core::transport::Boxed;
+use libp2p::core::upgrade::Version;
 use libp2p::identity::Keypair;
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::NetworkBehaviour;
@@ -42,6 +46,21 @@ pub(crate) struct Behaviour {
     pub(crate) gossip: Toggle<gossipsub::Behaviour>,
 }
 
+/// libp2p's TCP transport (port reuse, no Nagle), with noise and yamux:
+/// what `with_tcp` builds, added after QUIC (see [`build`]).
+fn tcp_transport(
+    key: &Keypair,
+) -> Result<Boxed<(PeerId, StreamMuxerBox)>, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(
+        tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
+            .upgrade(Version::V1Lazy)
+            .authenticate(noise::Config::new(key)?)
+            .multiplex(yamux::Config::default())
+            .map(|(peer, muxer), _| (peer, StreamMuxerBox::new(muxer)))
+            .boxed(),
+    )
+}
+
 /// The swarm of `keypair`, listening on `config.listen`; inbound frames
 /// refused for size are counted in `counters`.
 pub(crate) fn build(
@@ -54,15 +73,21 @@ pub(crate) fn build(
     } else {
         None
     };
+    // QUIC before TCP. Listen addresses, and so what identify tells and
+    // what redials try, come QUIC first: a device then also reaches the
+    // infrastructure node over QUIC and learns its public QUIC address,
+    // and a hole punch after its public address changed goes over QUIC,
+    // whose one UDP socket holds nothing per peer. Over TCP the dead
+    // direct connection stays in the kernel (FIN-WAIT-1, for minutes)
+    // holding the four-tuple a punch from the listening port needs;
+    // libp2p then dials from another port, where the peer does not aim,
+    // and the pair stayed relayed (NAT lab case 5; TCP only, it still
+    // does).
     let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
-        .with_tcp(
-            tcp::Config::default().nodelay(true),
-            noise::Config::new,
-            yamux::Config::default,
-        )
-        .map_err(|e| NetError::Transport(e.to_string()))?
         .with_quic()
+        .with_other_transport(tcp_transport)
+        .map_err(|e| NetError::Transport(e.to_string()))?
         .with_relay_client(noise::Config::new, yamux::Config::default)
         .map_err(|e| NetError::Transport(e.to_string()))?
         .with_behaviour(|key, relay_client| {
