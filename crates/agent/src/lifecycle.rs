@@ -396,6 +396,27 @@ pub fn rebased_document(
             n += 1;
         }
     }
+    // A device we added that the old branch itself removed later (another
+    // admin revoked it, or pruned it once it expired) stays out: signing
+    // our addition again would bring it back, and the removal, on a
+    // branch that no longer lists anything it removed, is no evidence
+    // any more (seed 3439 of the agent simulator).
+    let head = old.current();
+    let removed_later: Vec<String> = doc
+        .verification_method
+        .iter()
+        .filter(|m| new.chain_document().find_method(&m.id).is_none())
+        .filter(|m| {
+            !head
+                .verification_method
+                .iter()
+                .any(|h| h.public_key_multibase == m.public_key_multibase)
+        })
+        .map(|m| m.id.clone())
+        .collect();
+    for id in removed_later {
+        let _ = doc.remove_key(&id);
+    }
     (n > 0 && &doc != new.chain_document() && doc.validate().is_ok()).then_some((doc, n))
 }
 
@@ -1550,5 +1571,50 @@ mod tests {
             assert_ne!(by_master.epoch, by_phone.epoch);
             assert_ne!(by_master.epoch, held + 1);
         }
+    }
+
+    // Goal: what an admin signs again after its branch lost the fork rule
+    // does not bring back a device the lost branch itself removed after
+    // this admin added it (another admin revoked it, or pruned it once it
+    // expired); an addition that still stood is signed again. Seed 3439
+    // of the agent simulator: a recovered admin paired a short-lived
+    // device, a second admin pruned it, a third branch won, and the first
+    // admin's rebase listed the pruned device again.
+    #[test]
+    fn a_rebase_does_not_add_back_what_the_lost_branch_removed_later() {
+        let (a, _words) = agent_with_recovery(2);
+        let ctx: Vec<String> = a
+            .devices
+            .iter()
+            .map(|d| context_id_for(&d.public()))
+            .collect();
+        let base = promote(&a.log, &a.master, &ctx[1], 1_010).unwrap();
+        let phone = Admin {
+            key_id: format!("{}#{}", base.did(), ctx[1]),
+            key: DeviceKey::from_seed(&a.devices[1].seed()),
+        };
+        let xx = |d: &DeviceKey| nuwa_crypto::epoch::x25519_public_key(&d.x25519_secret());
+        let (x, y) = (
+            DeviceKey::generate().unwrap(),
+            DeviceKey::generate().unwrap(),
+        );
+        // The winner: the phone adds y on the base.
+        let mut winner = base.clone();
+        add_device(&mut winner, &phone, &y.public(), &xx(&y), 1_020).unwrap();
+        // The lost branch: the master adds x; then the phone revokes it.
+        let mut lost = base.clone();
+        let cx = add_device(&mut lost, &a.master, &x.public(), &xx(&x), 1_020).unwrap();
+        let own = [a.master.key.public()];
+        let (doc, _) = rebased_document(&lost, &winner, &own).expect("x still stands");
+        assert!(
+            doc.find_method(&cx).is_some(),
+            "an addition that stood is signed again"
+        );
+        let keys = KeyRing::new(SyncKey::generate(0).unwrap());
+        let r = revoke(&lost, &keys, &phone, &cx, &ctx[1], 1_030).unwrap();
+        assert!(
+            rebased_document(&r.log, &winner, &own).is_none(),
+            "nothing of the master's still stands on the lost branch"
+        );
     }
 }

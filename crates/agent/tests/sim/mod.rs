@@ -1273,14 +1273,16 @@ impl Sim {
                 self.trace_tail()
             );
         }
-        let d = &mut self.devices[i];
-        if let Some(back) = current.intersection(&d.removed_seen).next() {
+        if let Some(back) = current.intersection(&self.devices[i].removed_seen).next() {
             panic!(
-                "seed {}: d{i} lists {back} again after its chain removed it",
-                self.seed
+                "seed {}: d{i} lists {back} again after its chain removed it\n{}",
+                self.seed,
+                self.trace_tail()
             );
         }
-        d.removed_seen.extend(ever.difference(&current).cloned());
+        self.devices[i]
+            .removed_seen
+            .extend(ever.difference(&current).cloned());
     }
 
     /// A short-lived device whose time (grace included) ran out counts as
