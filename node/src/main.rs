@@ -96,12 +96,14 @@ enum Command {
     /// that is still one of the agent's, run it with the daemon stopped,
     /// then start the daemon: peers adopt the update as they connect. On a
     /// fresh home it shows a pairing code: on any device of the agent that
-    /// still runs, `device approve --recovery CODE` hands over the DID log
-    /// and the keys sealed to the recovery key; then it syncs. The words
-    /// are read from the terminal, from --words-file, or from stdin.
+    /// still runs, `device approve --recovery CODE` hands over the DID log,
+    /// the keys sealed to the recovery key and the devices' names; with no
+    /// --lost, on a terminal, it lists the devices (name, last seen) and
+    /// asks which were lost; then it syncs. The words are read from the
+    /// terminal, from --words-file, or from stdin.
     Recover {
         /// A lost device to remove (its context id, see `device list`;
-        /// repeatable).
+        /// repeatable). On a fresh home without it, a terminal is asked.
         #[arg(long, value_name = "CONTEXT_ID")]
         lost: Vec<String>,
         /// On a fresh home: a name for this device [default: the host name].
@@ -903,6 +905,10 @@ fn recover_fresh(
         recovery::show(&next, None);
     }
     recovery::confirm(&next, r.i_have_written_it_down)?;
+    // With no --lost, a person at a terminal is shown the devices the
+    // handover lists and asked which were lost; a script (stdin not a
+    // terminal, or --json) removes none and is told how to revoke one.
+    let ask = r.lost.is_empty() && !json && std::io::IsTerminal::is_terminal(&std::io::stdin());
     let opts = pair_options(
         home_dir,
         r.name,
@@ -911,7 +917,7 @@ fn recover_fresh(
         Some(r.sync_timeout),
         Some(pair::RecoveryJoin {
             key: words.key(),
-            lost: r.lost,
+            lost: (!ask).then_some(r.lost),
             next_public: next.key().public(),
         }),
     )?;

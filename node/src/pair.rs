@@ -5,7 +5,9 @@
 //! code's nameplate (mDNS, rendezvous), print the code and a QR, and wait
 //! for an approving device. The flow runs the SPAKE2 exchange and opens
 //! the grant; this writes the home it hands back, confirms, then runs the
-//! initial sync.
+//! initial sync. In a recovery that named no lost device it asks the person
+//! on the terminal which of the devices the handover lists were lost (the
+//! flow asks; this only reads the answer).
 
 use std::io::Write;
 use std::path::Path;
@@ -242,7 +244,7 @@ async fn wait_for_approval(
                 }
             }
         };
-        if let Some(paired) = perform(w, steps, device, dir, &namespace).await? {
+        if let Some(paired) = perform(w, flow, steps, device, dir, &namespace).await? {
             return Ok(paired);
         }
     }
@@ -277,12 +279,14 @@ async fn on_event(w: &Waiting, flow: &mut JoinFlow, ev: NetEvent) -> Option<Vec<
 /// Does what the flow said; returns the approver once the home is written.
 async fn perform(
     w: &Waiting,
+    flow: &mut JoinFlow,
     steps: Vec<JoinStep>,
     device: &DeviceKey,
     dir: &Path,
     namespace: &str,
 ) -> Result<Option<Paired>> {
-    for step in steps {
+    let mut steps: std::collections::VecDeque<JoinStep> = steps.into();
+    while let Some(step) = steps.pop_front() {
         match step {
             JoinStep::Send { peer, frame } => {
                 let _ = w.net.send(peer, frame.encode()).await;
@@ -299,6 +303,10 @@ async fn perform(
                 let _ = w.net.reserve_relay(server, addr).await;
             }
             JoinStep::Failed(reason) => bail!(reason),
+            JoinStep::ChooseLost { devices } => {
+                let lost = choose_lost(&devices).await?;
+                steps.extend(flow.lost_chosen(lost, home::now_ms()));
+            }
             JoinStep::Paired {
                 peer,
                 home: paired,
@@ -306,7 +314,9 @@ async fn perform(
                 dial,
             } => {
                 write_home(dir, device, &paired)?;
-                let _ = w.net.send(peer, confirm.encode()).await;
+                if let Some(confirm) = confirm {
+                    let _ = w.net.send(peer, confirm.encode()).await;
+                }
                 return Ok(Some(Paired {
                     approver: peer,
                     approver_addrs: dial,
@@ -315,6 +325,65 @@ async fn perform(
         }
     }
     Ok(None)
+}
+
+/// Most bytes of an answer to the lost-devices question.
+const MAX_ANSWER_BYTES: u64 = 4096;
+/// How many unreadable answers before giving up.
+const CHOOSE_TRIES: usize = 3;
+
+/// Shows the devices the handover lists and asks which were lost (the
+/// flow asks only when stdin is a terminal). Ctrl-C stops it; nothing is
+/// written then.
+async fn choose_lost(devices: &[nuwa_agent::join::LostCandidate]) -> Result<Vec<String>> {
+    if devices.is_empty() {
+        println!("the handover lists no other device; none can be lost");
+        return Ok(Vec::new());
+    }
+    println!(
+        "the agent's other devices, as the handing device knows them:\n{}",
+        nuwa_agent::join::render_candidates(devices, home::now_ms())
+    );
+    for attempt in 1..=CHOOSE_TRIES {
+        let answer = read_line(
+            "which of them were lost? Row numbers or context ids, separated by commas; \
+             they are removed from the agent and read nothing written from now on \
+             (empty: none): ",
+        )
+        .await?;
+        match nuwa_agent::join::parse_lost_choice(&answer, devices) {
+            Ok(lost) => return Ok(lost),
+            Err(e) if attempt < CHOOSE_TRIES => eprintln!("{e}; try again"),
+            Err(e) => bail!("{e}; nothing was written. Run `nuwa-node recover` again"),
+        }
+    }
+    unreachable!("the last try returns")
+}
+
+/// One line from the terminal, read on a thread of its own so that Ctrl-C
+/// (which the pairing loop took over) still stops the command: a blocked
+/// read cannot be cancelled, and the process ends without it.
+async fn read_line(question: &str) -> Result<String> {
+    eprint!("{question}");
+    std::io::stderr().flush().ok();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        use std::io::{BufRead as _, Read as _};
+        let mut line = String::new();
+        let n = std::io::stdin()
+            .lock()
+            .take(MAX_ANSWER_BYTES)
+            .read_line(&mut line);
+        let _ = tx.send(n.map(|n| (n, line)));
+    });
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => bail!("recovery cancelled; nothing was written"),
+        r = rx => match r.context("the terminal reader stopped")? {
+            Ok((0, _)) => bail!("no answer (end of input); nothing was written"),
+            Ok((_, line)) => Ok(line),
+            Err(e) => Err(e).context("cannot read from the terminal"),
+        },
+    }
 }
 
 fn write_home(dir: &Path, device: &DeviceKey, paired: &PairedHome) -> Result<()> {
@@ -326,10 +395,37 @@ fn write_home(dir: &Path, device: &DeviceKey, paired: &PairedHome) -> Result<()>
         paired.grant.as_deref(),
         &paired.log,
     )?;
+    if !paired.seen.is_empty() {
+        // The names and last-seen times the handover carried, so that
+        // `device list` names the devices at once. The home is written
+        // already: a failure here loses only names, which come back with
+        // the peers' Hellos.
+        if let Err(e) = save_seen(dir, &paired.seen) {
+            eprintln!(
+                "warning: the devices' names were not stored ({e:#}); they come back as peers connect"
+            );
+        }
+    }
     if let Some(said) = &paired.recovered {
         println!("{said}");
     }
     Ok(())
+}
+
+/// Stores `seen` as the home's record of names and last-seen times, in
+/// its store (encrypted at rest) where the daemon keeps it. The caller
+/// holds the home's lock.
+fn save_seen(dir: &Path, seen: &nuwa_agent::devices::Seen) -> Result<()> {
+    use nuwa_store::Storage as _;
+    let h = home::load(dir)?;
+    let store = nuwa_store::SledStore::open(&h.dir.join(home::STORE_DIR), h.at_rest.clone())
+        .with_context(|| format!("cannot open the store in {}", h.dir.display()))?;
+    store
+        .put_meta(
+            nuwa_agent::devices::SEEN_META,
+            &seen.to_bytes(home::now_ms()),
+        )
+        .context("cannot write the record")
 }
 
 /// Waits up to 3 s for `peer` to hang up.

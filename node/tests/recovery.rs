@@ -562,6 +562,14 @@ fn a_fresh_home_recovers_the_agent() {
             p.stderr()
         );
         let cn = context_id(&n);
+        // The handover carried b's names and last-seen times: `device list`
+        // on the recovered home names the lost device and the others
+        // (issue 24, finding 8), so the person can tell which to revoke.
+        let row = device_row(&n, &ca);
+        assert_eq!(row["name"], json!("a"), "{row}");
+        assert!(row["last_seen_unix_ms"].is_u64(), "{row}");
+        let row = device_row(&n, &context_id(&b));
+        assert_eq!(row["name"], json!("b"), "{row}");
         // doctor speaks of this device's admin key, not of a master key it
         // lacks (finding 8 of issue 24 saw both "master-key not on this
         // device: approving happens on the device that holds it" and "this

@@ -537,7 +537,7 @@ impl Agent {
         }
         let name = a.name.clone().unwrap_or_else(|| joiner.name.clone());
         if a.recovery {
-            return self.hand_over(peer, name, out);
+            return self.hand_over(peer, name, now_ms, out);
         }
         self.grant_device(peer, &joiner, name, now_ms, out)
     }
@@ -600,10 +600,18 @@ impl Agent {
         Ok(())
     }
 
-    /// The recovery handover: the chain unchanged and the key ring sealed
-    /// to the recovery key. Nothing here changes; the new device lists
-    /// itself with the words and its Hello brings that update.
-    fn hand_over(&mut self, peer: PeerId, name: String, out: &mut Out) -> Result<(), ApiError> {
+    /// The recovery handover: the chain unchanged, the key ring sealed to
+    /// the recovery key, and the names and last-seen times this device
+    /// knows (so the person recovering can tell which device was lost).
+    /// Nothing here changes; the new device lists itself with the words
+    /// and its Hello brings that update.
+    fn hand_over(
+        &mut self,
+        peer: PeerId,
+        name: String,
+        now_ms: u64,
+        out: &mut Out,
+    ) -> Result<(), ApiError> {
         let pt = GrantPlaintext::handover(
             self.session.log(),
             self.session.secure().keys(),
@@ -611,6 +619,12 @@ impl Agent {
             &name,
         )
         .map_err(|e| ApiError::new(ErrorCode::CannotChangeDevices, crate::explain(&e)))?
+        .with_device_book(
+            &self.book.seen,
+            self.session.membership().context_id(),
+            &self.book.name,
+            now_ms,
+        )
         .to_bytes()
         .map_err(|e| ApiError::new(ErrorCode::Internal, crate::explain(&e)))?;
         let log_len = self.session.log().len();

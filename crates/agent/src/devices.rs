@@ -19,8 +19,9 @@ use nuwa_identity::document::{DidDocument, KeyStatus, Relationship};
 use serde::{Deserialize, Serialize};
 
 pub const SEEN_META: &str = "devices_seen";
-/// Devices remembered (far above any real agent's device count).
-const MAX_SEEN: usize = 1024;
+/// Devices remembered (far above any real agent's device count); also the
+/// most a recovery handover's device book carries.
+pub(crate) const MAX_SEEN: usize = 1024;
 /// How often the daemon records the peers it is connected to as seen.
 pub const SEEN_SAVE_EVERY_MS: u64 = 60_000;
 
@@ -94,6 +95,19 @@ impl Seen {
             .filter(|n| !n.is_empty())
     }
 
+    /// The name (empty if unknown) and last-seen Unix ms (0: never) stored
+    /// for `context_id`.
+    pub fn get(&self, context_id: &str) -> Option<(&str, u64)> {
+        self.devices
+            .get(context_id)
+            .map(|e| (e.name.as_str(), e.last_seen_ms))
+    }
+
+    /// Whether nothing is known of any device.
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+
     /// Reads the record stored under [`SEEN_META`]; an unreadable one
     /// starts empty (names come back with the next Hellos).
     pub fn from_bytes(bytes: &[u8]) -> Seen {
@@ -145,6 +159,18 @@ fn relationships_of(doc: &DidDocument, key_id: &str) -> Vec<String> {
     .filter(|r| doc.relationship(*r).iter().any(|k| k == key_id))
     .map(|r| r.as_str().to_owned())
     .collect()
+}
+
+/// The context ids of the device keys (Ed25519 methods named `device-…`)
+/// `doc` lists, in the document's order.
+pub fn listed_devices(doc: &DidDocument) -> Vec<String> {
+    doc.verification_method
+        .iter()
+        .filter(|m| m.r#type == nuwa_identity::document::ED25519_KEY_TYPE)
+        .map(|m| DidDocument::fragment(&m.id))
+        .filter(|f| f.starts_with("device-"))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Every device key (Ed25519 methods named `device-…`) the log ever listed.

@@ -102,7 +102,33 @@ pub struct GrantPlaintext {
     /// device: it lists itself, signing with the words (`recover`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recovery_sealed_hex: Vec<String>,
+    /// A recovery handover's device book: each device the chain lists, with
+    /// its name and when the handing device last saw it, and the handing
+    /// device itself, so that the person recovering can tell which device
+    /// was lost (it never says hello again) and `device list` on the new
+    /// home names them. Only a handover carries it: a plain grant makes a
+    /// device that learns names from its peers' Hellos, and a plain
+    /// grant's plaintext stays byte for byte what it was. Read it through
+    /// [`GrantPlaintext::device_book`], which bounds and checks it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<KnownDevice>,
 }
+
+/// One device of a handover's device book, as the handing device knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KnownDevice {
+    pub context_id: String,
+    /// Empty when the handing device never learned it.
+    #[serde(default)]
+    pub name: String,
+    /// Unix ms the handing device last saw it verified (0: never).
+    #[serde(default)]
+    pub last_seen_ms: u64,
+}
+
+/// Most devices a handover's device book keeps (the `Seen` book's own
+/// bound; what is over it is dropped on receipt).
+const MAX_HANDOVER_DEVICES: usize = crate::devices::MAX_SEEN;
 
 /// The context id a recovery handover seals to (bound into each sealed key).
 const HANDOVER_CONTEXT: &str = "nuwa-recovery-handover";
@@ -125,6 +151,7 @@ impl GrantPlaintext {
             epoch_grant_hex: hex::encode(grant),
             name: name.to_owned(),
             recovery_sealed_hex: Vec::new(),
+            devices: Vec::new(),
         }
     }
 
@@ -167,7 +194,73 @@ impl GrantPlaintext {
             epoch_grant_hex: hex::encode(grant),
             name: name.to_owned(),
             recovery_sealed_hex: sealed,
+            devices: Vec::new(),
         })
+    }
+
+    /// Adds the handing device's device book to a handover: each device the
+    /// current document lists, with what `seen` holds of it, and the
+    /// handing device `me` as `my_name`, seen `now_ms`. At most
+    /// [`MAX_HANDOVER_DEVICES`], names as [`crate::devices::Seen`] keeps them.
+    pub fn with_device_book(
+        mut self,
+        seen: &crate::devices::Seen,
+        me: &str,
+        my_name: &str,
+        now_ms: u64,
+    ) -> Self {
+        self.devices = crate::devices::listed_devices(self.did_log.current())
+            .into_iter()
+            .take(MAX_HANDOVER_DEVICES)
+            .map(|ctx| {
+                let (name, last_seen_ms) = if ctx == me {
+                    (my_name, now_ms)
+                } else {
+                    seen.get(&ctx).unwrap_or(("", 0))
+                };
+                KnownDevice {
+                    name: name.to_owned(),
+                    last_seen_ms,
+                    context_id: ctx,
+                }
+            })
+            .collect();
+        self
+    }
+
+    /// The device book of a handover, as far as it can be believed: only
+    /// devices the current document lists, each once, at most
+    /// [`MAX_HANDOVER_DEVICES`]; a name over 64 bytes or with control
+    /// characters is dropped (the device stays, unnamed). The book is a
+    /// help for the person, never worth failing a recovery over: what is
+    /// wrong in it is left out, not refused.
+    pub fn device_book(&self) -> Vec<KnownDevice> {
+        let listed: std::collections::BTreeSet<String> =
+            crate::devices::listed_devices(self.did_log.current())
+                .into_iter()
+                .collect();
+        let mut kept = std::collections::BTreeSet::new();
+        let mut book = Vec::new();
+        for d in &self.devices {
+            if book.len() >= MAX_HANDOVER_DEVICES {
+                break;
+            }
+            if !listed.contains(&d.context_id) || !kept.insert(d.context_id.as_str()) {
+                continue;
+            }
+            let name_ok = d.name.len() <= nuwa_proto::MAX_DEVICE_NAME_BYTES
+                && !d.name.chars().any(char::is_control);
+            book.push(KnownDevice {
+                context_id: d.context_id.clone(),
+                name: if name_ok {
+                    d.name.clone()
+                } else {
+                    String::new()
+                },
+                last_seen_ms: d.last_seen_ms,
+            });
+        }
+        book
     }
 
     /// Whether this is a recovery handover rather than a grant.
@@ -308,5 +401,30 @@ mod tests {
         assert_eq!(rendezvous_namespace("AB"), rendezvous_namespace("AB"));
         assert_ne!(rendezvous_namespace("AB"), rendezvous_namespace("AC"));
         assert_eq!(mdns_agent("AB"), "did:nuwapair:AB");
+    }
+
+    // Goal: a plain pairing's grant carries no device book: its JSON has
+    // exactly the fields it had before handovers carried one.
+    #[test]
+    fn a_plain_grant_carries_no_device_book() {
+        let master = DeviceKey::generate().unwrap();
+        let log = DidChain::genesis(&master, 1_000).unwrap();
+        let keys = KeyRing::new(SyncKey::generate(0).unwrap());
+        let bytes = GrantPlaintext::new(&log, &keys, &[1, 2], "phone")
+            .to_bytes()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let mut fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        fields.sort();
+        assert_eq!(
+            fields,
+            [
+                "agent_did",
+                "did_log",
+                "epoch_grant_hex",
+                "key_ring_hex",
+                "name"
+            ]
+        );
     }
 }

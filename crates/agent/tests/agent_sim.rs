@@ -311,7 +311,7 @@ fn recover(s: &mut Sim, r: &mut Roles) {
     let next = nuwa_identity::keys::DeviceKey::generate().expect("entropy");
     let join = nuwa_agent::join::RecoveryJoin {
         key: nuwa_identity::keys::DeviceKey::from_seed(&s.recovery.seed()),
-        lost: vec![lost_ctx],
+        lost: Some(vec![lost_ctx]),
         next_public: next.public(),
     };
     let lan = s.devices[helper].lan;
@@ -408,7 +408,7 @@ fn stale_handover(s: &mut Sim, r: &mut Roles) {
     let next = nuwa_identity::keys::DeviceKey::generate().expect("entropy");
     let join = nuwa_agent::join::RecoveryJoin {
         key: nuwa_identity::keys::DeviceKey::from_seed(&s.recovery.seed()),
-        lost: vec![lost_ctx],
+        lost: Some(vec![lost_ctx]),
         next_public: next.public(),
     };
     let j = s.pair(v, 3, Some(join));

@@ -1156,6 +1156,8 @@ impl Sim {
                 // on the pairing path: the approver meets the new device
                 // on its LAN.
                 JoinStep::Register { .. } | JoinStep::ReserveRelay { .. } => {}
+                // The simulated recoveries name their lost devices up front.
+                JoinStep::ChooseLost { .. } => panic!("d{j} asked which devices were lost"),
                 JoinStep::Failed(reason) => {
                     self.note(format!("d{j} pairing failed: {reason}"));
                     self.devices[j].joining = None;
@@ -1178,11 +1180,18 @@ impl Sim {
                         containers: Arc::new(Mutex::new(BTreeMap::new())),
                         meta: BTreeMap::new(),
                     });
+                    if !home.seen.is_empty() {
+                        let record = home.seen.to_bytes(self.now_ms);
+                        if let Some(disk) = d.disk.as_mut() {
+                            disk.meta
+                                .insert(nuwa_agent::devices::SEEN_META.to_owned(), record);
+                        }
+                    }
                     d.joining = None;
                     let recovered = home.recovered.is_some();
                     self.count(if recovered { "recoveries" } else { "pairings" });
                     self.note(format!("d{j} paired"));
-                    if let Some(to) = self.index_of(&peer) {
+                    if let (Some(to), Some(confirm)) = (self.index_of(&peer), confirm) {
                         let ev = NetEvent::Frame {
                             peer: self.devices[j].peer,
                             bytes: confirm.encode(),
