@@ -47,6 +47,7 @@ mod book;
 pub mod constants;
 pub mod count;
 pub mod devices;
+pub mod diagnosis;
 mod discovery;
 pub mod effect;
 pub mod expiry;

@@ -670,24 +670,7 @@ impl Session {
             return;
         }
         if verified {
-            // A verified peer re-sends its Hello when its DID log grew, or
-            // when ours did not reach it: answer, at most every
-            // `hello_answer_ms`, so that a lost Hello of ours costs it
-            // one resend instead of its whole deadline.
-            out.push(Effect::Count(Count::HelloRefreshed));
-            let answered = self.hello_answered_ms.get(peer).copied();
-            if answered.is_none_or(|at| now_ms.saturating_sub(at) >= self.config.hello_answer_ms) {
-                self.hello_answered_ms.insert(peer.to_owned(), now_ms);
-                out.push(Effect::Count(Count::HelloAnswered));
-                self.push_hello(peer, now_ms, out);
-            }
-            if let Some(PeerState::Verified {
-                clock_offset_ms, ..
-            }) = self.peers.get_mut(peer)
-            {
-                *clock_offset_ms = v.clock_offset_ms;
-            }
-            self.on_grant(peer, &v.epoch_grant, now_ms, out);
+            self.on_hello_again(peer, &v, now_ms, out);
             return;
         }
         out.push(Effect::Count(Count::PeersVerified));
@@ -710,6 +693,35 @@ impl Session {
         self.on_grant(peer, &v.epoch_grant, now_ms, out);
         let actions = self.engine.peer_up(peer, now_ms);
         self.engine_actions(actions, out);
+    }
+
+    /// A verified peer's Hello again: its DID log grew, or ours did not
+    /// reach it (see [`SessionConfig::hello_answer_ms`]).
+    fn on_hello_again(
+        &mut self,
+        peer: &str,
+        v: &crate::membership::VerifiedPeer,
+        now_ms: u64,
+        out: &mut Vec<Effect>,
+    ) {
+        // A verified peer re-sends its Hello when its DID log grew, or
+        // when ours did not reach it: answer, at most every
+        // `hello_answer_ms`, so that a lost Hello of ours costs it
+        // one resend instead of its whole deadline.
+        out.push(Effect::Count(Count::HelloRefreshed));
+        let answered = self.hello_answered_ms.get(peer).copied();
+        if answered.is_none_or(|at| now_ms.saturating_sub(at) >= self.config.hello_answer_ms) {
+            self.hello_answered_ms.insert(peer.to_owned(), now_ms);
+            out.push(Effect::Count(Count::HelloAnswered));
+            self.push_hello(peer, now_ms, out);
+        }
+        if let Some(PeerState::Verified {
+            clock_offset_ms, ..
+        }) = self.peers.get_mut(peer)
+        {
+            *clock_offset_ms = v.clock_offset_ms;
+        }
+        self.on_grant(peer, &v.epoch_grant, now_ms, out);
     }
 
     /// A page nobody asked for: what a peer that refuses us sends before it
