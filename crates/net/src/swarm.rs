@@ -74,15 +74,14 @@ pub(crate) fn build(
         None
     };
     // QUIC before TCP. Listen addresses, and so what identify tells and
-    // what redials try, come QUIC first: a device then also reaches the
-    // infrastructure node over QUIC and learns its public QUIC address,
-    // and a hole punch after its public address changed goes over QUIC,
-    // whose one UDP socket holds nothing per peer. Over TCP the dead
-    // direct connection stays in the kernel (FIN-WAIT-1, for minutes)
-    // holding the four-tuple a punch from the listening port needs;
-    // libp2p then dials from another port, where the peer does not aim,
-    // and the pair stayed relayed (NAT lab case 5; TCP only, it still
-    // does).
+    // what redials try, come QUIC first: devices reach the infrastructure
+    // node and each other over QUIC first and learn their public QUIC
+    // address. A direct connection that dies with an address change is
+    // then a QUIC one, which leaves nothing in the kernel; a dead TCP one
+    // stays there (FIN-WAIT-1, for minutes) holding the four-tuple a new
+    // punch from the listening port needs, libp2p dials from another
+    // port, where the peer does not aim, and the pair stayed relayed
+    // (NAT lab case 5; with TCP only, it still does).
     let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
         .with_quic()
