@@ -1210,6 +1210,22 @@ mod tests {
 
     /// An agent made as `init` makes it (device 0 and the recovery key in
     /// the first update) plus `n - 1` more devices; returns the words' key.
+    /// `a`'s device `i` promoted to admin: every device's context id, the
+    /// log after the promotion, and the device as an admin.
+    fn promoted(a: &Agent, i: usize) -> (Vec<String>, DidChain, Admin) {
+        let ctx: Vec<String> = a
+            .devices
+            .iter()
+            .map(|d| context_id_for(&d.public()))
+            .collect();
+        let log = promote(&a.log, &a.master, &ctx[i], 1_010).unwrap();
+        let admin = Admin {
+            key_id: format!("{}#{}", log.did(), ctx[i]),
+            key: DeviceKey::from_seed(&a.devices[i].seed()),
+        };
+        (ctx, log, admin)
+    }
+
     fn agent_with_recovery(n: usize) -> (Agent, DeviceKey) {
         let key = DeviceKey::generate().unwrap();
         let recovery = DeviceKey::generate().unwrap();
@@ -1478,16 +1494,7 @@ mod tests {
     #[test]
     fn a_lost_fork_is_rebased_onto_the_winner() {
         let (a, _words) = agent_with_recovery(2);
-        let ctx: Vec<String> = a
-            .devices
-            .iter()
-            .map(|d| context_id_for(&d.public()))
-            .collect();
-        let base = promote(&a.log, &a.master, &ctx[1], 1_010).unwrap();
-        let phone = Admin {
-            key_id: format!("{}#{}", base.did(), ctx[1]),
-            key: DeviceKey::from_seed(&a.devices[1].seed()),
-        };
+        let (_, base, phone) = promoted(&a, 1);
         let (x, y) = (
             DeviceKey::generate().unwrap(),
             DeviceKey::generate().unwrap(),
@@ -1546,16 +1553,7 @@ mod tests {
     #[test]
     fn two_admins_signing_at_once_open_different_epochs() {
         let a = agent(2);
-        let ctx: Vec<String> = a
-            .devices
-            .iter()
-            .map(|d| context_id_for(&d.public()))
-            .collect();
-        let log = promote(&a.log, &a.master, &ctx[0], 1_010).unwrap();
-        let phone = Admin {
-            key_id: format!("{}#{}", log.did(), ctx[0]),
-            key: DeviceKey::from_seed(&a.devices[0].seed()),
-        };
+        let (ctx, log, phone) = promoted(&a, 0);
         // Both hold an epoch whose high bits are already past the length.
         let held = (u64::from(u32::MAX) << 8) | 0x1234;
         let keys = KeyRing::new(SyncKey::generate(held).unwrap());
@@ -1583,16 +1581,7 @@ mod tests {
     #[test]
     fn a_rebase_does_not_add_back_what_the_lost_branch_removed_later() {
         let (a, _words) = agent_with_recovery(2);
-        let ctx: Vec<String> = a
-            .devices
-            .iter()
-            .map(|d| context_id_for(&d.public()))
-            .collect();
-        let base = promote(&a.log, &a.master, &ctx[1], 1_010).unwrap();
-        let phone = Admin {
-            key_id: format!("{}#{}", base.did(), ctx[1]),
-            key: DeviceKey::from_seed(&a.devices[1].seed()),
-        };
+        let (ctx, base, phone) = promoted(&a, 1);
         let xx = |d: &DeviceKey| nuwa_crypto::epoch::x25519_public_key(&d.x25519_secret());
         let (x, y) = (
             DeviceKey::generate().unwrap(),

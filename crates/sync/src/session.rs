@@ -1456,7 +1456,6 @@ impl Session {
             self.drop_peer(&peer, &mut out);
         }
         self.resend_hellos(now_ms, &mut out);
-        self.refresh_hellos(now_ms, &mut out);
         let actions = self.engine.tick(now_ms);
         self.engine_actions(actions, &mut out);
         out
@@ -1464,43 +1463,30 @@ impl Session {
 
     /// Our `Hello` again to every connected peer whose own has not come
     /// and that has not had ours for [`SessionConfig::hello_resend_ms`]
-    /// (one whose Hello waits for its DID entries has sent it).
-    fn resend_hellos(&mut self, now_ms: u64, out: &mut Vec<Effect>) {
-        let every = self.config.hello_resend_ms;
-        let due: Vec<PeerKey> = self
-            .peers
-            .iter()
-            .filter(|(p, s)| {
-                matches!(s, PeerState::Pending { .. }) && !self.fetching.contains_key(*p)
-            })
-            .filter(|(p, _)| {
-                let last = self.hello_sent_ms.get(*p).copied().unwrap_or(0);
-                now_ms.saturating_sub(last) >= every
-            })
-            .map(|(p, _)| p.clone())
-            .collect();
-        for peer in due {
-            out.push(Effect::Count(Count::HelloResent));
-            self.push_hello(&peer, now_ms, out);
-        }
-    }
-
-    /// Our `Hello` again to every verified peer that has not had it for
+    /// (one whose Hello waits for its DID entries has sent it), and to
+    /// every verified peer that has not had it for
     /// [`SessionConfig::hello_refresh_ms`].
-    fn refresh_hellos(&mut self, now_ms: u64, out: &mut Vec<Effect>) {
-        let every = self.config.hello_refresh_ms;
-        let due: Vec<PeerKey> = self
+    fn resend_hellos(&mut self, now_ms: u64, out: &mut Vec<Effect>) {
+        let due: Vec<(PeerKey, Count)> = self
             .peers
             .iter()
-            .filter(|(_, s)| matches!(s, PeerState::Verified { .. }))
-            .filter(|(p, _)| {
-                let last = self.hello_sent_ms.get(*p).copied().unwrap_or(0);
-                now_ms.saturating_sub(last) >= every
+            .filter_map(|(p, s)| match s {
+                PeerState::Pending { .. } if !self.fetching.contains_key(p) => {
+                    Some((p, self.config.hello_resend_ms, Count::HelloResent))
+                }
+                PeerState::Verified { .. } => {
+                    Some((p, self.config.hello_refresh_ms, Count::HelloRefreshSent))
+                }
+                PeerState::Pending { .. } => None,
             })
-            .map(|(p, _)| p.clone())
+            .filter(|(p, every, _)| {
+                let last = self.hello_sent_ms.get(*p).copied().unwrap_or(0);
+                now_ms.saturating_sub(last) >= *every
+            })
+            .map(|(p, _, count)| (p.clone(), count))
             .collect();
-        for peer in due {
-            out.push(Effect::Count(Count::HelloRefreshSent));
+        for (peer, count) in due {
+            out.push(Effect::Count(count));
             self.push_hello(&peer, now_ms, out);
         }
     }

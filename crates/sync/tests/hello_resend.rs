@@ -9,70 +9,18 @@
 //! sessions of one agent, Hellos carried through `Frame::encode`/`decode`
 //! or dropped, time moved by `tick`.
 
-use nuwa_crypto::SyncKey;
-use nuwa_crypto::epoch::KeyRing;
-use nuwa_identity::chain::DidChain;
-use nuwa_identity::document::Relationship;
-use nuwa_identity::keys::{DeviceKey, context_id_for};
-use nuwa_proto::{Frame, Hello};
-use nuwa_sync::{Config, Effect, Engine, Membership, SecureChannel, Session, SessionConfig};
+mod common;
 
-const T0_S: i64 = 1_900_000_000;
-const NOW_MS: u64 = (T0_S as u64 + 1_000) * 1000;
+use common::{NOW_MS, chain_of, hellos, key};
+use nuwa_sync::{Effect, Session, SessionConfig};
 
-fn key(n: u8) -> DeviceKey {
-    DeviceKey::from_seed(&[n; 32])
-}
-
-fn ctx(n: u8) -> String {
-    context_id_for(&key(n).public())
-}
-
-/// Master key 1; devices 2 and 3 listed for authentication.
-fn chain() -> DidChain {
-    let mut chain = DidChain::genesis(&key(1), T0_S).unwrap();
-    let master_id = chain.current().capability_delegation[0].clone();
-    for (i, n) in [2u8, 3].into_iter().enumerate() {
-        let mut doc = chain.current().clone();
-        doc.add_key(
-            &ctx(n),
-            &key(n).public(),
-            &[Relationship::Authentication],
-            None,
-        )
-        .unwrap();
-        chain
-            .append_document(&doc, &key(1), &master_id, T0_S + 1 + i as i64)
-            .unwrap();
-    }
-    chain
-}
-
-fn session(chain: &DidChain, dev: u8) -> Session {
-    let membership = Membership::new(chain.clone(), ctx(dev), format!("d{dev}"), key(dev));
-    let secure = SecureChannel::new(
-        chain.did().to_owned(),
-        ctx(dev),
-        KeyRing::new(SyncKey::from_bytes(0, [7; 32])),
-    );
-    let engine = Engine::new(key(dev).public().to_vec(), Config::default());
-    Session::new(membership, secure, engine, SessionConfig::default())
-}
-
-/// The Hellos among `effects`, as the other side decodes them.
-fn hellos(effects: &[Effect]) -> Vec<Hello> {
-    effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::SendHello { hello, .. } => {
-                match Frame::decode(&Frame::Hello((**hello).clone()).encode()) {
-                    Ok(Frame::Hello(h)) => Some(h),
-                    other => panic!("not a Hello: {other:?}"),
-                }
-            }
-            _ => None,
-        })
-        .collect()
+/// Devices 2 and 3 of one agent, both at epoch 0.
+fn pair() -> (Session, Session) {
+    let chain = chain_of(1, &[2, 3]);
+    (
+        common::session(&chain, 2, 0, None),
+        common::session(&chain, 3, 0, None),
+    )
 }
 
 fn verified(effects: &[Effect]) -> bool {
@@ -87,9 +35,7 @@ fn is_verified(s: &Session, peer: &str) -> bool {
 
 #[test]
 fn both_first_hellos_lost_cost_one_resend() {
-    let chain = chain();
-    let mut a = session(&chain, 2);
-    let mut b = session(&chain, 3);
+    let (mut a, mut b) = pair();
     // Both first Hellos go out and are lost with their connection.
     assert_eq!(
         hellos(&a.connected("b", Some(key(3).public()), "sim".into(), NOW_MS)).len(),
@@ -117,9 +63,7 @@ fn both_first_hellos_lost_cost_one_resend() {
 
 #[test]
 fn a_verified_peer_answers_a_resent_hello_at_most_every_answer_interval() {
-    let chain = chain();
-    let mut a = session(&chain, 2);
-    let mut b = session(&chain, 3);
+    let (mut a, mut b) = pair();
     let to_b = hellos(&a.connected("b", Some(key(3).public()), "sim".into(), NOW_MS));
     // b's first Hello is lost; a's arrives, so b verifies a.
     b.connected("a", Some(key(2).public()), "sim".into(), NOW_MS);

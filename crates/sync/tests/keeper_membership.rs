@@ -10,66 +10,14 @@
 //! batch is fed to `Session::on_keeper_membership` as the agent core
 //! does after decoding a `KeeperBatch`.
 
+mod common;
+
+use common::{NOW_MS, T0_S, add, chain_of, ctx, key};
 use nuwa_crypto::SyncKey;
-use nuwa_crypto::epoch::{EpochGrant, KeyRing, x25519_public_key};
+use nuwa_crypto::epoch::{EpochGrant, x25519_public_key};
 use nuwa_identity::chain::DidChain;
-use nuwa_identity::document::Relationship;
-use nuwa_identity::keys::{DeviceKey, context_id_for};
-use nuwa_sync::{Config, Count, Effect, Engine, Membership, SecureChannel, Session, SessionConfig};
-
-const T0_S: i64 = 1_900_000_000;
-const NOW_MS: u64 = (T0_S as u64 + 1_000) * 1000;
-
-fn key(n: u8) -> DeviceKey {
-    DeviceKey::from_seed(&[n; 32])
-}
-
-fn ctx(n: u8) -> String {
-    context_id_for(&key(n).public())
-}
-
-/// `master`'s agent with devices `devs` listed (authentication and key
-/// agreement), one entry each.
-fn chain_of(master: u8, devs: &[u8]) -> DidChain {
-    let mut chain = DidChain::genesis(&key(master), T0_S).unwrap();
-    for (i, n) in devs.iter().enumerate() {
-        add(&mut chain, master, *n, T0_S + 1 + i as i64);
-    }
-    chain
-}
-
-fn add(chain: &mut DidChain, master: u8, n: u8, t: i64) {
-    let master_id = chain.current().capability_delegation[0].clone();
-    let mut doc = chain.current().clone();
-    let dev = key(n);
-    doc.add_key(
-        &ctx(n),
-        &dev.public(),
-        &[Relationship::Authentication],
-        None,
-    )
-    .unwrap();
-    doc.add_key_agreement_key(
-        &format!("{}-x25519", ctx(n)),
-        &x25519_public_key(&dev.x25519_secret()),
-        None,
-    )
-    .unwrap();
-    chain
-        .append_document(&doc, &key(master), &master_id, t)
-        .unwrap();
-}
-
-fn session(chain: &DidChain) -> Session {
-    let membership = Membership::new(chain.clone(), ctx(2), "d2".into(), key(2));
-    let secure = SecureChannel::new(
-        chain.did().to_owned(),
-        ctx(2),
-        KeyRing::new(SyncKey::from_bytes(0, [7; 32])),
-    );
-    let engine = Engine::new(key(2).public().to_vec(), Config::default());
-    Session::new(membership, secure, engine, SessionConfig::default())
-}
+use nuwa_identity::keys::DeviceKey;
+use nuwa_sync::{Count, Effect};
 
 /// Entries `from..` of `chain`, as a keeper batch carries them.
 fn entries(chain: &DidChain, from: usize) -> Vec<u8> {
@@ -104,7 +52,7 @@ fn counted(effects: &[Effect], c: Count) -> usize {
 #[test]
 fn a_hostile_keeper_changes_no_chain_and_no_epoch_and_is_counted() {
     let chain = chain_of(1, &[2, 3]);
-    let mut s = session(&chain);
+    let mut s = common::session(&chain, 2, 0, None);
     let head = chain.head_hash().to_owned();
     let master_ctx =
         nuwa_identity::document::DidDocument::fragment(&chain.current().capability_delegation[0])

@@ -10,52 +10,13 @@
 //! holds epoch 5; device 2's forwarded grant is of epoch 5 (sealed to
 //! device 3) in one case and of epoch 9 (sealed to device 3) in the other.
 
+mod common;
+
+use common::{NOW_MS, T0_S, chain_of, ctx, hellos, key, session};
 use nuwa_crypto::SyncKey;
-use nuwa_crypto::epoch::{EpochGrant, KeyRing, x25519_public_key};
+use nuwa_crypto::epoch::{EpochGrant, x25519_public_key};
 use nuwa_identity::chain::DidChain;
-use nuwa_identity::document::Relationship;
-use nuwa_identity::keys::{DeviceKey, context_id_for};
-use nuwa_proto::{Frame, Hello};
-use nuwa_sync::{Config, Effect, Engine, Membership, SecureChannel, Session, SessionConfig};
-
-const T0_S: i64 = 1_900_000_000;
-const NOW_MS: u64 = (T0_S as u64 + 1_000) * 1000;
-
-fn key(n: u8) -> DeviceKey {
-    DeviceKey::from_seed(&[n; 32])
-}
-
-fn ctx(n: u8) -> String {
-    context_id_for(&key(n).public())
-}
-
-/// Master key 1; devices 2 and 3 listed for authentication and key
-/// agreement.
-fn chain() -> DidChain {
-    let mut chain = DidChain::genesis(&key(1), T0_S).unwrap();
-    let master_id = chain.current().capability_delegation[0].clone();
-    for (i, n) in [2u8, 3].into_iter().enumerate() {
-        let mut doc = chain.current().clone();
-        let dev = key(n);
-        doc.add_key(
-            &ctx(n),
-            &dev.public(),
-            &[Relationship::Authentication],
-            None,
-        )
-        .unwrap();
-        doc.add_key_agreement_key(
-            &format!("{}-x25519", ctx(n)),
-            &x25519_public_key(&dev.x25519_secret()),
-            None,
-        )
-        .unwrap();
-        chain
-            .append_document(&doc, &key(1), &master_id, T0_S + 1 + i as i64)
-            .unwrap();
-    }
-    chain
-}
+use nuwa_sync::Effect;
 
 /// A grant of `epoch`, sealed to device 3, signed by the master key.
 fn grant(chain: &DidChain, epoch: u64) -> Vec<u8> {
@@ -77,42 +38,15 @@ fn grant(chain: &DidChain, epoch: u64) -> Vec<u8> {
     .unwrap()
 }
 
-fn session(chain: &DidChain, dev: u8, epoch: u64, forwarded: Vec<u8>) -> Session {
-    let k = key(dev);
-    let mut membership = Membership::new(chain.clone(), ctx(dev), format!("d{dev}"), key(dev));
-    membership.set_epoch_grant(forwarded);
-    let secure = SecureChannel::new(
-        chain.did().to_owned(),
-        ctx(dev),
-        KeyRing::new(SyncKey::from_bytes(epoch, [epoch as u8; 32])),
-    );
-    let engine = Engine::new(k.public().to_vec(), Config::default());
-    Session::new(membership, secure, engine, SessionConfig::default())
-}
-
-fn hello_of(effects: &[Effect]) -> Hello {
-    let hello = effects
-        .iter()
-        .find_map(|e| match e {
-            Effect::SendHello { hello, .. } => Some((**hello).clone()),
-            _ => None,
-        })
-        .expect("a Hello");
-    match Frame::decode(&Frame::Hello(hello).encode()) {
-        Ok(Frame::Hello(h)) => h,
-        other => panic!("not a Hello: {other:?}"),
-    }
-}
-
 /// Device 2 (writing under epoch 9, forwarding `forwarded`) meets device
 /// 3 (holding epoch 5 and its grant); whether device 2 says 3 lacks 9.
 fn told_lacking(forwarded_epoch: u64) -> bool {
-    let chain = chain();
-    let mut a = session(&chain, 2, 9, grant(&chain, forwarded_epoch));
-    let mut b = session(&chain, 3, 5, grant(&chain, 5));
+    let chain = chain_of(1, &[2, 3]);
+    let mut a = session(&chain, 2, 9, Some(grant(&chain, forwarded_epoch)));
+    let mut b = session(&chain, 3, 5, Some(grant(&chain, 5)));
     a.connected("b", Some(key(3).public()), "sim".into(), NOW_MS);
     let to_a = b.connected("a", Some(key(2).public()), "sim".into(), NOW_MS);
-    let effects = a.on_hello("b", &hello_of(&to_a), NOW_MS);
+    let effects = a.on_hello("b", &hellos(&to_a)[0], NOW_MS);
     assert!(
         effects
             .iter()
