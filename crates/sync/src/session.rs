@@ -1461,8 +1461,9 @@ impl Session {
         out
     }
 
-    /// Our `Hello` again to every connected peer whose own has not come
-    /// and that has not had ours for [`SessionConfig::hello_resend_ms`]
+    /// Our `Hello` again to every connected device of the agent whose own
+    /// has not come and that has not had ours for
+    /// [`SessionConfig::hello_resend_ms`]
     /// (one whose Hello waits for its DID entries has sent it), and to
     /// every verified peer that has not had it for
     /// [`SessionConfig::hello_refresh_ms`].
@@ -1471,7 +1472,13 @@ impl Session {
             .peers
             .iter()
             .filter_map(|(p, s)| match s {
-                PeerState::Pending { .. } if !self.fetching.contains_key(p) => {
+                // Only to a key of the agent: anyone may connect, and a
+                // resend to a stranger would send our DID proof five
+                // times per connection instead of once.
+                PeerState::Pending { public, .. }
+                    if !self.fetching.contains_key(p)
+                        && self.membership.authorise_public(public, now_ms).is_ok() =>
+                {
                     Some((p, self.config.hello_resend_ms, Count::HelloResent))
                 }
                 PeerState::Verified { .. } => {

@@ -50,10 +50,27 @@ fn both_first_hellos_lost_cost_one_resend() {
     let resend = SessionConfig::default().hello_resend_ms;
     let deadline = SessionConfig::default().hello_deadline_ms;
     assert!(resend * 2 < deadline);
+    // A stranger (a key the agent does not list) connected too: it got
+    // the first Hello, as anyone does, and no resend.
+    assert_eq!(
+        hellos(&a.connected("z", Some(key(9).public()), "sim".into(), NOW_MS)).len(),
+        1
+    );
     let t = NOW_MS + resend;
-    let from_a = hellos(&a.tick(t));
+    let from_a: Vec<_> = a
+        .tick(t)
+        .into_iter()
+        .filter(|e| matches!(e, Effect::SendHello { peer, .. } if peer == "b"))
+        .collect();
+    let from_a = hellos(&from_a);
     let from_b = hellos(&b.tick(t));
     assert_eq!((from_a.len(), from_b.len()), (1, 1), "each side resends");
+    assert!(
+        !a.tick(t + resend)
+            .iter()
+            .any(|e| matches!(e, Effect::SendHello { peer, .. } if peer == "z")),
+        "no resend to a stranger"
+    );
     assert!(verified(&b.on_hello("a", &from_a[0], t)));
     assert!(verified(&a.on_hello("b", &from_b[0], t)));
     assert!(is_verified(&a, "b") && is_verified(&b, "a"));
