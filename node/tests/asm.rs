@@ -417,3 +417,84 @@ fn conversation_log_ttl_trims_on_every_device() {
         assert_eq!(try_query(&a, &q).unwrap()["items"], want);
     });
 }
+
+// Goal: issue 25 fault 1: the three untyped writes that broke typed state
+// (a MemoryStore's items replaced by {}, a ConversationLog's by a string,
+// a registered schema replaced through nuwa:schemas) are refused with
+// `typed_container`, through `state put` and a batch put alike, and the
+// typed state stays as it was; untyped maps still take puts, and a reset
+// of an intact container repairs nothing. Method: one real daemon, the
+// CLI and the HTTP API.
+#[test]
+fn untyped_writes_cannot_touch_typed_or_reserved_state() {
+    isolated(
+        "untyped_writes_cannot_touch_typed_or_reserved_state",
+        || {
+            let mut c = Cluster::new();
+            let a = c.init("a");
+            c.start(&a, &["--no-mdns", "--no-known-peers"]);
+            let memory = "did:nuwa:core:MemoryStore#v1";
+            let memo = json!({"value": "the user likes tea", "importance": 0.9,
+                          "createdAt": rfc3339(0)});
+            cli_ok(
+                &a,
+                &[
+                    "state",
+                    "create",
+                    "--schema",
+                    memory,
+                    "--object",
+                    &memo.to_string(),
+                ],
+            );
+            cli_ok(&a, &["state", "schema", "add", &note_schema_file()]);
+            let schema_text = std::fs::read_to_string(note_schema_file()).unwrap();
+            let overwrite =
+                serde_json::to_string(&schema_text.replace("\"string\"", "\"number\"")).unwrap();
+            for (container, key, value) in [
+                (memory, "items", "{}"),
+                (LOG, "items", "\"gone\""),
+                ("nuwa:schemas", NOTE, overwrite.as_str()),
+            ] {
+                let err = fails(&a, &["state", "put", container, key, value]);
+                assert!(err.contains("typed_container"), "{container}: {err}");
+                let (status, reply) = api_post(
+                    &a,
+                    "/v1/state.batch",
+                    &json!({"ops": [{"op": "put", "container": container, "key": key,
+                                 "value": serde_json::from_str::<Value>(value).unwrap()}]}),
+                );
+                assert_eq!(status, 200, "{reply}");
+                assert_eq!(
+                    reply["results"][0]["error"]["code"], "typed_container",
+                    "{container}: {reply}"
+                );
+            }
+            // Nothing changed: the memory is there, the schema still wants a
+            // string title, and the log still reads.
+            let items = query(&a, json!({"from": memory}))["items"].clone();
+            assert_eq!(items[0]["value"], "the user likes tea", "{items}");
+            let bad = json!({"id": "00000000-0000-4000-8000-000000000009", "title": 42,
+                         "body": "b", "createdAt": rfc3339(0), "updatedAt": rfc3339(0)});
+            let err = fails(
+                &a,
+                &[
+                    "state",
+                    "create",
+                    "--schema",
+                    NOTE,
+                    "--object",
+                    &bad.to_string(),
+                ],
+            );
+            assert!(err.contains("invalid_object"), "{err}");
+            query(&a, json!({"from": LOG}));
+            // Untyped maps still take puts; a reset of an intact container
+            // repairs nothing.
+            cli_ok(&a, &["state", "put", "notes", "k", "1"]);
+            let reset = json_out(&a, &["state", "reset", LOG, "--yes"]);
+            assert_eq!(reset["repaired"], json!(false), "{reset}");
+            assert!(metric(&a, "nuwa_api_errors_total{code=\"typed_container\"}") >= 3.0);
+        },
+    );
+}

@@ -413,6 +413,9 @@ impl Agent {
         use crate::api::Pending;
         match req {
             Request::Put(body) => {
+                crate::asm::check_untyped_write(&self.asm.registry, &body.container)?;
+                crate::asm::check_new_name(&body.container)?;
+                crate::asm::check_new_key(&body.key)?;
                 let change = self
                     .session
                     .local_put(&body.container, &body.key, &body.value)

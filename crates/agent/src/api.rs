@@ -385,6 +385,9 @@ pub enum ErrorCode {
     InvalidEdit,
     /// 400: a value the container cannot store (bad key, too deep, bad number).
     InvalidWrite,
+    /// 409: an untyped write (put, batch put, import) into a typed or a
+    /// reserved container.
+    TypedContainer,
     /// 413: an object over 32 MiB.
     ObjectTooLarge,
     /// 413: a request body over the API limit.
@@ -454,6 +457,7 @@ impl ErrorCode {
         ErrorCode::InvalidSchema,
         ErrorCode::InvalidEdit,
         ErrorCode::InvalidWrite,
+        ErrorCode::TypedContainer,
         ErrorCode::ObjectTooLarge,
         ErrorCode::BodyTooLarge,
         ErrorCode::QueryTooExpensive,
@@ -500,6 +504,7 @@ impl ErrorCode {
             ErrorCode::InvalidSchema => 400,
             ErrorCode::InvalidEdit => 400,
             ErrorCode::InvalidWrite => 400,
+            ErrorCode::TypedContainer => 409,
             ErrorCode::ObjectTooLarge => 413,
             ErrorCode::BodyTooLarge => 413,
             ErrorCode::QueryTooExpensive => 422,
@@ -547,6 +552,7 @@ impl ErrorCode {
             ErrorCode::InvalidSchema => "invalid_schema",
             ErrorCode::InvalidEdit => "invalid_edit",
             ErrorCode::InvalidWrite => "invalid_write",
+            ErrorCode::TypedContainer => "typed_container",
             ErrorCode::ObjectTooLarge => "object_too_large",
             ErrorCode::BodyTooLarge => "body_too_large",
             ErrorCode::QueryTooExpensive => "query_too_expensive",

@@ -28,27 +28,137 @@ pub const REGISTRY_CONTAINER: &str = "nuwa:schemas";
 /// models alone without it), and each replicated schema that does not
 /// register. The daemon rebuilds it when the container changes;
 /// `state get --offline` builds it from the store.
+///
+/// A registered schema is immutable, on every device: only the first value
+/// put under an `$id` counts (a put with no predecessor; of concurrent
+/// first puts, the one with the greatest operation id, as Automerge picks).
+/// A later put under that key (an overwrite a peer made with an untyped
+/// write, which `POST /v1/schemas` would refuse) is refused here, on merge,
+/// and reported; so is an entry whose key is not its schema's `$id`.
 pub fn registry_of(c: Option<&nuwa_state::Container>) -> (Registry, Vec<String>) {
     let mut reg = Registry::with_core();
     let mut refused = Vec::new();
-    if let Some(Value::Object(entries)) = c.map(|c| c.to_json()) {
-        // Register lower versions first so version bumps apply in order.
-        let mut raws: Vec<Value> = entries
-            .values()
-            .filter_map(|v| v.as_str().and_then(|s| serde_json::from_str(s).ok()))
-            .collect();
-        raws.sort_by_key(|v| {
-            nuwa_asm::schema::SchemaId::parse(v["$id"].as_str().unwrap_or(""))
-                .map(|i| (i.base, i.version))
-                .unwrap_or_default()
-        });
-        for raw in raws {
-            if let Err(e) = reg.register(raw) {
-                refused.push(e.to_string());
-            }
+    let Some(c) = c else {
+        return (reg, refused);
+    };
+    let (firsts, overwrites) = first_puts(c.doc());
+    for key in overwrites {
+        refused.push(format!(
+            "an overwrite of schema {key} (a registered schema never changes; publish a new version)"
+        ));
+    }
+    // Register lower versions first so version bumps apply in order.
+    let mut raws: Vec<Value> = Vec::new();
+    for (key, text) in firsts {
+        match serde_json::from_str::<Value>(&text) {
+            Ok(raw) if raw["$id"].as_str() == Some(key.as_str()) => raws.push(raw),
+            _ => refused.push(format!(
+                "the registry entry {key} is not a schema with that $id"
+            )),
+        }
+    }
+    raws.sort_by_key(|v| {
+        nuwa_asm::schema::SchemaId::parse(v["$id"].as_str().unwrap_or(""))
+            .map(|i| (i.base, i.version))
+            .unwrap_or_default()
+    });
+    for raw in raws {
+        if let Err(e) = reg.register(raw) {
+            refused.push(e.to_string());
         }
     }
     (reg, refused)
+}
+
+/// Each root key's first string value in the registry document's history
+/// (see [`registry_of`]), and the keys that a later put tried to change.
+fn first_puts(
+    doc: &nuwa_state::automerge::Automerge,
+) -> (
+    std::collections::BTreeMap<String, String>,
+    std::collections::BTreeSet<String>,
+) {
+    use nuwa_state::automerge::ScalarValue;
+    use nuwa_state::automerge::legacy::{Key, ObjectId, OpType};
+    use std::collections::{BTreeMap, BTreeSet};
+    // key -> ((op counter, actor bytes), text) of the winning first put.
+    let mut firsts: BTreeMap<String, ((u64, Vec<u8>), String)> = BTreeMap::new();
+    let mut later: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for change in doc.get_changes(&[]) {
+        let expanded = change.decode();
+        let actor = expanded.actor_id.to_bytes().to_vec();
+        for (i, op) in expanded.operations.iter().enumerate() {
+            let (ObjectId::Root, Key::Map(key), OpType::Put(ScalarValue::Str(text))) =
+                (&op.obj, &op.key, &op.action)
+            else {
+                continue;
+            };
+            let (key, text) = (key.to_string(), text.to_string());
+            if !op.pred.is_empty() {
+                later.entry(key).or_default().push(text);
+                continue;
+            }
+            let id = (expanded.start_op.get() + i as u64, actor.clone());
+            if firsts.get(&key).is_none_or(|(best, _)| id > *best) {
+                firsts.insert(key, (id, text));
+            }
+        }
+    }
+    // A later put of the same text (a device registering again what it
+    // already held) changes nothing and is no overwrite.
+    let overwrites: BTreeSet<String> = later
+        .into_iter()
+        .filter(|(k, texts)| {
+            firsts
+                .get(k)
+                .is_none_or(|(_, first)| texts.iter().any(|t| t != first))
+        })
+        .map(|(k, _)| k)
+        .collect();
+    let firsts = firsts.into_iter().map(|(k, (_, t))| (k, t)).collect();
+    (firsts, overwrites)
+}
+
+/// The prefix of the containers the daemon owns (the schema registry,
+/// and any it adds later): no untyped write reaches them.
+pub const RESERVED_PREFIX: &str = "nuwa:";
+
+/// Refuses an untyped write (`state/put`, a batch `put`, `import`) into a
+/// container that only the typed routes may change: a registered schema's
+/// container, any `did:nuwa:` name (the ASM namespaces, registered or not
+/// yet: a raw key there would break the layout its schema gives it later),
+/// and the daemon's own `nuwa:` containers. Such a raw write once replaced
+/// a registered schema and left `ConversationLog` unreadable everywhere.
+pub fn check_untyped_write(registry: &Registry, container: &str) -> Result<(), ApiError> {
+    let why = if container.starts_with(RESERVED_PREFIX) {
+        "is reserved for the daemon; register schemas with POST /v1/schemas"
+    } else if registry.get(container).is_some() || container.starts_with("did:nuwa:") {
+        "is a typed container; write it with state.create, state.update and state.delete"
+    } else {
+        return Ok(());
+    };
+    Err(ApiError::new(
+        ErrorCode::TypedContainer,
+        format!("{container} {why}, not with an untyped put"),
+    ))
+}
+
+/// A container name an untyped write creates or extends: the rules of
+/// [`nuwa_state::check_name_rules`] (NFC, nothing invisible, no mixed-script
+/// word).
+pub(crate) fn check_new_name(container: &str) -> Result<(), ApiError> {
+    nuwa_state::check_name_rules(container).map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidContainerName,
+            format!("container name {container:?}: {e}"),
+        )
+    })
+}
+
+/// A key an untyped write puts: NFC and nothing invisible.
+pub(crate) fn check_new_key(key: &str) -> Result<(), ApiError> {
+    nuwa_state::check_key_rules(key)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidWrite, format!("key {key:?}: {e}")))
 }
 
 /// Refuses an object over [`MAX_OBJECT_BYTES`].
@@ -375,23 +485,45 @@ impl Agent {
 
     /// `reset`: removes every item, on every device (a replicated clear);
     /// the schema and the container stay.
+    /// `state.reset`: removes every item. A container whose layout an
+    /// untyped write broke (before such writes were refused) gets its
+    /// layout back first (`"repaired": true`): reset is the repair.
     fn reset(&mut self, name: &str, out: &mut Out) -> Result<Value, ApiError> {
         let schema = self.schema(name)?;
+        let broken = self
+            .session
+            .engine()
+            .container(name)
+            .is_some_and(|c| !doc::layout_is_intact(c.doc(), &schema.layout));
         let ids: Vec<String> = match self.session.engine().container(name) {
-            Some(c) => doc::items(c.doc(), &schema.layout)
+            Some(c) if !broken => doc::items(c.doc(), &schema.layout)
                 .map_err(doc_error)?
                 .into_iter()
                 .map(|(id, _)| id)
                 .collect(),
-            None => Vec::new(),
+            _ => Vec::new(),
         };
         let layout = schema.layout.clone();
         let change = self
             .session
-            .local_transact(name, |tx| doc::remove_items(tx, &layout, &ids).map(|_| ()))
+            .local_transact(name, |tx| {
+                if broken {
+                    doc::repair_layout(tx, &layout)?;
+                }
+                doc::remove_items(tx, &layout, &ids).map(|_| ())
+            })
             .map_err(edit_error)?;
         self.stage(name, change, out);
-        Ok(json!({ "container": name, "removed": ids.len(), "heads": self.heads_hex(name) }))
+        if broken {
+            out.count(Count::ContainersRepaired);
+            warn!(container = %name, "reset repaired a container whose layout an untyped write had broken");
+        }
+        Ok(json!({
+            "container": name,
+            "removed": ids.len(),
+            "repaired": broken,
+            "heads": self.heads_hex(name),
+        }))
     }
 
     /// The lifecycle task: TTL and retention, on every device.
@@ -535,6 +667,132 @@ fn edit_error(e: nuwa_sync::LocalEditError<doc::DocError>) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn note_schema(title_type: &str) -> Value {
+        json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "did:nuwa:app:notes:state:Note#v1",
+            "type": "object",
+            "properties": {"id": {"type": "string"}, "title": {"type": title_type}},
+            "required": ["id"],
+        })
+    }
+
+    // Goal: untyped writes reach neither typed containers (registered, or
+    // any did:nuwa: name) nor the daemon's reserved ones, and untyped maps
+    // still take them. Method: the check on each kind of name.
+    #[test]
+    fn untyped_writes_stay_out_of_typed_and_reserved_containers() {
+        let reg = Registry::with_core();
+        for name in [
+            "did:nuwa:core:MemoryStore#v1",
+            "did:nuwa:core:ConversationLog#v1",
+            "did:nuwa:app:notes:state:Note#v1",
+            "nuwa:schemas",
+            "nuwa:anything",
+        ] {
+            let e = check_untyped_write(&reg, name).unwrap_err();
+            assert_eq!(e.code, ErrorCode::TypedContainer, "{name}");
+        }
+        for name in ["notes", "did:web:example", "nuwa-notes"] {
+            assert!(check_untyped_write(&reg, name).is_ok(), "{name}");
+        }
+    }
+
+    // Goal: a registered schema never changes on merge. Method: a
+    // registry document where a second device overwrote the schema with
+    // an untyped put (as an old version could) and another put an entry
+    // under a key that is not its $id; the registry keeps the first
+    // content and reports both.
+    #[test]
+    fn a_peers_overwrite_of_a_schema_is_refused_on_merge() {
+        let first = note_schema("string");
+        let mut a = nuwa_state::Container::new(&[1; 16]);
+        a.put(
+            "did:nuwa:app:notes:state:Note#v1",
+            &Value::String(first.to_string()),
+        )
+        .unwrap();
+        let mut b = nuwa_state::Container::new(&[2; 16]);
+        b.apply_changes(
+            a.doc()
+                .get_changes(&[])
+                .into_iter()
+                .map(|c| c.raw_bytes().to_vec()),
+        )
+        .unwrap();
+        b.put(
+            "did:nuwa:app:notes:state:Note#v1",
+            &Value::String(note_schema("number").to_string()),
+        )
+        .unwrap();
+        let mut stray = note_schema("boolean");
+        stray["$id"] = json!("did:nuwa:app:notes:state:Other#v1");
+        b.put("aaa", &Value::String(stray.to_string())).unwrap();
+        // The overwrite is the document's current value...
+        assert!(
+            b.to_json()["did:nuwa:app:notes:state:Note#v1"]
+                .as_str()
+                .unwrap()
+                .contains("number")
+        );
+        // ...and the registry still holds the first one.
+        let (reg, refused) = registry_of(Some(&b));
+        let schema = reg.get("did:nuwa:app:notes:state:Note#v1").unwrap();
+        assert_eq!(schema.raw["properties"]["title"]["type"], "string");
+        assert!(reg.get("did:nuwa:app:notes:state:Other#v1").is_none());
+        assert_eq!(refused.len(), 2, "{refused:?}");
+        assert!(
+            refused.iter().any(|r| r.contains("overwrite")),
+            "{refused:?}"
+        );
+        // Putting the same text again is no overwrite.
+        let mut c = nuwa_state::Container::new(&[3; 16]);
+        c.apply_changes(
+            a.doc()
+                .get_changes(&[])
+                .into_iter()
+                .map(|c| c.raw_bytes().to_vec()),
+        )
+        .unwrap();
+        c.put(
+            "did:nuwa:app:notes:state:Note#v1",
+            &Value::String(first.to_string()),
+        )
+        .unwrap();
+        assert!(registry_of(Some(&c)).1.is_empty());
+    }
+
+    // Goal: a typed container an untyped write broke gets its layout
+    // back: the two faults seen (a MemoryStore's items replaced by {},
+    // a ConversationLog's by a string) and a stray root key. Method:
+    // repair_layout in a transaction, then the typed reads work.
+    #[test]
+    fn repair_puts_the_layout_back() {
+        let reg = Registry::with_core();
+        for (name, junk) in [
+            ("did:nuwa:core:MemoryStore#v1", json!({})),
+            ("did:nuwa:core:ConversationLog#v1", json!("gone")),
+        ] {
+            let layout = reg.get(name).unwrap().layout.clone();
+            let mut c = nuwa_state::Container::new(&[4; 16]);
+            c.apply_changes([doc::genesis_change(name, &layout)])
+                .unwrap();
+            assert!(doc::layout_is_intact(c.doc(), &layout));
+            c.put("items", &junk).unwrap();
+            c.put("stray", &json!(1)).unwrap();
+            assert!(!doc::layout_is_intact(c.doc(), &layout), "{name}");
+            c.transact(|tx| doc::repair_layout(tx, &layout).map(drop))
+                .unwrap();
+            assert!(doc::layout_is_intact(c.doc(), &layout), "{name}");
+            assert_eq!(doc::items(c.doc(), &layout).unwrap().len(), 0);
+            // Nothing left to repair.
+            let change = c
+                .transact(|tx| doc::repair_layout(tx, &layout).map(drop))
+                .unwrap();
+            assert!(change.is_none(), "{name}");
+        }
+    }
 
     // Goal: the lifecycle rule is a pure function of the items and the
     // time: TTL removes old log entries, retention removes only old items

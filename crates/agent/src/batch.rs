@@ -78,6 +78,8 @@ fn prepare_create(
             "an id must be 1 to 1024 bytes",
         ));
     }
+    nuwa_state::check_key_rules(&id)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidObject, format!("the id {id:?}: {e}")))?;
     let mut object = object.clone();
     if schema_has_id(schema) {
         if let Some(o) = object.as_object_mut() {
@@ -247,6 +249,11 @@ impl Agent {
             ));
         }
         let typed = ops.iter().any(|op| !matches!(op, BatchOp::Put { .. }));
+        if !typed {
+            crate::asm::check_untyped_write(&self.asm.registry, container)
+                .and_then(|()| crate::asm::check_new_name(container))
+                .map_err(|e| all_fail(ops.len(), e))?;
+        }
         // Raw puts and typed writes do not mix: a raw key in a typed
         // container would break its layout.
         let schema = if typed {
@@ -258,7 +265,9 @@ impl Agent {
         let mut steps = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
             let step = match op {
-                BatchOp::Put { key, value, .. } if !typed => Ok(Step::Put { key, value }),
+                BatchOp::Put { key, value, .. } if !typed => {
+                    crate::asm::check_new_key(key).map(|()| Step::Put { key, value })
+                }
                 BatchOp::Put { .. } => Err(ApiError::new(
                     ErrorCode::InvalidWrite,
                     format!(

@@ -33,6 +33,7 @@ nuwa_counters::table! {
         RendezvousFailed => "rendezvous_failed", "Failed rendezvous requests";
         MdnsAnnouncementsVerified => "mdns_announcements_verified", "mDNS announcements of this agent that verified";
         LifecycleItemsRemoved => "lifecycle_items_removed", "Lifecycle passes that removed expired items";
+        ContainersRepaired => "containers_repaired", "Typed containers whose broken layout state.reset put back";
         SchemasRefusedFromPeers => "schemas_refused_from_peers", "Replicated schemas that did not register";
         PairingAnnouncementsRejected => "pairing_announcements_rejected", "Pairing announcements refused";
         PairingApprovalsStarted => "pairing_approvals_started", "Approvals started";

@@ -200,6 +200,70 @@ fn write_genesis<T: Transactable>(tx: &mut T, kind: ContainerKind) -> Result<(),
     Ok(())
 }
 
+/// Whether `doc` holds `layout`'s structure and nothing else at its root
+/// (see [`repair_layout`]).
+pub fn layout_is_intact<R: ReadDoc>(doc: &R, layout: &Layout) -> bool {
+    check_genesis(doc, layout).is_ok() && doc.keys(ROOT).all(|k| k == ASM_KEY || k == ITEMS_KEY)
+}
+
+/// Puts `layout`'s structure back over whatever untyped writes left in a
+/// container: the `asm` map (kind and version) and an empty `items` object
+/// where they are missing or of the wrong kind, and no other root key.
+/// Returns whether anything changed. Items under a replaced `items` are
+/// gone from the current state (they stay in the history).
+///
+/// Before typed containers refused untyped writes, a raw put of `items`
+/// left a container that neither `get`, `create` nor `reset` could use;
+/// `state.reset` calls this to make it usable again.
+pub fn repair_layout<T: Transactable + ReadDoc>(
+    tx: &mut T,
+    layout: &Layout,
+) -> Result<bool, DocError> {
+    if layout_is_intact(tx, layout) {
+        return Ok(false);
+    }
+    let strays: Vec<String> = tx
+        .keys(ROOT)
+        .filter(|k| k != ASM_KEY && k != ITEMS_KEY)
+        .collect();
+    for key in strays {
+        tx.delete(ROOT, key.as_str())?;
+    }
+    let asm_ok = matches!(
+        tx.get(ROOT, ASM_KEY)?,
+        Some((AmValue::Object(ObjType::Map), _))
+    );
+    let items_ok = items_obj(tx, layout).is_ok()
+        || matches!(
+            (tx.get(ROOT, ITEMS_KEY)?, layout.container),
+            (
+                Some((AmValue::Object(ObjType::Map), _)),
+                ContainerKind::Object | ContainerKind::Map
+            ) | (
+                Some((AmValue::Object(ObjType::List), _)),
+                ContainerKind::List | ContainerKind::Log
+            )
+        );
+    let asm = if asm_ok {
+        match tx.get(ROOT, ASM_KEY)? {
+            Some((_, id)) => id,
+            None => tx.put_object(ROOT, ASM_KEY, ObjType::Map)?,
+        }
+    } else {
+        tx.put_object(ROOT, ASM_KEY, ObjType::Map)?
+    };
+    tx.put(&asm, KIND_KEY, layout.container.as_str())?;
+    tx.put(&asm, VERSION_KEY, LAYOUT_VERSION)?;
+    if !items_ok {
+        let items_type = match layout.container {
+            ContainerKind::Object | ContainerKind::Map => ObjType::Map,
+            ContainerKind::List | ContainerKind::Log => ObjType::List,
+        };
+        tx.put_object(ROOT, ITEMS_KEY, items_type)?;
+    }
+    Ok(true)
+}
+
 /// Applies the genesis change of `container_name` to `doc` (a no-op if it
 /// is already there) and checks the result.
 pub fn apply_genesis(
