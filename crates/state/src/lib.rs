@@ -13,6 +13,7 @@
 //! Automerge sync protocol against a caller-held [`SyncState`], and renders
 //! JSON. Persisting the change bytes is the caller's job.
 
+mod names;
 pub use automerge;
 pub use automerge::sync::State as SyncState;
 use automerge::sync::SyncDoc;
@@ -20,6 +21,7 @@ use automerge::{
     ActorId, Automerge, Change, ChangeHash, ObjId, ObjType, ROOT, ReadDoc, ScalarValue,
     transaction::Transactable,
 };
+pub use names::{NameRuleError, check_key_rules, check_name_rules};
 use serde_json::Value;
 use std::collections::HashMap;
 
