@@ -341,11 +341,46 @@ pub fn open(home: &Path, print_only: bool, json: bool) -> Result<()> {
         "status page login link (works once, within {} s):\n  {}",
         link.expires_in_s, link.url
     );
-    match open_in_browser(&link.url) {
+    // The link is a bearer secret until it is spent: it never goes on a
+    // command line, where any local user reads it in /proc/*/cmdline.
+    // The browser gets a 0600 page in the home that redirects to it (what
+    // Jupyter does).
+    let opened = redirect_page(home, &link.url).and_then(|page| open_in_browser(&page));
+    match opened {
         Ok(()) => println!("opened in your browser"),
-        Err(e) => eprintln!("cannot open a browser ({e}); open the link above yourself"),
+        Err(e) => eprintln!("cannot open a browser ({e:#}); open the link above yourself"),
     }
     Ok(())
+}
+
+/// The name of the page `open` hands to the browser, in the home.
+pub const LOGIN_PAGE_FILE: &str = "status-login.html";
+
+/// Writes `HOME/status-login.html` (mode 0600, written whole and then
+/// renamed into place) that sends the browser on to `url`; returns the
+/// page's `file://` URL, which holds no secret.
+fn redirect_page(home: &Path, url: &str) -> Result<String> {
+    // The login URL is ours (http://127.0.0.1:PORT/login?code=HEX), but
+    // quote it for HTML and JavaScript all the same.
+    let attr = url
+        .replace('&', "&amp;")
+        .replace('"', "&quot;")
+        .replace('<', "&lt;");
+    let js = serde_json::to_string(url)?.replace('<', "\\u003c");
+    let html = format!(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\">\n\
+         <meta http-equiv=\"refresh\" content=\"0;url={attr}\">\n\
+         <title>nuwa-node status</title></head>\n\
+         <body><script>location.replace({js});</script>\n\
+         <p><a href=\"{attr}\">Open the nuwa-node status page</a></p></body></html>\n"
+    );
+    let path = home.join(LOGIN_PAGE_FILE);
+    crate::home::write_private(&path, html.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    let abs = std::fs::canonicalize(&path)?;
+    reqwest::Url::from_file_path(&abs)
+        .map(String::from)
+        .map_err(|()| anyhow::anyhow!("{} is no absolute path", abs.display()))
 }
 
 /// Hands `url` to the desktop's opener: `open` on macOS, `xdg-open`

@@ -473,3 +473,146 @@ fn page_in_headless_chromium_shows_a_write_from_another_device() {
         },
     );
 }
+
+// Goal: issue 25 fault 2: `nuwa-node open` never puts the login code on a
+// command line, where another local user reads it in /proc and spends it
+// first; the browser gets a 0600 page that redirects, which that user
+// cannot read, and the code in it is still good. Method: a stand-in
+// `xdg-open` that records its argv and reads the page like a browser; a
+// watcher scanning every /proc/*/cmdline the whole time, as uid 65534
+// when the test runs as root (else as this uid: /proc/*/cmdline is
+// world-readable, so what it sees another uid sees); then the code
+// from the page is traded for a session.
+#[test]
+fn open_never_puts_the_login_code_on_a_command_line() {
+    isolated("open_never_puts_the_login_code_on_a_command_line", || {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        c.start(&a, &[]);
+        let (url, _) = api(&a);
+        let dir = c.dir.path().join("opener");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(c.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let argv = dir.join("argv.txt");
+        let seen = dir.join("seen.html");
+        let opener = dir.join("xdg-open");
+        std::fs::write(
+            &opener,
+            format!(
+                "#!/bin/sh\nprintf '%s\\n' \"$@\" > {argv}\npath=${{1#file://}}\n\
+                 cat \"$path\" > {seen}\nsleep 1\n",
+                argv = argv.display(),
+                seen = seen.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&opener, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+        // The watcher: at most 20 s, every process's command line.
+        let as_nobody = running_as_root()
+            && Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups", "true"])
+                .status()
+                .is_ok_and(|s| s.success());
+        let script = format!(
+            "end=$(( $(date +%s) + 20 )); while [ $(date +%s) -lt $end ] && [ ! -e {stop} ]; do \
+             for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done; \
+             done | grep -aoE 'code=[0-9a-f]{{64}}' > {out}; true",
+            stop = dir.join("stop").display(),
+            out = dir.join("watched.txt").display()
+        );
+        let mut watcher = if as_nobody {
+            Command::new("setpriv")
+                .args([
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    "sh",
+                    "-c",
+                ])
+                .arg(&script)
+                .spawn()
+                .unwrap()
+        } else {
+            Command::new("sh").arg("-c").arg(&script).spawn().unwrap()
+        };
+        let path = format!(
+            "{}:{}",
+            dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = Command::new(bin())
+            .arg("--home")
+            .arg(&a)
+            .arg("open")
+            .env("PATH", path)
+            .output()
+            .unwrap();
+        std::fs::write(dir.join("stop"), b"").unwrap();
+        watcher.wait().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("opened in your browser"), "{stdout}");
+
+        let watched = std::fs::read_to_string(dir.join("watched.txt")).unwrap_or_default();
+        assert!(
+            !watched.contains("code="),
+            "a command line carried the code (watcher as uid 65534: {as_nobody}): {watched}"
+        );
+        let args = std::fs::read_to_string(&argv).unwrap();
+        assert!(
+            args.starts_with("file://") && !args.contains("code="),
+            "{args}"
+        );
+        let page = a.join("status-login.html");
+        let mode = std::fs::metadata(&page).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the page is the owner's only");
+        if as_nobody {
+            let read = Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
+                .arg(&page)
+                .output()
+                .unwrap();
+            assert!(!read.status.success(), "uid 65534 read the page");
+        }
+        // The page sends the browser on to a code nobody spent.
+        let html = std::fs::read_to_string(&seen).unwrap();
+        let code = html
+            .split("code=")
+            .nth(1)
+            .and_then(|r| r.get(..64))
+            .unwrap_or_else(|| panic!("no code in the page: {html}"))
+            .to_owned();
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let st = runtime().block_on(async {
+            let r = http
+                .get(format!("{url}/login?code={code}"))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.headers().contains_key("set-cookie"))
+        });
+        assert_eq!(st, (303, true), "the code in the page logs in");
+        println!(
+            "watcher as uid 65534: {as_nobody}; opener argv: {}",
+            args.trim()
+        );
+    });
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+}
