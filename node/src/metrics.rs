@@ -32,6 +32,7 @@ nuwa_counters::table! {
         ApiConnectionsEvicted => "api_connections_evicted", "Idle API connections closed to make room at the connection cap";
         ApiConnectionsRefused => "api_connections_refused", "API connections refused at the cap because every open one was busy";
         ApiConnectionsIdleClosed => "api_connections_idle_closed", "API connections closed after the idle timeout";
+        ApiHeaderTimeouts => "api_header_timeouts", "API connections closed because a request's headers did not all arrive within the header-read timeout of its first byte";
         ApiSocketConnections => "api_socket_connections", "Connections accepted on the local API socket (HOME/api.sock) from the daemon's own user";
         ApiSocketRefused => "api_socket_refused", "Connections on the local API socket refused because the peer runs as another user";
     }
