@@ -89,6 +89,21 @@ fn json_everywhere_and_the_users_view() {
         );
         assert_eq!(prov["name"], "b");
         c.start(&a, &[]);
+        // Without --name, through the daemon as offline (issue 25 finding 4:
+        // it failed with bad_name while the daemon ran).
+        let unnamed = c.home("unnamed");
+        let prov = json_of(
+            &a,
+            &["device", "provision", "--out", unnamed.to_str().unwrap()],
+        );
+        assert_eq!(prov["name"], "", "{prov}");
+        let listed = json_of(&a, &["device", "list"]);
+        assert!(
+            listed
+                .to_string()
+                .contains(prov["context_id"].as_str().unwrap()),
+            "{listed}"
+        );
 
         // The flag before the command, too.
         let out = cli_ok(&a, &["--json", "status"]);

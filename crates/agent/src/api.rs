@@ -736,11 +736,11 @@ impl ProvisionBody {
                 "`out` must be an absolute path",
             ));
         }
-        let name = self.name.trim();
-        if name.is_empty() || name.len() > nuwa_proto::MAX_DEVICE_NAME_BYTES {
+        // No name is allowed, as offline (see `on_provision`).
+        if self.name.trim().len() > nuwa_proto::MAX_DEVICE_NAME_BYTES {
             return Err(ApiError::new(
                 ErrorCode::BadName,
-                "a device name is 1 to 64 bytes",
+                "a device name is at most 64 bytes",
             ));
         }
         Ok(())

@@ -287,11 +287,13 @@ impl Agent {
         now_ms: u64,
         out: &mut Out,
     ) -> Result<serde_json::Value, ApiError> {
+        // No name is allowed, as `device provision` offline allows it
+        // (`--help`: "default: none"); the device is listed by its id.
         let name = body.name.trim();
-        if name.is_empty() || name.len() > nuwa_proto::MAX_DEVICE_NAME_BYTES {
+        if name.len() > nuwa_proto::MAX_DEVICE_NAME_BYTES {
             return Err(ApiError::new(
                 ErrorCode::BadName,
-                "a device name is 1 to 64 bytes",
+                "a device name is at most 64 bytes",
             ));
         }
         let expires = body
