@@ -270,16 +270,10 @@ impl Agent {
             let Some(l) = self.keepers.links.get(&peer) else {
                 continue;
             };
-            let due = l.push_in_flight.is_none() && now_ms >= l.next_push_ms;
-            let compact = l.compact
-                && l.caught_up
-                && l.knows_log
-                && l.pull_in_flight.is_none()
-                && now_ms >= l.next_compact_ms;
-            if due && compact {
-                self.keeper_snapshot(peer, now_ms, out);
-            } else if due {
-                self.keeper_push(peer, now_ms, out);
+            match next_push(l, now_ms) {
+                Some(PushKind::Snapshot) => self.keeper_snapshot(peer, now_ms, out),
+                Some(PushKind::Changes) => self.keeper_push(peer, now_ms, out),
+                None => {}
             }
         }
     }
@@ -661,6 +655,36 @@ impl Agent {
 }
 
 /// What a refusal changes on the link.
+/// What a keeper link pushes next, if anything is due.
+#[derive(Debug, PartialEq, Eq)]
+enum PushKind {
+    /// A compacted snapshot: the keeper asked for room.
+    Snapshot,
+    /// The changes the keeper lacks.
+    Changes,
+}
+
+/// A snapshot goes as soon as everything is pulled (at most every
+/// [`COMPACT_EVERY_MS`]), whatever the push back-off: it is what frees the
+/// room a refused push waits for. Plain pushes wait for `next_push_ms`.
+fn next_push(l: &Link, now_ms: u64) -> Option<PushKind> {
+    if l.push_in_flight.is_some() {
+        return None;
+    }
+    let compact = l.compact
+        && l.caught_up
+        && l.knows_log
+        && l.pull_in_flight.is_none()
+        && now_ms >= l.next_compact_ms;
+    if compact {
+        Some(PushKind::Snapshot)
+    } else if now_ms >= l.next_push_ms {
+        Some(PushKind::Changes)
+    } else {
+        None
+    }
+}
+
 fn on_refused(link: &mut Link, code: RefusalCode, is_push: bool, now_ms: u64) {
     if is_push {
         link.push_in_flight = None;
@@ -673,10 +697,12 @@ fn on_refused(link: &mut Link, code: RefusalCode, is_push: bool, now_ms: u64) {
         // Refused after our signature checked out: the keeper knows our
         // chain, so pull (and then make room with a snapshot once
         // everything is pulled).
+        // Plain pushes wait the whole back-off (they once came back every
+        // 2 s, a refusal and a WARN each: issue 25); the snapshot does not
+        // wait for it (see `next_push`).
         link.knows_log = true;
         link.compact = true;
         link.next_pull_ms = 0;
-        link.next_push_ms = now_ms + PULL_IDLE_MS;
     }
     if matches!(code, RefusalCode::UnknownAgent | RefusalCode::UnknownKey) {
         // It lost our chain, or holds an older one that does not list
@@ -691,4 +717,48 @@ struct SnapshotPush {
     envelopes: Vec<nuwa_crypto::Envelope>,
     bytes: usize,
     covered: BTreeMap<String, Vec<String>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Goal: a device over its keeper quota does not push again before the
+    // documented back-off (it came back every 2.2 s, issue 25), while the
+    // snapshot that frees the room goes as soon as everything is pulled,
+    // and at most once a minute. Method: the link's decisions at points in
+    // time after a QuotaExceeded refusal.
+    #[test]
+    fn over_quota_pushes_wait_the_backoff_but_the_snapshot_does_not() {
+        let mut l = Link {
+            connected: true,
+            knows_log: true,
+            ..Link::default()
+        };
+        let t0 = 1_000_000;
+        l.push_in_flight = Some((1, t0, BTreeMap::new()));
+        assert_eq!(next_push(&l, t0), None, "one push at a time");
+        on_refused(&mut l, RefusalCode::QuotaExceeded, true, t0);
+        assert!(l.compact && l.next_pull_ms == 0);
+        // Not yet pulled to the end: nothing goes before the back-off.
+        for dt in [0, 2_200, 10_000, REFUSED_BACKOFF_MS - 1] {
+            assert_eq!(next_push(&l, t0 + dt), None, "at +{dt} ms");
+        }
+        assert_eq!(
+            next_push(&l, t0 + REFUSED_BACKOFF_MS),
+            Some(PushKind::Changes)
+        );
+        // Pulled to the end: the snapshot goes at once...
+        l.caught_up = true;
+        assert_eq!(next_push(&l, t0 + 100), Some(PushKind::Snapshot));
+        // ...and, once tried (refused again), not before a minute.
+        l.next_compact_ms = t0 + 100 + COMPACT_EVERY_MS;
+        l.push_in_flight = Some((2, t0 + 100, BTreeMap::new()));
+        on_refused(&mut l, RefusalCode::QuotaExceeded, true, t0 + 200);
+        assert_eq!(next_push(&l, t0 + 2_400), None);
+        assert_eq!(
+            next_push(&l, t0 + 100 + COMPACT_EVERY_MS),
+            Some(PushKind::Snapshot)
+        );
+    }
 }
