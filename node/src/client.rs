@@ -584,11 +584,16 @@ pub fn import(home: &Path, file: &Path, batch_size: usize, json: bool) -> Result
     let mut start = 0;
     while start < ops.len() {
         // Up to `batch_size` operations and about IMPORT_BATCH_BYTES.
+        // ... and at most what one write takes in JSON values (the
+        // daemon refuses more, to keep its loop free).
         let mut end = start;
-        let mut bytes = 0;
+        let (mut bytes, mut values) = (0, 2);
         while end < ops.len() && end - start < batch_size {
-            bytes += ops[end].1.to_string().len();
-            if bytes > IMPORT_BATCH_BYTES && end > start {
+            let text = ops[end].1.to_string();
+            bytes += text.len();
+            values += crate::api::json_values(text.as_bytes()) + 1;
+            if (bytes > IMPORT_BATCH_BYTES || values > crate::api::MAX_WRITE_VALUES) && end > start
+            {
                 break;
             }
             end += 1;

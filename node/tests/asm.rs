@@ -498,3 +498,68 @@ fn untyped_writes_cannot_touch_typed_or_reserved_state() {
         },
     );
 }
+
+/// The daemon's peak resident memory (VmHWM), in MB.
+fn peak_rss_mb(home: &Path) -> f64 {
+    let api: Value =
+        serde_json::from_slice(&std::fs::read(home.join("api.json")).unwrap()).unwrap();
+    let pid = api["pid"].as_u64().expect("pid in api.json");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb / 1024.0
+}
+
+// Goal: issue 25 fault 3: a 12 MB JSON array (4,000,000 numbers) in one
+// put is refused with `value_too_large` before it is parsed: the daemon's
+// peak memory stays within 150 MB of where it was, and it answers status
+// meanwhile. A put at the limit is taken. Method: one real daemon, the raw
+// body over HTTP, VmHWM from /proc.
+#[test]
+fn a_huge_array_is_refused_before_it_costs_memory() {
+    isolated("a_huge_array_is_refused_before_it_costs_memory", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        c.start(&a, &["--no-mdns", "--no-known-peers"]);
+        cli_ok(&a, &["state", "put", "warm", "k", "1"]);
+        let before = peak_rss_mb(&a);
+        let mut body = Vec::with_capacity(13 << 20);
+        body.extend_from_slice(br#"{"container":"embeddings","key":"m","value":["#);
+        for i in 0..4_000_000u32 {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(format!("{}", i % 1000).as_bytes());
+        }
+        body.extend_from_slice(b"]}");
+        println!("body: {:.1} MB", body.len() as f64 / 1e6);
+        let started = std::time::Instant::now();
+        let (status, reply) = post_raw(&a, "/v1/state/put", body);
+        let took = started.elapsed();
+        assert_eq!(status, 413, "{reply}");
+        assert_eq!(reply["error"]["code"], "value_too_large", "{reply}");
+        let after = peak_rss_mb(&a);
+        println!(
+            "refused in {took:?}; peak RSS {before:.1} MB before, {after:.1} MB after (+{:.1})",
+            after - before
+        );
+        assert!(after - before < 150.0, "peak RSS +{:.1} MB", after - before);
+        // At the limit: taken.
+        let n = nuwa_agent::api::MAX_WRITE_VALUES - 3;
+        let items: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+        let ok = format!(
+            r#"{{"container":"embeddings","key":"m","value":[{}]}}"#,
+            items.join(",")
+        );
+        let (status, reply) = post_raw(&a, "/v1/state/put", ok.into_bytes());
+        assert_eq!(status, 200, "{reply}");
+        assert!(status_ok(&a));
+    });
+}
+
+fn status_ok(home: &Path) -> bool {
+    status(home).is_ok()
+}

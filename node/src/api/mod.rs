@@ -343,6 +343,7 @@ async fn devices(
 }
 
 async fn put(State(s): State<AppState>, Body(body): Body) -> Result<Json<PutReply>, Failure> {
+    check_write_values(&body)?;
     let body: PutBody = json_body(&body, "put")?;
     container_name(&body.container)?;
     Ok(Json(call(&s, |tx| ApiRequest::Put(body, tx)).await??))
@@ -418,6 +419,7 @@ async fn state_create(
     State(s): State<AppState>,
     Body(body): Body,
 ) -> Result<Json<serde_json::Value>, Failure> {
+    check_write_values(&body)?;
     let b: CreateBody = json_body(&body, "state.create")?;
     tool(
         &s,
@@ -434,6 +436,7 @@ async fn state_update(
     State(s): State<AppState>,
     Body(body): Body,
 ) -> Result<Json<serde_json::Value>, Failure> {
+    check_write_values(&body)?;
     let b: UpdateBody = json_body(&body, "state.update")?;
     tool(
         &s,
@@ -498,6 +501,7 @@ async fn state_batch(
     State(s): State<AppState>,
     Body(body): Body,
 ) -> Result<Json<BatchReply>, Failure> {
+    check_write_values(&body)?;
     let b: BatchBody = json_body(&body, "state.batch")?;
     if b.ops.is_empty() {
         return Err(ApiError::new(ErrorCode::BadRequest, "ops is empty").into());
