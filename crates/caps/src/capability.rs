@@ -7,13 +7,16 @@
 //! field anywhere makes a capability malformed, so the document we verify is
 //! exactly the one we act on.
 
+use std::collections::BTreeMap;
+
 use nuwa_identity::did_key::{ed25519_from_did_key, ed25519_public_multibase};
 
 use crate::action::Action;
 use crate::error::CapError;
 use crate::json::{self, Json};
 use crate::limits::{
-    MAX_CAPABILITY_BYTES, MAX_CHAIN_DEPTH, MAX_PROOF_VALUE_CHARS, MAX_TARGET_BYTES,
+    MAX_CAPABILITY_BYTES, MAX_CHAIN_DEPTH, MAX_PROOF_VALUE_CHARS, MAX_QUOTED_CHARS,
+    MAX_TARGET_BYTES,
 };
 use crate::timestamp;
 
@@ -178,7 +181,27 @@ impl Capability {
 
     /// The document without `proof`: what the proof's second hash covers.
     pub(crate) fn document_value(&self) -> Json {
-        let mut doc = std::collections::BTreeMap::new();
+        Json::Obj(self.document_members())
+    }
+
+    /// The proof without `proofValue`: what the proof's first hash covers.
+    pub(crate) fn proof_config_value(&self) -> Json {
+        Json::Obj(self.proof_config_members())
+    }
+
+    pub(crate) fn to_value(&self) -> Json {
+        let mut proof = self.proof_config_members();
+        proof.insert(
+            "proofValue".to_owned(),
+            Json::Str(proof_value_string(&self.proof.proof_value)),
+        );
+        let mut doc = self.document_members();
+        doc.insert("proof".to_owned(), Json::Obj(proof));
+        Json::Obj(doc)
+    }
+
+    fn document_members(&self) -> BTreeMap<String, Json> {
+        let mut doc = BTreeMap::new();
         doc.insert("@context".to_owned(), context_value());
         doc.insert("id".to_owned(), Json::str(&self.id));
         doc.insert("controller".to_owned(), Json::str(&self.controller));
@@ -195,17 +218,16 @@ impl Capability {
             "parentCapability".to_owned(),
             Json::str(&self.parent_capability),
         );
-        Json::Obj(doc)
+        doc
     }
 
-    /// The proof without `proofValue`: what the proof's first hash covers.
-    pub(crate) fn proof_config_value(&self) -> Json {
+    fn proof_config_members(&self) -> BTreeMap<String, Json> {
         let proof = &self.proof;
         let mut chain: Vec<Json> = proof.chain_ids.iter().map(Json::str).collect();
         if let Some(parent) = &proof.parent {
             chain.push(parent.to_value());
         }
-        let mut config = std::collections::BTreeMap::new();
+        let mut config = BTreeMap::new();
         config.insert("@context".to_owned(), context_value());
         config.insert("type".to_owned(), Json::str(PROOF_TYPE));
         config.insert("cryptosuite".to_owned(), Json::str(CRYPTOSUITE));
@@ -219,22 +241,7 @@ impl Capability {
         );
         config.insert("proofPurpose".to_owned(), Json::str(PROOF_PURPOSE));
         config.insert("capabilityChain".to_owned(), Json::Arr(chain));
-        Json::Obj(config)
-    }
-
-    pub(crate) fn to_value(&self) -> Json {
-        let Json::Obj(mut proof) = self.proof_config_value() else {
-            unreachable!("proof_config_value builds an object")
-        };
-        proof.insert(
-            "proofValue".to_owned(),
-            Json::Str(proof_value_string(&self.proof.proof_value)),
-        );
-        let Json::Obj(mut doc) = self.document_value() else {
-            unreachable!("document_value builds an object")
-        };
-        doc.insert("proof".to_owned(), Json::Obj(proof));
-        Json::Obj(doc)
+        config
     }
 }
 
@@ -347,24 +354,19 @@ pub(crate) fn check_id(id: &str) -> Result<(), String> {
     }
 }
 
-/// At most 80 characters of untrusted text, for messages.
+/// At most [`MAX_QUOTED_CHARS`] characters of untrusted text, for messages.
 pub(crate) fn shorten(s: &str) -> String {
-    const MAX_CHARS: usize = 80;
-    if s.chars().count() <= MAX_CHARS {
+    if s.chars().count() <= MAX_QUOTED_CHARS {
         s.to_owned()
     } else {
-        let mut out: String = s.chars().take(MAX_CHARS).collect();
+        let mut out: String = s.chars().take(MAX_QUOTED_CHARS).collect();
         out.push('…');
         out
     }
 }
 
 /// An object's members, checked to be exactly `keys`.
-fn members(
-    value: Json,
-    keys: &[&str],
-    what: &str,
-) -> Result<std::collections::BTreeMap<String, Json>, CapError> {
+fn members(value: Json, keys: &[&str], what: &str) -> Result<BTreeMap<String, Json>, CapError> {
     let map = match value {
         Json::Obj(map) => map,
         other => {
@@ -386,7 +388,7 @@ fn members(
     Ok(map)
 }
 
-fn take(map: &mut std::collections::BTreeMap<String, Json>, key: &str) -> Json {
+fn take(map: &mut BTreeMap<String, Json>, key: &str) -> Json {
     // `members` checked every key is present.
     map.remove(key).unwrap_or(Json::Null)
 }

@@ -130,7 +130,9 @@ pub enum CapError {
     },
     /// The request signature is outside its time window.
     #[error(
-        "request signature created at {created} and expiring at {expires} is not valid at {now} (unix seconds): {reason}; check the app's clock and sign each request just before sending it"
+        "request signature created at {created} and expiring at {expires} is not valid at {now} (unix seconds): {reason}; the daemon allows {skew} s of clock skew and signatures living at most {ttl} s, so check the app's clock and sign each request just before sending it",
+        skew = crate::limits::MAX_CLOCK_SKEW_SECS,
+        ttl = crate::limits::MAX_SIGNATURE_TTL_SECS
     )]
     StaleSignature {
         /// The signature's `created`.

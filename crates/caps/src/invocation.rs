@@ -29,8 +29,8 @@ use crate::capability::{Capability, parse_verification_method, shorten, verifica
 use crate::error::CapError;
 use crate::limits::{
     COVERED_COMPONENTS, MAX_CAPABILITY_HEADER_BYTES, MAX_CLOCK_SKEW_SECS, MAX_CONTENT_DIGEST_BYTES,
-    MAX_KEYID_BYTES, MAX_SIGNATURE_HEADER_BYTES, MAX_SIGNATURE_INPUT_BYTES, MAX_SIGNATURE_TTL_SECS,
-    MAX_TIMESTAMP_DIGITS, NONCE_MAX_CHARS, NONCE_MIN_CHARS,
+    MAX_KEYID_BYTES, MAX_METHOD_CHARS, MAX_SIGNATURE_HEADER_BYTES, MAX_SIGNATURE_INPUT_BYTES,
+    MAX_SIGNATURE_TTL_SECS, MAX_TIMESTAMP_DIGITS, NONCE_MAX_CHARS, NONCE_MIN_CHARS,
 };
 use crate::nonce::NonceCache;
 use crate::verify::{Verified, verify_capability};
@@ -449,9 +449,12 @@ where
 /// The uppercased method, if method, path and query can be signed: a method
 /// of letters, and a path and query of visible ASCII (still percent-encoded).
 fn check_request_line(method: &str, path: &str, query: &str) -> Result<String, String> {
-    if method.is_empty() || method.len() > 16 || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
+    if method.is_empty()
+        || method.len() > MAX_METHOD_CHARS
+        || !method.bytes().all(|b| b.is_ascii_alphabetic())
+    {
         return Err(format!(
-            "method {:?} is not 1 to 16 letters",
+            "method {:?} is not 1 to {MAX_METHOD_CHARS} letters",
             shorten(method)
         ));
     }
@@ -496,7 +499,7 @@ fn lifetime_problem(created: i64, expires: i64) -> Option<&'static str> {
         Some("expires is not after created")
     } else if expires - created > MAX_SIGNATURE_TTL_SECS {
         Some(
-            "the signature lives longer than 300 seconds; sign each request just before sending it",
+            "the signature lives longer than the daemon allows; sign each request just before sending it",
         )
     } else {
         None
@@ -656,10 +659,14 @@ fn check_window(input: &SignatureInput<'_>, now: i64) -> Result<(), CapError> {
         reason,
     };
     if input.created > now.saturating_add(MAX_CLOCK_SKEW_SECS) {
-        return Err(stale("created is more than 300 seconds in the future"));
+        return Err(stale(
+            "created is further in the future than the clock skew allowed",
+        ));
     }
     if input.created < now.saturating_sub(MAX_CLOCK_SKEW_SECS) {
-        return Err(stale("created is more than 300 seconds in the past"));
+        return Err(stale(
+            "created is further in the past than the clock skew allowed",
+        ));
     }
     if let Some(reason) = lifetime_problem(input.created, input.expires) {
         return Err(stale(reason));

@@ -53,6 +53,12 @@ pub const MAX_SIGNATURE_TTL_SECS: i64 = 300;
 /// about 100 bytes, so a full cache holds about 6.5 MB.
 pub const NONCE_CACHE_CAPACITY: usize = 65_536;
 
+/// Longest HTTP method accepted, in letters (`OPTIONS` has 7).
+pub(crate) const MAX_METHOD_CHARS: usize = 16;
+
+/// Most characters of untrusted input quoted in an error message.
+pub(crate) const MAX_QUOTED_CHARS: usize = 80;
+
 /// Most decimal digits of `created` and `expires` (RFC 8941 integers have at
 /// most 15).
 pub(crate) const MAX_TIMESTAMP_DIGITS: usize = 15;
