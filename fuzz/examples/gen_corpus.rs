@@ -11,15 +11,16 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use nuwa_agent::announce::Announcement;
 use nuwa_crypto::epoch::{EpochGrant, x25519_public_key};
 use nuwa_crypto::pairing::{Approver, Joiner, JoinerPublicKeys, PairingCode};
 use nuwa_crypto::{Envelope, SyncKey, seal};
-use nuwa_agent::announce::Announcement;
 use nuwa_fuzz::pairing_selector::{APPROVER_CONFIRM, GRANT, JOIN_REQUEST, JOINER_CONFIRM};
 use nuwa_fuzz::{
-    APPROVER_PEER_ID, JOINER_PEER_ID, NOW_UNIX_SECS, NOW_UNIX_SECS_U64, PAIRING_CODE, STATE_ACTOR,
-    agent_did, device, device_context_id, genesis_log, log_with_device, master,
-    populated_container, sync_key, txt_bytes,
+    APPROVER_PEER_ID, CAPS_APP2_SEED, JOINER_PEER_ID, NOW_UNIX_SECS, NOW_UNIX_SECS_U64,
+    PAIRING_CODE, STATE_ACTOR, agent_did, caps_app, caps_capability, caps_request_input, device,
+    device_context_id, genesis_log, log_with_device, master, populated_container, sync_key,
+    txt_bytes,
 };
 use nuwa_identity::chain::DidChain;
 use nuwa_identity::did_key::ed25519_public_multibase;
@@ -68,6 +69,7 @@ fn main() -> Result<()> {
     pairing(&corpus)?;
     sync_message(&corpus)?;
     asm_schema(&corpus)?;
+    caps(&corpus)?;
     println!("seeds written under {}", corpus.root.display());
     Ok(())
 }
@@ -535,5 +537,35 @@ fn did_entries(c: &Corpus) -> Result<()> {
     )?;
     c.write("did_entries", "from-genesis", &serde_json::to_vec(entries)?)?;
     c.write("did_entries", "empty", b"[]")?;
+    Ok(())
+}
+
+/// A capability of each depth the verifier accepts, and signed requests
+/// with and without a body.
+fn caps(c: &Corpus) -> Result<()> {
+    let first = caps_capability();
+    let app2 = DeviceKey::from_seed(&CAPS_APP2_SEED);
+    let second = nuwa_caps::delegate(
+        Some(&first),
+        caps_app().signing_key(),
+        &nuwa_identity::did_key::did_key_from_ed25519(&app2.public()),
+        "did:nuwa:cap:fuzz:state:Item#v1",
+        &[nuwa_caps::Action::Read],
+        NOW_UNIX_SECS + 3_600,
+        NOW_UNIX_SECS - 60,
+        "urn:uuid:00000000000000000000000000000002".to_owned(),
+    )?;
+    c.write("caps_capability", "first-level", &first.to_json())?;
+    c.write("caps_capability", "delegated-on", &second.to_json())?;
+    c.write(
+        "caps_invocation",
+        "write-with-body",
+        &caps_request_input(&first, br#"{"n":1}"#),
+    )?;
+    c.write(
+        "caps_invocation",
+        "write-empty-body",
+        &caps_request_input(&first, b""),
+    )?;
     Ok(())
 }

@@ -180,3 +180,69 @@ pub mod pairing_selector {
 pub fn chain_with_device() -> nuwa_identity::chain::DidChain {
     nuwa_identity::chain::DidChain::from_v1(&log_with_device()).expect("a valid v1 log converts")
 }
+
+/// Seed of the app key that holds the capability of the `caps_*` targets
+/// ([`master`] is the agent's admin that delegated it).
+pub const CAPS_APP_SEED: [u8; 32] = [3; 32];
+/// Seed of a second app key, to which the app delegates on.
+pub const CAPS_APP2_SEED: [u8; 32] = [4; 32];
+/// The request path the `caps_invocation` target verifies against.
+pub const CAPS_PATH: &str = "/v1/state/did%3Anuwa%3Acap%3Afuzz%3Astate%3AItem%23v1";
+/// The nonce of the seed request.
+pub const CAPS_NONCE: &str = "fuzz-nonce-000000000000";
+/// The request headers the `caps_invocation` input holds, in order, separated by `0x00`
+/// (the body follows the last one).
+pub const CAPS_HEADERS: [&str; 4] = [
+    "capability-invocation",
+    "content-digest",
+    "signature-input",
+    "signature",
+];
+
+/// The app key of the `caps_*` targets.
+pub fn caps_app() -> DeviceKey {
+    DeviceKey::from_seed(&CAPS_APP_SEED)
+}
+
+/// A capability [`master`] delegated to [`caps_app`]: read and write on
+/// `did:nuwa:cap:fuzz:`, valid from an hour before [`NOW_UNIX_SECS`] for a day.
+pub fn caps_capability() -> nuwa_caps::Capability {
+    nuwa_caps::delegate(
+        None,
+        master().signing_key(),
+        &did_key_from_ed25519(&caps_app().public()),
+        "did:nuwa:cap:fuzz:",
+        &[nuwa_caps::Action::Read, nuwa_caps::Action::Write],
+        NOW_UNIX_SECS + 86_400,
+        NOW_UNIX_SECS - 3_600,
+        "urn:uuid:00000000000000000000000000000001".to_owned(),
+    )
+    .expect("fixture capability")
+}
+
+/// A `caps_invocation` input: the headers of a write by [`caps_app`],
+/// signed at [`NOW_UNIX_SECS`], in [`CAPS_HEADERS`] order, then `body`.
+pub fn caps_request_input(cap: &nuwa_caps::Capability, body: &[u8]) -> Vec<u8> {
+    let headers = nuwa_caps::sign_request(
+        caps_app().signing_key(),
+        "POST",
+        CAPS_PATH,
+        "",
+        body,
+        &nuwa_caps::InvocationParams {
+            capability: cap,
+            action: nuwa_caps::Action::Write,
+            created_unix_secs: NOW_UNIX_SECS,
+            expires_unix_secs: NOW_UNIX_SECS + 60,
+            nonce: CAPS_NONCE,
+        },
+    )
+    .expect("fixture request");
+    let mut out = Vec::new();
+    for (_, value) in headers.pairs() {
+        out.extend_from_slice(value.as_bytes());
+        out.push(0);
+    }
+    out.extend_from_slice(body);
+    out
+}

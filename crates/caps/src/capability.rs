@@ -3,7 +3,7 @@
 //!
 //! Parsing checks shape only (fields, types, formats, how the chain is laid
 //! out); it does not check signatures, admins, attenuation, expiry or
-//! revocation, which [`crate::verify`] does. The shape is closed: an unknown
+//! revocation, which [`crate::verify()`] does. The shape is closed: an unknown
 //! field anywhere makes a capability malformed, so the document we verify is
 //! exactly the one we act on.
 
@@ -58,7 +58,7 @@ const PROOF_KEYS: [&str; 8] = [
 ];
 
 /// A capability delegated to an app's key, parsed and shape-checked (not
-/// verified: see [`crate::verify`]).
+/// verified: see [`crate::verify()`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capability {
     pub(crate) id: String,

@@ -407,8 +407,10 @@ where
             allowed: action::join(&verified.actions),
         });
     }
+    // Keyed by the key's one canonical spelling, so no respelling of a
+    // keyid could ever make a used nonce look new.
     nonces.remember(
-        input.keyid,
+        &verification_method_of(&signer),
         input.nonce,
         input.created,
         input.expires,

@@ -1340,7 +1340,7 @@ fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
     out
 }
 
-// Goal: random mutations of a valid capability and of valid headers never panic (and, seeded, replay with SEED=…).
+// Goal: random mutations of a valid capability and of valid headers never panic, and what parses round-trips (seeded; replay with SEED=…).
 #[test]
 fn mutations_never_panic() {
     let seed = std::env::var("SEED")
@@ -1356,6 +1356,11 @@ fn mutations_never_panic() {
     for _ in 0..2_000 {
         let bytes = mutate(&mut rng, &leaf);
         let _ = verify(&bytes, NOW, world.is_admin(), never_revoked);
+        // Whatever parses is canonical: written back, it parses to itself.
+        if let Ok(cap) = Capability::from_json(&bytes) {
+            let json = cap.to_json();
+            assert_eq!(Capability::from_json(&json).as_ref(), Ok(&cap));
+        }
         let name = [
             "capability-invocation",
             "content-digest",
