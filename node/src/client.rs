@@ -1019,6 +1019,11 @@ pub fn tool_get(home: &Path, path: &str, json: bool) -> Result<()> {
     }
 }
 
+/// GETs `path` of the daemon and decodes its reply.
+pub fn get_json<R: serde::de::DeserializeOwned>(home: &Path, path: &str) -> Result<R> {
+    Client::new(home)?.get(path)
+}
+
 /// POSTs `body` as JSON to `path` of the daemon and decodes its reply.
 pub fn post_json<B: serde::Serialize, R: serde::de::DeserializeOwned>(
     home: &Path,

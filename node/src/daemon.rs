@@ -92,12 +92,12 @@ pub async fn run(home: Home, mut opts: RunOptions) -> Result<()> {
     )
     .context("cannot start the reader thread")?;
     let (api_tx, api_rx) = mpsc::channel::<ApiRequest>(1024);
-    let (events_tx, _) = tokio::sync::broadcast::channel::<api::ChangeEvent>(1024);
+    let feeds = api::Feeds::new();
     let lanes = api::Lanes {
         writes: api_tx,
         reads: read_lane,
     };
-    let served = setup::serve_api(&home, &opts, lanes, &events_tx, &metrics, &cancel).await?;
+    let served = setup::serve_api(&home, &opts, lanes, &feeds, &metrics, &cancel).await?;
     opts.agent.api_url = served.url.clone();
     let (mdns, mdns_events) = setup::start_mdns(&home, &opts, &net, &listen_addrs);
     opts.agent.mdns = mdns.is_some();
@@ -110,7 +110,7 @@ pub async fn run(home: Home, mut opts: RunOptions) -> Result<()> {
         store,
         net: net.clone(),
         reader: reads,
-        events: events_tx,
+        feeds,
         metrics,
     };
     let (mut exec, boot) = Executor::open(hands, &opts.agent, listen_addrs, watching)?;

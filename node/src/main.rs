@@ -167,6 +167,15 @@ enum Command {
         #[command(subcommand)]
         command: DeviceCommand,
     },
+    /// Apps of the agent (a runtime, a capability package, a notes app):
+    /// each holds its own Ed25519 key and reads and writes state through
+    /// the daemon's API with a capability (ZCAP-LD) for part of it, signing
+    /// every request (docs/api.md, "Apps"). The owner's token and the local
+    /// socket keep full access.
+    App {
+        #[command(subcommand)]
+        command: AppCommand,
+    },
     /// Run the daemon in the foreground until SIGINT or SIGTERM.
     Run {
         /// How often the lifecycle task applies x-ttl and x-retention.
@@ -400,6 +409,42 @@ fn run_options(
         agent,
         once_json: false,
     })
+}
+
+#[derive(Subcommand, Debug)]
+enum AppCommand {
+    /// Issue a capability to an app's key, signed by this device's admin
+    /// key, and print it (or write it to --out, mode 0600) for the app to
+    /// load. Example: app grant --to did:key:z6Mk... --target
+    /// did:nuwa:cap:weather: --actions read,query,events,write
+    Grant {
+        /// The app's key, as a did:key (its public Ed25519 key).
+        #[arg(long)]
+        to: String,
+        /// What it reaches: a namespace prefix ending in ':' (every
+        /// container under it, private ones included) or one container's
+        /// name (a shared or public one).
+        #[arg(long)]
+        target: String,
+        /// Comma-separated: read, query, events, write, delete, reset,
+        /// schema.
+        #[arg(long, value_delimiter = ',', required = true)]
+        actions: Vec<String>,
+        /// When it ends: a duration (30d, 12h) or an RFC 3339 time; at most
+        /// 366 days [default: 30d].
+        #[arg(long, value_name = "DURATION", value_parser = parse_expires)]
+        expires: Option<u64>,
+        /// Write the capability to this file (0600) instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Every capability issued on any device of the agent, and whether it
+    /// was revoked.
+    List,
+    /// Revoke a capability (its id, see `app list`): every device refuses
+    /// it, and every capability an app delegated from it, once the
+    /// revocation reaches it (seconds, when they are connected).
+    Revoke { id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -774,6 +819,7 @@ fn real_main(cli: Cli) -> Result<()> {
             },
         } => recovery::create(&home_dir, i_have_written_it_down, json),
         Command::Device { command } => device_command(&home_dir, command, json),
+        Command::App { command } => app_command(&home_dir, command, json),
         Command::Pair {
             name,
             ttl,
@@ -937,6 +983,45 @@ fn recover_fresh(
         client::print_json(&v)?;
     }
     Ok(())
+}
+
+fn app_command(home: &std::path::Path, command: AppCommand, json: bool) -> Result<()> {
+    let reply: serde_json::Value = match command {
+        AppCommand::Grant {
+            to,
+            target,
+            actions,
+            expires,
+            out,
+        } => {
+            let body = nuwa_agent::apps::GrantBody {
+                to,
+                target,
+                actions,
+                expires_secs: expires,
+            };
+            let reply: serde_json::Value = client::post_json(home, "/v1/apps/grant", &body)?;
+            if let Some(out) = out {
+                let cap = serde_json::to_vec_pretty(&reply["capability"])?;
+                home::write_private(&std::path::absolute(&out)?, &cap)?;
+                eprintln!("capability {} written to {}", reply["id"], out.display());
+                return Ok(());
+            }
+            reply["capability"].clone()
+        }
+        AppCommand::List => client::get_json(home, "/v1/apps")?,
+        AppCommand::Revoke { id } => client::post_json(
+            home,
+            "/v1/apps/revoke",
+            &nuwa_agent::apps::RevokeAppBody { id },
+        )?,
+    };
+    if json {
+        client::print_json(&reply)
+    } else {
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+        Ok(())
+    }
 }
 
 fn device_command(home_dir: &std::path::Path, command: DeviceCommand, json: bool) -> Result<()> {

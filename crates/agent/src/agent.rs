@@ -157,6 +157,8 @@ pub struct Agent {
     pub(crate) once: Option<crate::report::Once>,
     /// When this device last pruned expired devices from the DID chain.
     pub(crate) pruning: crate::expiry::Pruning,
+    /// The access view last handed to the shell (app capabilities).
+    pub(crate) apps: crate::apps::Apps,
 }
 
 impl Agent {
@@ -198,6 +200,7 @@ impl Agent {
         let session = Session::new(membership, secure, boot.engine, config.session.clone());
         let mut agent = Agent {
             asm: crate::asm::Asm::new(config.lifecycle_every_ms),
+            apps: crate::apps::Apps::default(),
             config,
             session,
             standing,
@@ -460,6 +463,20 @@ impl Agent {
                 out.reply(id, Ok(Reply::Devices(self.devices(now_ms))));
                 Ok(None)
             }
+            Request::AppGrant(body) => {
+                let value = self.on_app_grant(body, now_ms, out)?;
+                Ok(Some(Pending::Ready(Reply::Value(value))))
+            }
+            Request::AppRevoke(body) => {
+                let value = self.on_app_revoke(body, now_ms, out)?;
+                Ok(Some(Pending::Ready(Reply::Value(value))))
+            }
+            Request::AppList => {
+                let list = serde_json::to_value(self.app_list())
+                    .map_err(|e| ApiError::new(crate::api::ErrorCode::Internal, e.to_string()))?;
+                out.reply(id, Ok(Reply::Value(list)));
+                Ok(None)
+            }
         }
     }
 
@@ -525,6 +542,7 @@ impl Agent {
             out.push(Effect::RunCatchUp(Box::new(catch_up)));
         }
         self.refresh_registry(out);
+        self.refresh_access(now_ms, out);
         self.save_local_writes(now_ms, false, out);
     }
 

@@ -403,6 +403,11 @@ pub enum ErrorCode {
     BadRequest,
     /// 401: missing or wrong bearer token.
     Unauthorised,
+    /// 401: an app's signed request whose capability or signature does
+    /// not hold (the message names the precise reason).
+    CapabilityRefused,
+    /// 403: an app's capability does not reach this container or route.
+    Forbidden,
     /// 421: the Host header does not name this daemon (DNS rebinding).
     BadHost,
     /// 403: a cross-origin request (its Origin is not this daemon's).
@@ -495,6 +500,8 @@ impl ErrorCode {
     pub const ALL: &'static [ErrorCode] = &[
         ErrorCode::BadRequest,
         ErrorCode::Unauthorised,
+        ErrorCode::CapabilityRefused,
+        ErrorCode::Forbidden,
         ErrorCode::BadHost,
         ErrorCode::BadOrigin,
         ErrorCode::BadLoginLink,
@@ -543,6 +550,8 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorised => 401,
+            ErrorCode::CapabilityRefused => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::BadHost => 421,
             ErrorCode::BadOrigin => 403,
             ErrorCode::BadLoginLink => 403,
@@ -592,6 +601,8 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::Unauthorised => "unauthorised",
+            ErrorCode::CapabilityRefused => "capability_refused",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::BadHost => "bad_host",
             ErrorCode::BadOrigin => "bad_origin",
             ErrorCode::BadLoginLink => "bad_login_link",
@@ -731,13 +742,21 @@ pub enum Request {
     },
     Tool(Tool),
     Batch(BatchBody),
+    /// `app grant`: a capability for an app's key.
+    AppGrant(crate::apps::GrantBody),
+    /// `app revoke`.
+    AppRevoke(crate::apps::RevokeAppBody),
+    /// `app list`.
+    AppList,
 }
 
 impl Request {
     /// Whether it writes state that syncs (refused on a revoked device).
     pub fn writes(&self) -> bool {
         match self {
-            Request::Put(_) | Request::Batch(_) => true,
+            Request::Put(_) | Request::Batch(_) | Request::AppGrant(_) | Request::AppRevoke(_) => {
+                true
+            }
             Request::Tool(t) => t.writes(),
             _ => false,
         }

@@ -177,7 +177,7 @@ pub(crate) fn check_object_size(v: &Value) -> Result<(), ApiError> {
 pub(crate) struct Asm {
     pub(crate) registry: Registry,
     /// Registry container heads the registry was last built from.
-    registry_heads: Vec<[u8; 32]>,
+    pub(crate) registry_heads: Vec<[u8; 32]>,
     next_lifecycle_ms: u64,
     lifecycle_every_ms: u64,
 }

@@ -139,6 +139,9 @@ pub enum Effect {
     Reload(String),
     /// Tell the reader about the schema registry.
     ReaderRegistry(Box<nuwa_asm::registry::Registry>),
+    /// What app requests are checked against now (admin keys, revoked
+    /// capabilities, visibilities): see [`crate::apps`].
+    Access(std::sync::Arc<crate::apps::AccessView>),
     /// Ask the reader which items of these containers have expired.
     ReaderScan {
         schemas: Vec<nuwa_asm::schema::AsmSchema>,

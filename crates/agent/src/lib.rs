@@ -41,6 +41,7 @@ mod agent;
 pub mod announce;
 pub mod api;
 mod approve;
+pub mod apps;
 pub mod asm;
 mod batch;
 mod book;

@@ -54,7 +54,7 @@ impl Agent {
             return;
         }
         self.book.next_evict_ms = now_ms + EVICT_EVERY_MS;
-        let keep = [crate::asm::REGISTRY_CONTAINER];
+        let keep = [crate::asm::REGISTRY_CONTAINER, crate::apps::APPS_CONTAINER];
         let mut evicted = self.session.evict_idle(IDLE_EVICT_MS, usize::MAX, &keep);
         let over = rss_bytes.is_some_and(|rss| rss > self.config().memory_budget_bytes);
         if over {

@@ -344,6 +344,72 @@ pub fn verify_invocation<'a, H>(
 where
     H: Fn(&str) -> Option<&'a str>,
 {
+    verify_invocation_head(req, now_unix_secs, is_admin, is_revoked)?.finish(
+        body,
+        now_unix_secs,
+        nonces,
+    )
+}
+
+/// An invocation whose headers verified (signature, capability chain,
+/// invoker, action; see [`verify_invocation_head`]), waiting for its body.
+#[derive(Debug, Clone)]
+pub struct VerifiedHead {
+    invocation: Invocation,
+    content_digest: String,
+    keyid: String,
+    nonce: String,
+    created: i64,
+    expires: i64,
+}
+
+impl VerifiedHead {
+    /// The verified invocation, before the body and nonce are checked.
+    pub fn invocation(&self) -> &Invocation {
+        &self.invocation
+    }
+
+    /// When the request says it was signed (unix seconds).
+    pub fn created_unix_secs(&self) -> i64 {
+        self.created
+    }
+
+    /// Checks that `body` is what `Content-Digest` (which the signature
+    /// covers) says, then that the nonce is new (recording it).
+    pub fn finish(
+        self,
+        body: &[u8],
+        now_unix_secs: i64,
+        nonces: &mut NonceCache,
+    ) -> Result<Invocation, CapError> {
+        if self.content_digest != content_digest_of(body) {
+            return Err(CapError::DigestMismatch);
+        }
+        nonces.remember(
+            &self.keyid,
+            &self.nonce,
+            self.created,
+            self.expires,
+            now_unix_secs,
+        )?;
+        Ok(self.invocation)
+    }
+}
+
+/// Every check of [`verify_invocation`] that needs no body: a server runs
+/// it before it reads the body, so that a request without a valid
+/// capability never makes it read one. The signature covers the
+/// `Content-Digest` header, so [`VerifiedHead::finish`] only has to
+/// compare the body with it.
+pub fn verify_invocation_head<'a, H>(
+    req: &RequestParts<'a, H>,
+    now_unix_secs: i64,
+    is_admin: impl Fn(&[u8; 32]) -> bool,
+    is_revoked: impl Fn(&str) -> bool,
+) -> Result<VerifiedHead, CapError>
+where
+    H: Fn(&str) -> Option<&'a str>,
+{
     let capability_invocation = header(
         req,
         HEADER_CAPABILITY_INVOCATION,
@@ -367,11 +433,7 @@ where
     let signature = parse_signature(signature)?;
     let (cap_bytes, action) = parse_capability_invocation(capability_invocation)?;
 
-    let expected_digest = content_digest_of(body);
     parse_content_digest(content_digest)?;
-    if content_digest != expected_digest {
-        return Err(CapError::DigestMismatch);
-    }
 
     let method = check_request_line(req.method, req.path, req.query)
         .map_err(|reason| CapError::invocation(PSEUDO_HEADER_REQUEST, reason))?;
@@ -409,14 +471,14 @@ where
     }
     // Keyed by the key's one canonical spelling, so no respelling of a
     // keyid could ever make a used nonce look new.
-    nonces.remember(
-        &verification_method_of(&signer),
-        input.nonce,
-        input.created,
-        input.expires,
-        now_unix_secs,
-    )?;
-    Ok(Invocation { verified, action })
+    Ok(VerifiedHead {
+        invocation: Invocation { verified, action },
+        content_digest: content_digest.to_owned(),
+        keyid: verification_method_of(&signer),
+        nonce: input.nonce.to_owned(),
+        created: input.created,
+        expires: input.expires,
+    })
 }
 
 /// A required header, bounded, trimmed, and free of control characters

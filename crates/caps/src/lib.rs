@@ -145,8 +145,8 @@ pub use capability::{Capability, root_id, verification_method_of};
 pub use delegate::delegate;
 pub use error::{CapError, Forbidden};
 pub use invocation::{
-    Invocation, InvocationParams, RequestParts, SignedHeaders, content_digest_of, sign_request,
-    verify_invocation,
+    Invocation, InvocationParams, RequestParts, SignedHeaders, VerifiedHead, content_digest_of,
+    sign_request, verify_invocation, verify_invocation_head,
 };
 pub use nonce::NonceCache;
 pub use verify::{Verified, verify, verify_capability};

@@ -64,6 +64,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
 
+mod apps;
 mod listener;
 mod page;
 #[cfg(unix)]
@@ -77,6 +78,9 @@ pub use socket::{SocketError, SocketFile};
 pub use wire::*;
 
 use nuwa_agent::status::Status;
+use nuwa_caps::Action;
+
+use apps::{Caller, Refusal};
 
 /// Largest body of `POST /v1/challenge` (a 64-hex-digit nonce in JSON).
 const MAX_CHALLENGE_BYTES: usize = 1024;
@@ -91,6 +95,29 @@ pub struct Lanes {
     pub reads: mpsc::Sender<ApiRequest>,
 }
 
+/// What the daemon loop feeds the API: change events for
+/// `state.events`, and the access view app requests are checked against.
+#[derive(Clone)]
+pub struct Feeds {
+    pub events: tokio::sync::broadcast::Sender<ChangeEvent>,
+    pub access: tokio::sync::watch::Sender<Arc<nuwa_agent::apps::AccessView>>,
+}
+
+impl Feeds {
+    pub fn new() -> Feeds {
+        Feeds {
+            events: tokio::sync::broadcast::channel(1024).0,
+            access: tokio::sync::watch::channel(Arc::default()).0,
+        }
+    }
+}
+
+impl Default for Feeds {
+    fn default() -> Self {
+        Feeds::new()
+    }
+}
+
 #[derive(Clone)]
 struct AppState {
     token: Arc<Zeroizing<String>>,
@@ -99,22 +126,38 @@ struct AppState {
     metrics: Arc<crate::metrics::Metrics>,
     /// The status page's login codes and sessions.
     web: Arc<page::Web>,
+    /// What app requests are checked against.
+    gate: apps::AppGate,
+}
+
+impl From<Refusal> for Failure {
+    fn from(r: Refusal) -> Self {
+        Failure::Refused(r)
+    }
 }
 
 /// An [`ApiError`] as an HTTP response: the status its code names, and the
 /// error as JSON. (The error type is the agent's; this is how the shell
 /// answers with it.)
-pub(crate) struct Failure(pub ApiError);
+pub(crate) enum Failure {
+    Error(ApiError),
+    /// An app's request refused: counted by its precise reason.
+    Refused(Refusal),
+}
 
 impl From<ApiError> for Failure {
     fn from(e: ApiError) -> Self {
-        Failure(e)
+        Failure::Error(e)
     }
 }
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
-        let Failure(error) = self;
+        let error = match self {
+            Failure::Error(e) => e,
+            // Counted here by reason; the latency layer finds no code.
+            Failure::Refused(r) => return r.into_response(),
+        };
         let status =
             StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let code = error.code;
@@ -135,11 +178,13 @@ impl<S: Send + Sync> FromRequest<S> for Body {
     async fn from_request(req: Request, state: &S) -> Result<Self, Failure> {
         match axum::body::Bytes::from_request(req, state).await {
             Ok(b) => Ok(Body(b)),
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(Failure(ApiError::new(
-                ErrorCode::BodyTooLarge,
-                format!("the body is over the {MAX_BODY_BYTES}-byte limit"),
-            ))),
-            Err(e) => Err(Failure(ApiError::new(
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(Failure::Error(ApiError::new(
+                    ErrorCode::BodyTooLarge,
+                    format!("the body is over the {MAX_BODY_BYTES}-byte limit"),
+                )))
+            }
+            Err(e) => Err(Failure::Error(ApiError::new(
                 ErrorCode::BadRequest,
                 format!("cannot read the body: {e}"),
             ))),
@@ -157,7 +202,30 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Q<T> {
         axum::extract::Query::<T>::from_request_parts(parts, state)
             .await
             .map(|q| Q(q.0))
-            .map_err(|e| Failure(ApiError::new(ErrorCode::BadRequest, e.body_text())))
+            .map_err(|e| Failure::Error(ApiError::new(ErrorCode::BadRequest, e.body_text())))
+    }
+}
+
+/// Who is calling, as the token layer marked it.
+struct Who(Caller);
+
+impl<S: Send + Sync> FromRequestParts<S> for Who {
+    type Rejection = Failure;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Failure> {
+        // Every guarded route runs behind the layer that sets it; a route
+        // without it is a bug, refused rather than served as the owner.
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .map(Who)
+            .ok_or_else(|| {
+                Failure::Error(ApiError::new(
+                    ErrorCode::Internal,
+                    "the request reached a route without its caller; this is a bug",
+                ))
+            })
     }
 }
 
@@ -174,21 +242,30 @@ fn container_name(name: &str) -> Result<(), ApiError> {
 }
 
 /// The bearer-token check, as a layer in front of every route but the
-/// challenge and the page's own: it answers before any body is read. A
+/// challenge and the page's own: it answers before any body is read, and
+/// marks who is calling ([`Caller`]): the owner, or an app whose signed
+/// invocation checked out (see [`apps`]). A
 /// request from the local socket needs no token (its peer's uid was
 /// checked on accept). A status-page session (cookie) stands in for the
 /// token on the few `GET`s the page makes, never on a request that
 /// changes anything.
 async fn require_token(
     State(s): State<AppState>,
-    req: Request,
+    mut req: Request,
     next: axum::middleware::Next,
 ) -> Response {
     if authorised(req.headers(), req.extensions(), &s.token) || page::session_may_read(&s.web, &req)
     {
+        req.extensions_mut().insert(Caller::Owner);
         next.run(req).await
+    } else if req.headers().contains_key(apps::SIGNATURE_INPUT) {
+        // An app of the agent (see `apps`): checked before its body is read.
+        match apps::admit_app(&s.gate, req).await {
+            Ok(req) => next.run(req).await,
+            Err(refusal) => refusal.into_response(),
+        }
     } else {
-        Failure(ApiError::new(
+        Failure::Error(ApiError::new(
             ErrorCode::Unauthorised,
             "missing or wrong bearer token; use the token in HOME/api.json",
         ))
@@ -240,6 +317,8 @@ async fn request_latency(
     s.metrics.observe_api_request(&route, started.elapsed());
     if let Some(code) = response.extensions().get::<ErrorCode>() {
         s.metrics.api_error(code.as_str());
+    } else if let Some(r) = response.extensions().get::<apps::RefusalReason>() {
+        s.metrics.api_error(r.0);
     }
     response
 }
@@ -328,74 +407,166 @@ async fn login(State(s): State<AppState>, Q(q): Q<page::LoginQuery>) -> Result<R
 }
 
 /// `POST /v1/login-link` (token only).
-async fn login_link(State(s): State<AppState>) -> Result<Json<LoginLink>, Failure> {
+async fn login_link(State(s): State<AppState>, c: Who) -> Result<Json<LoginLink>, Failure> {
+    c.0.owner_only()?;
     Ok(Json(s.web.login_link()?))
 }
 
-async fn status(State(s): State<AppState>) -> Result<Json<Status>, Failure> {
+async fn status(State(s): State<AppState>, c: Who) -> Result<Json<Status>, Failure> {
+    c.0.owner_only()?;
     Ok(Json(call(&s, ApiRequest::Status).await?))
 }
 
 async fn devices(
     State(s): State<AppState>,
+    c: Who,
 ) -> Result<Json<Vec<nuwa_agent::devices::DeviceEntry>>, Failure> {
+    c.0.owner_only()?;
     Ok(Json(call(&s, ApiRequest::Devices).await?))
 }
 
-async fn put(State(s): State<AppState>, Body(body): Body) -> Result<Json<PutReply>, Failure> {
+async fn put(
+    State(s): State<AppState>,
+    c: Who,
+    Body(body): Body,
+) -> Result<Json<PutReply>, Failure> {
     check_write_values(&body)?;
     let body: PutBody = json_body(&body, "put")?;
     container_name(&body.container)?;
+    c.0.may(Action::Write, &body.container)?;
     Ok(Json(call(&s, |tx| ApiRequest::Put(body, tx)).await??))
 }
 
-async fn revoke(State(s): State<AppState>, Body(body): Body) -> Result<Json<RevokeReply>, Failure> {
+async fn revoke(
+    State(s): State<AppState>,
+    c: Who,
+    Body(body): Body,
+) -> Result<Json<RevokeReply>, Failure> {
+    c.0.owner_only()?;
     let body: RevokeBody = json_body(&body, "revoke")?;
     Ok(Json(call(&s, |tx| ApiRequest::Revoke(body, tx)).await??))
+}
+
+/// `POST /v1/apps/grant` (the owner's): a capability for an app's key.
+async fn app_grant(
+    State(s): State<AppState>,
+    c: Who,
+    Body(b): Body,
+) -> Result<Json<Value>, Failure> {
+    c.0.owner_only()?;
+    let body: nuwa_agent::apps::GrantBody = json_body(&b, "apps/grant")?;
+    Ok(Json(
+        call(&s, |tx| ApiRequest::App(AppRequest::Grant(body), tx)).await??,
+    ))
+}
+
+/// `POST /v1/apps/revoke` (the owner's).
+async fn app_revoke(
+    State(s): State<AppState>,
+    c: Who,
+    Body(b): Body,
+) -> Result<Json<Value>, Failure> {
+    c.0.owner_only()?;
+    let body: nuwa_agent::apps::RevokeAppBody = json_body(&b, "apps/revoke")?;
+    Ok(Json(
+        call(&s, |tx| ApiRequest::App(AppRequest::Revoke(body), tx)).await??,
+    ))
+}
+
+/// `GET /v1/apps` (the owner's).
+async fn app_list(State(s): State<AppState>, c: Who) -> Result<Json<Value>, Failure> {
+    c.0.owner_only()?;
+    Ok(Json(
+        call(&s, |tx| ApiRequest::App(AppRequest::List, tx)).await??,
+    ))
 }
 
 /// A DID change of an admin: the body as `B`, made into its change.
 async fn admin<B: DeserializeOwned>(
     s: AppState,
+    c: Who,
     body: &[u8],
     what: &str,
     change: fn(B) -> AdminChange,
 ) -> Result<Json<serde_json::Value>, Failure> {
+    c.0.owner_only()?;
     let change = change(json_body(body, what)?);
     Ok(Json(call(&s, |tx| ApiRequest::Admin(change, tx)).await??))
 }
 
-async fn promote(State(s): State<AppState>, Body(b): Body) -> Result<Json<Value>, Failure> {
-    admin(s, &b, "promote", AdminChange::Promote).await
+async fn promote(State(s): State<AppState>, c: Who, Body(b): Body) -> Result<Json<Value>, Failure> {
+    admin(s, c, &b, "promote", AdminChange::Promote).await
 }
 
-async fn demote(State(s): State<AppState>, Body(b): Body) -> Result<Json<Value>, Failure> {
-    admin(s, &b, "demote", AdminChange::Demote).await
+async fn demote(State(s): State<AppState>, c: Who, Body(b): Body) -> Result<Json<Value>, Failure> {
+    admin(s, c, &b, "demote", AdminChange::Demote).await
 }
 
-async fn recovery_key(State(s): State<AppState>, Body(b): Body) -> Result<Json<Value>, Failure> {
-    admin(s, &b, "recovery-key", AdminChange::RecoveryKey).await
+async fn recovery_key(
+    State(s): State<AppState>,
+    c: Who,
+    Body(b): Body,
+) -> Result<Json<Value>, Failure> {
+    admin(s, c, &b, "recovery-key", AdminChange::RecoveryKey).await
 }
 
 async fn approve(
     State(s): State<AppState>,
+    c: Who,
     Body(body): Body,
 ) -> Result<Json<ApproveReply>, Failure> {
+    c.0.owner_only()?;
     let body: ApproveBody = json_body(&body, "approve")?;
     Ok(Json(call(&s, |tx| ApiRequest::Approve(body, tx)).await??))
 }
 
 async fn provision(
     State(s): State<AppState>,
+    c: Who,
     Body(body): Body,
 ) -> Result<Json<serde_json::Value>, Failure> {
+    c.0.owner_only()?;
     let body: ProvisionBody = json_body(&body, "provision")?;
     Ok(Json(call(&s, |tx| ApiRequest::Provision(body, tx)).await??))
 }
 
-async fn tool(s: &AppState, t: Tool) -> Result<Json<serde_json::Value>, Failure> {
+/// What an app needs for a tool: the action, on which container.
+fn tool_access(t: &Tool) -> Option<(Action, &str)> {
+    Some(match t {
+        Tool::SchemaList => return None,
+        Tool::SchemaAdd(raw) => (Action::Schema, raw["$id"].as_str().unwrap_or("")),
+        Tool::Create { schema_uri, .. } | Tool::Update { schema_uri, .. } => {
+            (Action::Write, schema_uri)
+        }
+        Tool::Delete { schema_uri, .. } => (Action::Delete, schema_uri),
+        Tool::Query(q) => (Action::Query, q["from"].as_str().unwrap_or("")),
+        Tool::Describe(c) => (Action::Read, c),
+        Tool::Compact(c) => (Action::Write, c),
+        Tool::Reset(c) => (Action::Reset, c),
+    })
+}
+
+async fn tool(s: &AppState, c: &Caller, t: Tool) -> Result<Json<serde_json::Value>, Failure> {
     if let Tool::Describe(c) | Tool::Compact(c) | Tool::Reset(c) = &t {
         container_name(c)?;
+    }
+    if let Some((action, container)) = tool_access(&t) {
+        c.may(action, container)?;
+    }
+    // An app sees only the schemas it may read.
+    if let (Tool::SchemaList, Some(app)) = (&t, c.app()) {
+        let Value::Array(list) = call(s, |tx| ApiRequest::Tool(t, tx)).await?? else {
+            return Ok(Json(Value::Array(Vec::new())));
+        };
+        let visible = list
+            .into_iter()
+            .filter(|v| {
+                v["id"]
+                    .as_str()
+                    .is_some_and(|id| app.may(Action::Read, id).is_ok())
+            })
+            .collect();
+        return Ok(Json(Value::Array(visible)));
     }
     // Reading tools run on the reader; writing ones on the daemon loop.
     if matches!(t, Tool::Query(_) | Tool::Describe(_)) {
@@ -404,25 +575,31 @@ async fn tool(s: &AppState, t: Tool) -> Result<Json<serde_json::Value>, Failure>
     Ok(Json(call(s, |tx| ApiRequest::Tool(t, tx)).await??))
 }
 
-async fn schemas_list(State(s): State<AppState>) -> Result<Json<serde_json::Value>, Failure> {
-    tool(&s, Tool::SchemaList).await
+async fn schemas_list(
+    State(s): State<AppState>,
+    c: Who,
+) -> Result<Json<serde_json::Value>, Failure> {
+    tool(&s, &c.0, Tool::SchemaList).await
 }
 
 async fn schemas_add(
     State(s): State<AppState>,
+    c: Who,
     Body(body): Body,
 ) -> Result<Json<serde_json::Value>, Failure> {
-    tool(&s, Tool::SchemaAdd(json_body(&body, "schema")?)).await
+    tool(&s, &c.0, Tool::SchemaAdd(json_body(&body, "schema")?)).await
 }
 
 async fn state_create(
     State(s): State<AppState>,
+    c: Who,
     Body(body): Body,
 ) -> Result<Json<serde_json::Value>, Failure> {
     check_write_values(&body)?;
     let b: CreateBody = json_body(&body, "state.create")?;
     tool(
         &s,
+        &c.0,
         Tool::Create {
             schema_uri: b.schema_uri,
             object: b.object,
@@ -434,12 +611,14 @@ async fn state_create(
 
 async fn state_update(
     State(s): State<AppState>,
+    c: Who,
     Body(body): Body,
 ) -> Result<Json<serde_json::Value>, Failure> {
     check_write_values(&body)?;
     let b: UpdateBody = json_body(&body, "state.update")?;
     tool(
         &s,
+        &c.0,
         Tool::Update {
             schema_uri: b.schema_uri,
             id: b.id,
@@ -451,19 +630,22 @@ async fn state_update(
 
 async fn state_query(
     State(s): State<AppState>,
+    c: Who,
     Body(body): Body,
 ) -> Result<Json<serde_json::Value>, Failure> {
     let b: QueryBody = json_body(&body, "state.query")?;
-    tool(&s, Tool::Query(b.query)).await
+    tool(&s, &c.0, Tool::Query(b.query)).await
 }
 
 async fn state_delete(
     State(s): State<AppState>,
+    c: Who,
     Body(body): Body,
 ) -> Result<Json<serde_json::Value>, Failure> {
     let b: DeleteBody = json_body(&body, "state.delete")?;
     tool(
         &s,
+        &c.0,
         Tool::Delete {
             schema_uri: b.schema_uri,
             id: b.id,
@@ -475,30 +657,34 @@ async fn state_delete(
 
 async fn state_describe(
     State(s): State<AppState>,
+    c: Who,
     Body(body): Body,
 ) -> Result<Json<serde_json::Value>, Failure> {
     let b: ContainerBody = json_body(&body, "state.describe")?;
-    tool(&s, Tool::Describe(b.container)).await
+    tool(&s, &c.0, Tool::Describe(b.container)).await
 }
 
 async fn state_compact(
     State(s): State<AppState>,
+    c: Who,
     Body(body): Body,
 ) -> Result<Json<serde_json::Value>, Failure> {
     let b: ContainerBody = json_body(&body, "state.compact")?;
-    tool(&s, Tool::Compact(b.container)).await
+    tool(&s, &c.0, Tool::Compact(b.container)).await
 }
 
 async fn state_reset(
     State(s): State<AppState>,
+    c: Who,
     Body(body): Body,
 ) -> Result<Json<serde_json::Value>, Failure> {
     let b: ContainerBody = json_body(&body, "state.reset")?;
-    tool(&s, Tool::Reset(b.container)).await
+    tool(&s, &c.0, Tool::Reset(b.container)).await
 }
 
 async fn state_batch(
     State(s): State<AppState>,
+    c: Who,
     Body(body): Body,
 ) -> Result<Json<BatchReply>, Failure> {
     check_write_values(&body)?;
@@ -516,11 +702,24 @@ async fn state_batch(
         )
         .into());
     }
+    // An app may do every operation of the batch, or none is tried.
+    for op in &b.ops {
+        let action = match op {
+            BatchOp::Delete { .. } => Action::Delete,
+            _ => Action::Write,
+        };
+        c.0.may(action, op.container())?;
+    }
     Ok(Json(call(&s, |tx| ApiRequest::Batch(b, tx)).await??))
 }
 
-async fn get_state(State(s): State<AppState>, Q(q): Q<GetQuery>) -> Result<Response, Failure> {
+async fn get_state(
+    State(s): State<AppState>,
+    c: Who,
+    Q(q): Q<GetQuery>,
+) -> Result<Response, Failure> {
     container_name(&q.container)?;
+    c.0.may(Action::Read, &q.container)?;
     let json = read(&s, |tx| ApiRequest::Get(q, tx)).await??;
     Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
 }
@@ -530,8 +729,13 @@ struct ExportQuery {
     container: String,
 }
 
-async fn export(State(s): State<AppState>, Q(q): Q<ExportQuery>) -> Result<Response, Failure> {
+async fn export(
+    State(s): State<AppState>,
+    c: Who,
+    Q(q): Q<ExportQuery>,
+) -> Result<Response, Failure> {
     container_name(&q.container)?;
+    c.0.may(Action::Read, &q.container)?;
     let bytes = read(&s, |tx| ApiRequest::Export(q.container, tx)).await??;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
@@ -541,34 +745,57 @@ struct EventsQuery {
     container: Option<String>,
 }
 
-async fn events(State(s): State<AppState>, Q(q): Q<EventsQuery>) -> Result<Response, Failure> {
+async fn events(
+    State(s): State<AppState>,
+    c: Who,
+    Q(q): Q<EventsQuery>,
+) -> Result<Response, Failure> {
     use axum::response::sse::{Event, KeepAlive, Sse};
-    if let Some(c) = &q.container {
-        container_name(c)?;
+    if let Some(name) = &q.container {
+        container_name(name)?;
+        c.0.may(Action::Events, name)?;
+    }
+    // An app sees the events of the containers its capability reaches,
+    // as they are when each event comes: nothing else, not even a name;
+    // the stream ends once its capability is revoked or expires.
+    let app = c.0.app().cloned();
+    if let Some(a) = &app {
+        // Signed for `events`, under a capability that allows it.
+        c.0.may(Action::Events, &a.invocation.verified.target)?;
     }
     let rx = s.events.subscribe();
     // `ready` first: a client knows from then on that it misses nothing.
     let ready = futures::stream::once(async {
         Ok::<Event, std::convert::Infallible>(Event::default().event("ready").data("{}"))
     });
-    let stream = futures::stream::unfold((rx, q.container), |(mut rx, filter)| async move {
-        loop {
-            match rx.recv().await {
-                Ok(ev) => {
-                    if filter.as_ref().is_some_and(|c| *c != ev.container) {
-                        continue;
+    let stream = futures::stream::unfold((rx, q.container), move |(mut rx, filter)| {
+        let app = app.clone();
+        async move {
+            loop {
+                let received = rx.recv().await;
+                if app.as_ref().is_some_and(|a| !a.still_valid()) {
+                    return None;
+                }
+                match received {
+                    Ok(ev) => {
+                        if filter.as_ref().is_some_and(|c| *c != ev.container) {
+                            continue;
+                        }
+                        if app.as_ref().is_some_and(|a| !a.sees(&ev.container)) {
+                            continue;
+                        }
+                        let data = serde_json::to_string(&ev).unwrap_or_default();
+                        let item: Result<Event, std::convert::Infallible> =
+                            Ok(Event::default().event("change").data(data));
+                        return Some((item, (rx, filter)));
                     }
-                    let data = serde_json::to_string(&ev).unwrap_or_default();
-                    let item: Result<Event, std::convert::Infallible> =
-                        Ok(Event::default().event("change").data(data));
-                    return Some((item, (rx, filter)));
+                    // A slow reader missed events: say so, keep streaming.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        let item = Ok(Event::default().event("lagged").data(n.to_string()));
+                        return Some((item, (rx, filter)));
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
                 }
-                // A slow reader missed events: say so, keep streaming.
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    let item = Ok(Event::default().event("lagged").data(n.to_string()));
-                    return Some((item, (rx, filter)));
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
             }
         }
     });
@@ -579,7 +806,10 @@ async fn events(State(s): State<AppState>, Q(q): Q<EventsQuery>) -> Result<Respo
 }
 
 /// `GET /metrics`: the registry as OpenMetrics text.
-async fn metrics_text(State(s): State<AppState>) -> Response {
+async fn metrics_text(State(s): State<AppState>, c: Who) -> Response {
+    if let Err(r) = c.0.owner_only() {
+        return r.into_response();
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -647,6 +877,9 @@ fn routes() -> Vec<Route> {
         route("POST", "/v1/devices/promote", Token, post(promote)),
         route("POST", "/v1/devices/demote", Token, post(demote)),
         route("POST", "/v1/did/recovery-key", Token, post(recovery_key)),
+        route("GET", "/v1/apps", Token, get(app_list)),
+        route("POST", "/v1/apps/grant", Token, post(app_grant)),
+        route("POST", "/v1/apps/revoke", Token, post(app_revoke)),
         route("POST", "/v1/state/put", Token, post(put)),
         route("GET", "/v1/state/get", Token, get(get_state)),
         route("GET", "/v1/state/export", Token, get(export)),
@@ -695,7 +928,7 @@ async fn not_found(uri: axum::http::Uri) -> Failure {
         Some(e) => format!("no such endpoint; did you mean {e}? see docs/api.md"),
         None => "no such endpoint; see docs/api.md".to_owned(),
     };
-    Failure(ApiError::new(ErrorCode::NotFound, message))
+    Failure::Error(ApiError::new(ErrorCode::NotFound, message))
 }
 
 async fn method_not_allowed(uri: axum::http::Uri) -> Failure {
@@ -704,7 +937,7 @@ async fn method_not_allowed(uri: axum::http::Uri) -> Failure {
         .find(|r| r.path == uri.path())
         .map(|r| format!(" (it takes {})", r.methods))
         .unwrap_or_default();
-    Failure(ApiError::new(
+    Failure::Error(ApiError::new(
         ErrorCode::MethodNotAllowed,
         format!("this endpoint does not take that HTTP method{takes}; see docs/api.md"),
     ))
@@ -744,7 +977,7 @@ pub async fn serve(
     addr: SocketAddr,
     token: String,
     lanes: Lanes,
-    events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
+    feeds: Feeds,
     metrics: Arc<crate::metrics::Metrics>,
     limits: Limits,
     cancel: CancellationToken,
@@ -752,7 +985,7 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let web = Arc::new(page::Web::new(local));
-    let (app, is_work) = app(token, lanes, events_tx, metrics.clone(), web.clone());
+    let (app, is_work) = app(token, lanes, feeds, metrics.clone(), web.clone());
     tokio::spawn(listener::run(
         listener, app, limits, is_work, metrics, cancel,
     ));
@@ -768,7 +1001,7 @@ pub async fn serve_socket(
     path: &std::path::Path,
     token: String,
     lanes: Lanes,
-    events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
+    feeds: Feeds,
     metrics: Arc<crate::metrics::Metrics>,
     web: Arc<Web>,
     cancel: CancellationToken,
@@ -776,7 +1009,7 @@ pub async fn serve_socket(
     // The same limits as TCP, counted apart (see `listener`).
     let limits = Limits::default();
     let (listener, file) = socket::bind(path).await?;
-    let (app, is_work) = app(token, lanes, events_tx, metrics.clone(), web);
+    let (app, is_work) = app(token, lanes, feeds, metrics.clone(), web);
     tokio::spawn(listener::run(
         socket::UnixAccept::new(listener),
         app,
@@ -793,7 +1026,7 @@ pub async fn serve_socket(
 fn app(
     token: String,
     lanes: Lanes,
-    events_tx: tokio::sync::broadcast::Sender<ChangeEvent>,
+    feeds: Feeds,
     metrics: Arc<crate::metrics::Metrics>,
     web: Arc<Web>,
 ) -> (Router, listener::IsWork) {
@@ -801,8 +1034,9 @@ fn app(
         token: Arc::new(Zeroizing::new(token)),
         web,
         lanes,
-        events: events_tx,
+        events: feeds.events,
         metrics,
+        gate: apps::AppGate::new(feeds.access.subscribe()),
     };
     let token_for_guard = state.token.clone();
     // Only an authorised request counts as work the connection guard must

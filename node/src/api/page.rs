@@ -265,7 +265,7 @@ pub async fn check_host_and_origin(
         return next.run(req).await;
     }
     if !web.host_allowed(req.headers()) {
-        return super::Failure(ApiError::new(
+        return super::Failure::Error(ApiError::new(
             ErrorCode::BadHost,
             format!(
                 "the Host header must name this daemon (127.0.0.1, localhost or [::1], port {}); \
@@ -276,7 +276,7 @@ pub async fn check_host_and_origin(
         .into_response();
     }
     if !web.origin_allowed(req.headers()) {
-        return super::Failure(ApiError::new(
+        return super::Failure::Error(ApiError::new(
             ErrorCode::BadOrigin,
             format!(
                 "cross-origin requests are refused; only pages served by this daemon ({}) may \

@@ -34,10 +34,19 @@ pub enum ApiRequest {
     Provision(ProvisionBody, oneshot::Sender<Result<Value, ApiError>>),
     Tool(Tool, oneshot::Sender<Result<serde_json::Value, ApiError>>),
     Batch(BatchBody, oneshot::Sender<Result<BatchReply, ApiError>>),
+    /// `app grant|revoke|list`.
+    App(AppRequest, oneshot::Sender<Result<Value, ApiError>>),
     /// Answered with the JSON already serialized (on the reader, so that
     /// the runtime's workers only copy bytes).
     Get(GetQuery, oneshot::Sender<Result<Vec<u8>, ApiError>>),
     Export(String, oneshot::Sender<Result<Vec<u8>, ApiError>>),
+}
+
+/// The owner's requests about app capabilities.
+pub enum AppRequest {
+    Grant(nuwa_agent::apps::GrantBody),
+    Revoke(nuwa_agent::apps::RevokeAppBody),
+    List,
 }
 
 /// `POST /v1/challenge`: proves, before the CLI sends its token, that the

@@ -55,7 +55,8 @@ pub(super) struct Executor {
     mdns: Option<Mdns>,
     reader: ReaderHandle,
     meta: MetaWriter,
-    events: tokio::sync::broadcast::Sender<nuwa_agent::api::ChangeEvent>,
+    /// Change events and the access view, for the API.
+    feeds: crate::api::Feeds,
     metrics: Arc<Metrics>,
     /// Big sync messages being applied on worker threads.
     catch_ups: CatchUps,
@@ -76,7 +77,7 @@ pub(super) struct Hands {
     pub store: Arc<dyn Storage>,
     pub net: NetHandle,
     pub reader: ReaderHandle,
-    pub events: tokio::sync::broadcast::Sender<nuwa_agent::api::ChangeEvent>,
+    pub feeds: crate::api::Feeds,
     pub metrics: Arc<Metrics>,
 }
 
@@ -95,7 +96,7 @@ impl Executor {
             store,
             net,
             reader,
-            events,
+            feeds,
             metrics,
         } = hands;
         let opened = open::open_engine(&home, &store, &metrics)?;
@@ -135,7 +136,7 @@ impl Executor {
             net,
             mdns: None,
             reader,
-            events,
+            feeds,
             replies: Replies::new(metrics.clone()),
             metrics,
             catch_ups: CatchUps::new(),
@@ -321,7 +322,7 @@ impl Executor {
         ledger::StoreIo {
             store: &self.store,
             reader: &self.reader,
-            events: &self.events,
+            events: &self.feeds.events,
             catch_ups: &mut self.catch_ups,
             agent,
         }
@@ -375,6 +376,9 @@ impl Executor {
             Effect::RunCatchUp(job) => self.catch_ups.start(*job, agent, &self.metrics),
             Effect::Reload(container) => return Some(self.reload(agent, container).await),
             Effect::ReaderRegistry(reg) => self.reader.registry(&reg),
+            Effect::Access(view) => {
+                self.feeds.access.send_replace(view);
+            }
             Effect::ReaderScan { schemas, now_secs } => self.reader.scan(schemas, now_secs),
             Effect::ReleaseMemory => {
                 self.reader.trim();
@@ -627,7 +631,7 @@ mod tests {
             store: store.clone(),
             net: net.clone(),
             reader,
-            events: tokio::sync::broadcast::channel(16).0,
+            feeds: crate::api::Feeds::new(),
             metrics,
         };
         let config = nuwa_agent::Config::default();

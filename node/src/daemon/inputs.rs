@@ -188,6 +188,14 @@ fn request(req: ApiRequest, exec: &mut Executor) -> Option<(RequestId, Request)>
         ApiRequest::Approve(b, tx) => (replies.wait(Waiting::Approve(tx)), Request::Approve(b)),
         ApiRequest::Tool(t, tx) => (replies.wait(Waiting::Value(tx)), Request::Tool(t)),
         ApiRequest::Batch(b, tx) => (replies.wait(Waiting::Batch(tx)), Request::Batch(b)),
+        ApiRequest::App(a, tx) => (
+            replies.wait(Waiting::Value(tx)),
+            match a {
+                crate::api::AppRequest::Grant(b) => Request::AppGrant(b),
+                crate::api::AppRequest::Revoke(b) => Request::AppRevoke(b),
+                crate::api::AppRequest::List => Request::AppList,
+            },
+        ),
         ApiRequest::Provision(body, tx) => {
             if let Err(e) = body.check() {
                 let _ = tx.send(Err(e));

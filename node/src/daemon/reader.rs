@@ -413,6 +413,7 @@ fn answer_misrouted(req: ApiRequest) {
         ApiRequest::Provision(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Tool(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Batch(_, r) => drop(r.send(Err(e()))),
+        ApiRequest::App(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Get(_, r) => drop(r.send(Err(e()))),
         ApiRequest::Export(_, r) => drop(r.send(Err(e()))),
     }
