@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config;
 use crate::home;
-use nuwa_agent::diagnosis::{Check, Report, check_clock, peer_label};
+use nuwa_agent::diagnosis::{Check, Report, check_clock, check_peers, check_reachability};
 use nuwa_agent::lifecycle::admin_of;
 use nuwa_agent::status::Status;
 
@@ -140,8 +140,10 @@ fn checks(home: &Path, net: config::Settings) -> Vec<Check> {
     }
     match &status {
         Some(st) => {
-            out.push(check_reachability(home, st, settings.as_ref()));
-            out.push(check_peers(home, st));
+            let rendezvous = settings.as_ref().map_or(0, |s| s.rendezvous_servers.len());
+            let h = home.display().to_string();
+            out.push(check_reachability(&h, st, rendezvous));
+            out.push(check_peers(&h, st, other_active_devices(home)));
         }
         None => {
             out.push(Check::skip("reachability", "needs the running daemon"));
@@ -520,175 +522,6 @@ fn check_mdns(home: &Path, s: &config::Effective, st: Option<&Status>) -> Check 
 }
 
 // ---------------------------------------------------------------- reachability
-
-fn check_reachability(home: &Path, st: &Status, s: Option<&config::Effective>) -> Check {
-    const NAME: &str = "reachability";
-    let h = home.display().to_string();
-    let down_keepers: Vec<&str> = st
-        .keepers
-        .iter()
-        .filter(|k| !k.connected)
-        .map(|k| k.peer_id.as_str())
-        .collect();
-    let down_rendezvous: Vec<&str> = st
-        .rendezvous
-        .iter()
-        .filter(|r| !r.connected)
-        .map(|r| r.address.as_str())
-        .collect();
-    if !down_keepers.is_empty() || !down_rendezvous.is_empty() {
-        let mut what = Vec::new();
-        if !down_keepers.is_empty() {
-            what.push(format!(
-                "keeper(s) not connected: {}",
-                down_keepers.join(", ")
-            ));
-        }
-        if !down_rendezvous.is_empty() {
-            what.push(format!(
-                "rendezvous server(s) not connected: {}",
-                down_rendezvous.join(", ")
-            ));
-        }
-        return Check::fail(
-            NAME,
-            what.join("; "),
-            format!(
-                "check that each runs (`nuwa-node rendezvous`, with --keeper for a keeper), \
-                 that its address in --keeper / --rendezvous (or keepers / rendezvous_servers \
-                 in {h}/config.toml) is right and ends in its /p2p/ id, and that this device \
-                 can reach it (firewall, VPN); if the daemon started seconds ago, run doctor \
-                 again"
-            ),
-        );
-    }
-    let nat = if st.reachability.nat.is_empty() {
-        "unknown"
-    } else {
-        st.reachability.nat.as_str()
-    };
-    let mut ways = Vec::new();
-    if nat == "public" {
-        ways.push("reachable directly (AutoNAT)".to_owned());
-    }
-    if !st.reachability.relays.is_empty() {
-        ways.push(format!(
-            "{} relay reservation(s)",
-            st.reachability.relays.len()
-        ));
-    }
-    let keepers = st.keepers.iter().filter(|k| k.connected).count();
-    if keepers > 0 {
-        let pushed = st.keepers.iter().all(|k| k.pushed_all);
-        ways.push(format!(
-            "{keepers} keeper(s) connected{}",
-            if pushed { ", everything pushed" } else { "" }
-        ));
-    }
-    let rendezvous = st.rendezvous.iter().filter(|r| r.connected).count();
-    let mut notes = Vec::new();
-    if rendezvous > 0 {
-        notes.push(format!("{rendezvous} rendezvous server(s) connected"));
-    } else if let Some(s) = s
-        && !s.rendezvous_servers.is_empty()
-        && st.rendezvous.is_empty()
-    {
-        notes.push(format!(
-            "{} rendezvous server(s) configured (this daemon does not report whether it \
-             reached them)",
-            s.rendezvous_servers.len()
-        ));
-    }
-    let advertised = if st.reachability.advertised.is_empty() {
-        "nothing advertised".to_owned()
-    } else {
-        format!("advertises {}", st.reachability.advertised.join(", "))
-    };
-    notes.push(advertised);
-    if ways.is_empty() {
-        return Check::warn(
-            NAME,
-            format!(
-                "nothing outside this LAN can reach this device: NAT {nat}, no relay \
-                 reservation, no keeper ({})",
-                notes.join("; ")
-            ),
-            format!(
-                "fine when every device shares a LAN. Otherwise run an infrastructure node \
-                 everyone can reach (`nuwa-node rendezvous --keeper` on a public host) and give \
-                 its address to every device with --rendezvous MULTIADDR and --keeper \
-                 MULTIADDR (or rendezvous_servers / keepers in {h}/config.toml)"
-            ),
-        );
-    }
-    Check::pass(
-        NAME,
-        format!("NAT {nat}; {}; {}", ways.join(", "), notes.join("; ")),
-    )
-}
-
-// ---------------------------------------------------------------- peers
-
-fn check_peers(home: &Path, st: &Status) -> Check {
-    const NAME: &str = "peers";
-    let h = home.display().to_string();
-    if !st.device.authorised {
-        return Check::fail(
-            NAME,
-            format!(
-                "this device ({}) is not an active member of the agent's DID document \
-                 (revoked, or its pairing never finished); peers refuse it",
-                st.device.context_id
-            ),
-            "if it was revoked, pair it again: a fresh home with `nuwa-node --home NEWDIR \
-             pair`, approved on the device holding the master key",
-        );
-    }
-    if st.peers.is_empty() && other_active_devices(home) == Some(0) {
-        return Check::warn(
-            NAME,
-            "no verified peer: this is the agent's only device, so there is nothing to sync \
-             with yet",
-            format!(
-                "add a device: on it run `nuwa-node pair`, then here (or wherever the master \
-                 key is) `nuwa-node --home {h} device approve CODE`"
-            ),
-        );
-    }
-    if st.peers.is_empty() {
-        return Check::warn(
-            NAME,
-            "no verified peer: no other device of this agent is running, or discovery has not \
-             found one yet",
-            format!(
-                "start the daemon on another device (`nuwa-node --home {h} device list` lists \
-                 them); on one LAN, mDNS finds it (see the mdns check); elsewhere give its \
-                 address with --peer MULTIADDR or a shared server with --rendezvous / \
-                 --bootstrap"
-            ),
-        );
-    }
-    let names: Vec<String> = st
-        .peers
-        .iter()
-        .map(|p| {
-            format!(
-                "{} ({}{})",
-                peer_label(&p.name, &p.context_id),
-                if p.relayed { "relayed " } else { "" },
-                if p.transport.is_empty() {
-                    "direct"
-                } else {
-                    &p.transport
-                }
-            )
-        })
-        .collect();
-    Check::pass(
-        NAME,
-        format!("{} verified: {}", st.peers.len(), names.join(", ")),
-    )
-}
 
 // ---------------------------------------------------------------- DHT pointer
 

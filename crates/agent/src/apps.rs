@@ -355,3 +355,194 @@ impl Agent {
         Ok(())
     }
 }
+
+// ---- the decisions on an app's request ------------------------------------
+
+/// Why an app's request was refused: the error it gets, and the precise
+/// reason it is counted under (`nuwa_api_errors_total{code=REASON}`).
+#[derive(Debug, Clone)]
+pub struct AppRefusal {
+    pub error: ApiError,
+    pub reason: &'static str,
+}
+
+impl AppRefusal {
+    fn capability(e: nuwa_caps::CapError) -> AppRefusal {
+        AppRefusal {
+            error: ApiError::new(
+                ErrorCode::CapabilityRefused,
+                format!("{} ({})", e, e.code()),
+            ),
+            reason: e.code(),
+        }
+    }
+
+    fn refused(message: String, reason: &'static str) -> AppRefusal {
+        AppRefusal {
+            error: ApiError::new(ErrorCode::CapabilityRefused, message),
+            reason,
+        }
+    }
+
+    fn forbidden(message: String, reason: &'static str) -> AppRefusal {
+        AppRefusal {
+            error: ApiError::new(ErrorCode::Forbidden, message),
+            reason,
+        }
+    }
+
+    /// For the owner's routes (devices, status, apps, metrics ...).
+    pub fn owner_only() -> AppRefusal {
+        AppRefusal::forbidden(
+            "this route is the owner's (the token or the local socket); an app's capability \
+             reaches state routes only"
+                .into(),
+            "owner_only",
+        )
+    }
+}
+
+/// The headers of an invocation, each of which must come once.
+pub const INVOCATION_HEADERS: [&str; 4] = [
+    "capability-invocation",
+    "content-digest",
+    "signature-input",
+    "signature",
+];
+
+/// Every check of an app's request that needs no body (see
+/// [`nuwa_caps::verify_invocation_head`]), against `view`; and, since the
+/// shell keeps nonces in memory only, a request signed before the daemon
+/// started (`started_unix_secs`) is refused: it could be one served before
+/// a restart. `count` is how often each invocation header came.
+pub fn check_head<'a, H>(
+    view: &AccessView,
+    req: &nuwa_caps::RequestParts<'a, H>,
+    count: impl Fn(&str) -> usize,
+    now_unix_secs: i64,
+    started_unix_secs: i64,
+) -> Result<nuwa_caps::VerifiedHead, AppRefusal>
+where
+    H: Fn(&str) -> Option<&'a str>,
+{
+    if view.unavailable {
+        return Err(AppRefusal::forbidden(
+            "the daemon cannot read the agent's app capabilities now; try again later".into(),
+            "apps_unavailable",
+        ));
+    }
+    if let Some(h) = INVOCATION_HEADERS.iter().find(|h| count(h) > 1) {
+        return Err(AppRefusal::refused(
+            format!("the {h} header came more than once; send it once (malformed_invocation)"),
+            "malformed_invocation",
+        ));
+    }
+    let head = nuwa_caps::verify_invocation_head(
+        req,
+        now_unix_secs,
+        |k| view.is_admin(k),
+        |id| view.is_revoked(id),
+    )
+    .map_err(AppRefusal::capability)?;
+    if head.created_unix_secs() < started_unix_secs {
+        return Err(AppRefusal::refused(
+            "the request was signed before the daemon started (it keeps no nonces across a \
+             restart); sign it again (signed_before_start)"
+                .into(),
+            "signed_before_start",
+        ));
+    }
+    Ok(head)
+}
+
+/// The body against the signed digest, then the nonce.
+pub fn finish(
+    head: nuwa_caps::VerifiedHead,
+    body: &[u8],
+    now_unix_secs: i64,
+    nonces: &mut nuwa_caps::NonceCache,
+) -> Result<nuwa_caps::Invocation, AppRefusal> {
+    head.finish(body, now_unix_secs, nonces)
+        .map_err(AppRefusal::capability)
+}
+
+/// Whether an app's verified invocation may do `action` to `container`:
+/// the request must be signed for that very action, and the capability
+/// must reach the container as its visibility requires
+/// ([`nuwa_caps::may`]).
+pub fn may(
+    inv: &nuwa_caps::Invocation,
+    view: &AccessView,
+    action: Action,
+    container: &str,
+) -> Result<(), AppRefusal> {
+    let signed = inv.action;
+    if signed != action {
+        return Err(AppRefusal::forbidden(
+            format!(
+                "the request was signed for {signed}, and this needs {action}: sign it with \
+                 action=\"{action}\""
+            ),
+            "wrong_action",
+        ));
+    }
+    nuwa_caps::may(
+        &inv.verified,
+        action,
+        container,
+        view.visibility_of(container),
+    )
+    .map_err(|f| AppRefusal::forbidden(f.to_string(), f.code()))
+}
+
+/// Whether the capability still stands (for a long stream): not expired,
+/// nothing in its chain revoked since.
+pub fn still_valid(inv: &nuwa_caps::Invocation, view: &AccessView, now_unix_secs: i64) -> bool {
+    let v = &inv.verified;
+    now_unix_secs < v.expires_unix_secs
+        && !view.unavailable
+        && !v.chain_ids.iter().any(|id| view.is_revoked(id))
+}
+
+/// Whether an app may see `container`'s events now.
+pub fn sees(
+    inv: &nuwa_caps::Invocation,
+    view: &AccessView,
+    container: &str,
+    now_unix_secs: i64,
+) -> bool {
+    still_valid(inv, view, now_unix_secs)
+        && nuwa_caps::may(
+            &inv.verified,
+            Action::Events,
+            container,
+            view.visibility_of(container),
+        )
+        .is_ok()
+}
+
+/// What an app needs for a tool: the action, on which container (none for
+/// the schema list, which is filtered instead).
+pub fn tool_access(t: &crate::api::Tool) -> Option<(Action, &str)> {
+    use crate::api::Tool;
+    Some(match t {
+        Tool::SchemaList => return None,
+        Tool::SchemaAdd(raw) => (Action::Schema, raw["$id"].as_str().unwrap_or("")),
+        Tool::Create { schema_uri, .. } | Tool::Update { schema_uri, .. } => {
+            (Action::Write, schema_uri)
+        }
+        Tool::Delete { schema_uri, .. } => (Action::Delete, schema_uri),
+        Tool::Query(q) => (Action::Query, q["from"].as_str().unwrap_or("")),
+        Tool::Describe(c) => (Action::Read, c),
+        Tool::Compact(c) => (Action::Write, c),
+        Tool::Reset(c) => (Action::Reset, c),
+    })
+}
+
+/// What an app needs for one operation of a batch.
+pub fn batch_op_access(op: &crate::api::BatchOp) -> (Action, &str) {
+    match op {
+        crate::api::BatchOp::Delete { .. } => (Action::Delete, op.container()),
+        _ => (Action::Write, op.container()),
+    }
+}

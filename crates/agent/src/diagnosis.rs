@@ -186,6 +186,175 @@ pub fn check_clock(st: &Status) -> Check {
     )
 }
 
+/// Whether anything outside this LAN can reach the device: keepers and
+/// rendezvous servers connected, NAT, relays. `home` names the home in the
+/// advice; `rendezvous_configured` is how many servers the settings name.
+pub fn check_reachability(home: &str, st: &Status, rendezvous_configured: usize) -> Check {
+    const NAME: &str = "reachability";
+    let h = home;
+    let down_keepers: Vec<&str> = st
+        .keepers
+        .iter()
+        .filter(|k| !k.connected)
+        .map(|k| k.peer_id.as_str())
+        .collect();
+    let down_rendezvous: Vec<&str> = st
+        .rendezvous
+        .iter()
+        .filter(|r| !r.connected)
+        .map(|r| r.address.as_str())
+        .collect();
+    if !down_keepers.is_empty() || !down_rendezvous.is_empty() {
+        let mut what = Vec::new();
+        if !down_keepers.is_empty() {
+            what.push(format!(
+                "keeper(s) not connected: {}",
+                down_keepers.join(", ")
+            ));
+        }
+        if !down_rendezvous.is_empty() {
+            what.push(format!(
+                "rendezvous server(s) not connected: {}",
+                down_rendezvous.join(", ")
+            ));
+        }
+        return Check::fail(
+            NAME,
+            what.join("; "),
+            format!(
+                "check that each runs (`nuwa-node rendezvous`, with --keeper for a keeper), \
+                 that its address in --keeper / --rendezvous (or keepers / rendezvous_servers \
+                 in {h}/config.toml) is right and ends in its /p2p/ id, and that this device \
+                 can reach it (firewall, VPN); if the daemon started seconds ago, run doctor \
+                 again"
+            ),
+        );
+    }
+    let nat = if st.reachability.nat.is_empty() {
+        "unknown"
+    } else {
+        st.reachability.nat.as_str()
+    };
+    let mut ways = Vec::new();
+    if nat == "public" {
+        ways.push("reachable directly (AutoNAT)".to_owned());
+    }
+    if !st.reachability.relays.is_empty() {
+        ways.push(format!(
+            "{} relay reservation(s)",
+            st.reachability.relays.len()
+        ));
+    }
+    let keepers = st.keepers.iter().filter(|k| k.connected).count();
+    if keepers > 0 {
+        let pushed = st.keepers.iter().all(|k| k.pushed_all);
+        ways.push(format!(
+            "{keepers} keeper(s) connected{}",
+            if pushed { ", everything pushed" } else { "" }
+        ));
+    }
+    let rendezvous = st.rendezvous.iter().filter(|r| r.connected).count();
+    let mut notes = Vec::new();
+    if rendezvous > 0 {
+        notes.push(format!("{rendezvous} rendezvous server(s) connected"));
+    } else if rendezvous_configured > 0 && st.rendezvous.is_empty() {
+        notes.push(format!(
+            "{rendezvous_configured} rendezvous server(s) configured (this daemon does not \
+             report whether it reached them)"
+        ));
+    }
+    let advertised = if st.reachability.advertised.is_empty() {
+        "nothing advertised".to_owned()
+    } else {
+        format!("advertises {}", st.reachability.advertised.join(", "))
+    };
+    notes.push(advertised);
+    if ways.is_empty() {
+        return Check::warn(
+            NAME,
+            format!(
+                "nothing outside this LAN can reach this device: NAT {nat}, no relay \
+                 reservation, no keeper ({})",
+                notes.join("; ")
+            ),
+            format!(
+                "fine when every device shares a LAN. Otherwise run an infrastructure node \
+                 everyone can reach (`nuwa-node rendezvous --keeper` on a public host) and give \
+                 its address to every device with --rendezvous MULTIADDR and --keeper \
+                 MULTIADDR (or rendezvous_servers / keepers in {h}/config.toml)"
+            ),
+        );
+    }
+    Check::pass(
+        NAME,
+        format!("NAT {nat}; {}; {}", ways.join(", "), notes.join("; ")),
+    )
+}
+
+/// Whether this device is a member and has verified peers.
+/// `other_active_devices` is how many other active devices the DID
+/// document lists, when the home could be read.
+pub fn check_peers(home: &str, st: &Status, other_active_devices: Option<usize>) -> Check {
+    const NAME: &str = "peers";
+    let h = home;
+    if !st.device.authorised {
+        return Check::fail(
+            NAME,
+            format!(
+                "this device ({}) is not an active member of the agent's DID document \
+                 (revoked, or its pairing never finished); peers refuse it",
+                st.device.context_id
+            ),
+            "if it was revoked, pair it again: a fresh home with `nuwa-node --home NEWDIR \
+             pair`, approved on the device holding the master key",
+        );
+    }
+    if st.peers.is_empty() && other_active_devices == Some(0) {
+        return Check::warn(
+            NAME,
+            "no verified peer: this is the agent's only device, so there is nothing to sync \
+             with yet",
+            format!(
+                "add a device: on it run `nuwa-node pair`, then here (or wherever the master \
+                 key is) `nuwa-node --home {h} device approve CODE`"
+            ),
+        );
+    }
+    if st.peers.is_empty() {
+        return Check::warn(
+            NAME,
+            "no verified peer: no other device of this agent is running, or discovery has not \
+             found one yet",
+            format!(
+                "start the daemon on another device (`nuwa-node --home {h} device list` lists \
+                 them); on one LAN, mDNS finds it (see the mdns check); elsewhere give its \
+                 address with --peer MULTIADDR or a shared server with --rendezvous / \
+                 --bootstrap"
+            ),
+        );
+    }
+    let names: Vec<String> = st
+        .peers
+        .iter()
+        .map(|p| {
+            format!(
+                "{} ({}{})",
+                peer_label(&p.name, &p.context_id),
+                if p.relayed { "relayed " } else { "" },
+                if p.transport.is_empty() {
+                    "direct"
+                } else {
+                    &p.transport
+                }
+            )
+        })
+        .collect();
+    Check::pass(
+        NAME,
+        format!("{} verified: {}", st.peers.len(), names.join(", ")),
+    )
+}
+
 /// A peer as a person reads it: its name and context id, or the id.
 pub fn peer_label(name: &str, context_id: &str) -> String {
     if name.is_empty() {

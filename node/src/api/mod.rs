@@ -530,27 +530,11 @@ async fn provision(
     Ok(Json(call(&s, |tx| ApiRequest::Provision(body, tx)).await??))
 }
 
-/// What an app needs for a tool: the action, on which container.
-fn tool_access(t: &Tool) -> Option<(Action, &str)> {
-    Some(match t {
-        Tool::SchemaList => return None,
-        Tool::SchemaAdd(raw) => (Action::Schema, raw["$id"].as_str().unwrap_or("")),
-        Tool::Create { schema_uri, .. } | Tool::Update { schema_uri, .. } => {
-            (Action::Write, schema_uri)
-        }
-        Tool::Delete { schema_uri, .. } => (Action::Delete, schema_uri),
-        Tool::Query(q) => (Action::Query, q["from"].as_str().unwrap_or("")),
-        Tool::Describe(c) => (Action::Read, c),
-        Tool::Compact(c) => (Action::Write, c),
-        Tool::Reset(c) => (Action::Reset, c),
-    })
-}
-
 async fn tool(s: &AppState, c: &Caller, t: Tool) -> Result<Json<serde_json::Value>, Failure> {
     if let Tool::Describe(c) | Tool::Compact(c) | Tool::Reset(c) = &t {
         container_name(c)?;
     }
-    if let Some((action, container)) = tool_access(&t) {
+    if let Some((action, container)) = nuwa_agent::apps::tool_access(&t) {
         c.may(action, container)?;
     }
     // An app sees only the schemas it may read.
@@ -704,11 +688,8 @@ async fn state_batch(
     }
     // An app may do every operation of the batch, or none is tried.
     for op in &b.ops {
-        let action = match op {
-            BatchOp::Delete { .. } => Action::Delete,
-            _ => Action::Write,
-        };
-        c.0.may(action, op.container())?;
+        let (action, container) = nuwa_agent::apps::batch_op_access(op);
+        c.0.may(action, container)?;
     }
     Ok(Json(call(&s, |tx| ApiRequest::Batch(b, tx)).await??))
 }
