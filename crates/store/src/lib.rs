@@ -23,12 +23,14 @@
 
 mod keeper_store;
 mod mem_store;
+mod namespace;
 mod sled_store;
 
 use std::path::PathBuf;
 
 pub use keeper_store::SledKeeperStore;
 pub use mem_store::MemStore;
+pub use namespace::{DEFAULT_NAMESPACE, RESERVED_NAMESPACE, namespace_of};
 use nuwa_crypto::CryptoError;
 pub use sled_store::SledStore;
 
