@@ -9,12 +9,19 @@ use std::time::Duration;
 
 use common::*;
 
-/// Flips one byte in the middle of the value of the last record of the
-/// store's change log (as bit rot under sled's checksums would), with the
-/// daemon stopped.
+/// Flips one byte in the middle of the value of the last record of a
+/// change log (as bit rot under sled's checksums would), with the daemon
+/// stopped. Each NIP-8 namespace has its own log tree, `ns/<id>/log`; the
+/// last one that holds records is taken.
 fn flip_a_log_record(home: &std::path::Path) {
     let db = sled::open(home.join("store")).expect("open the stopped daemon's store");
-    let log = db.open_tree("log").unwrap();
+    let log = db
+        .tree_names()
+        .into_iter()
+        .filter(|name| name.starts_with(b"ns/") && name.ends_with(b"/log"))
+        .map(|name| db.open_tree(name).unwrap())
+        .rfind(|tree| !tree.is_empty())
+        .expect("a namespace's log holds records");
     let (key, value) = log.last().unwrap().expect("the log holds records");
     let mut bad = value.to_vec();
     let i = bad.len() / 2;

@@ -20,15 +20,20 @@
 //! - [`Storage::load_container`] returns the snapshot plus the changes after it, in order.
 //! - Every write is durable when it returns `Ok`; a crash at any instant loses nothing that
 //!   was acknowledged, because appends and compactions are single atomic commits.
+//! - Storage is table-isolated per NIP-8 namespace ([`namespace_of`]): in [`SledStore`] each
+//!   namespace has its own trees, and compacting or quarantining a container touches only
+//!   its namespace's trees.
 
 mod keeper_store;
 mod mem_store;
+mod namespace;
 mod sled_store;
 
 use std::path::PathBuf;
 
 pub use keeper_store::SledKeeperStore;
 pub use mem_store::MemStore;
+pub use namespace::{DEFAULT_NAMESPACE, RESERVED_NAMESPACE, namespace_of};
 use nuwa_crypto::CryptoError;
 pub use sled_store::SledStore;
 
@@ -45,6 +50,10 @@ pub use nuwa_proto::MAX_CONTAINER_NAME_BYTES;
 pub const MAX_META_KEY_BYTES: usize = 256;
 /// Largest metadata value: 1 MiB. Metadata is for small node records, not state.
 pub const MAX_META_VALUE_BYTES: usize = 1 << 20;
+/// Most namespaces ([`namespace_of`]) a [`SledStore`] creates. Each has four sled trees,
+/// kept open for the life of the store; NIP-8 expects a handful (core, the daemon's, one per
+/// capability, app and user), so a store near this limit is being filled with junk names.
+pub const MAX_NAMESPACES: usize = 4096;
 
 /// Persistent storage for container change logs, snapshots and node metadata.
 ///
@@ -271,6 +280,16 @@ pub enum StoreError {
     /// This backend does not support the operation.
     #[error("this store does not support {0}")]
     Unsupported(&'static str),
+    /// A write would create a namespace beyond [`MAX_NAMESPACES`].
+    #[error(
+        "writing to namespace {namespace:?} would create a namespace beyond the store's limit of {max}; use fewer distinct cap, app and user ids in container names"
+    )]
+    TooManyNamespaces {
+        /// The namespace that would be created.
+        namespace: String,
+        /// The limit, [`MAX_NAMESPACES`].
+        max: usize,
+    },
     /// A container name is empty.
     #[error("container name is empty; give the container a name")]
     EmptyContainerName,

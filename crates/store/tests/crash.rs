@@ -1,5 +1,5 @@
-//! Crash safety under `kill -9`: a child process appends and compacts as fast as it can,
-//! printing each acknowledged write; the parent kills it at a random point, reopens the store
+//! Crash safety under `kill -9`: a child process appends, group-commits across three NIP-8
+//! namespaces and compacts as fast as it can, printing each acknowledged write; the parent kills it at a random point, reopens the store
 //! and checks that every acknowledged write is there, intact and in order.
 //!
 //! The child is this same test binary, re-run with `CHILD_DIR_ENV` set and filtered to
@@ -22,7 +22,13 @@ use nuwa_store::{SledStore, Storage};
 
 const CHILD_DIR_ENV: &str = "NUWA_STORE_CRASH_CHILD_DIR";
 const CHILD_SEED_ENV: &str = "NUWA_STORE_CRASH_CHILD_SEED";
-const CONTAINERS: [&str; 3] = ["memory", "settings", "history"];
+/// Three NIP-8 namespaces (default, core, a capability), so that group commits span the
+/// trees of several.
+const CONTAINERS: [&str; 3] = [
+    "memory",
+    "did:nuwa:core:AgentSettings#v1",
+    "did:nuwa:cap:h:state:History#v1",
+];
 /// Upper bound on one run, so a hung child fails the test instead of hanging it.
 const RUN_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -60,14 +66,36 @@ fn crash_child_writer(dir: &std::ffi::OsStr) {
     println!("READY");
     loop {
         let container = CONTAINERS[rng.index(CONTAINERS.len())];
-        let last_seq: &mut u64 = last.entry(container).or_default();
         if rng.chance(8) {
-            let covers = *last_seq;
+            let covers = last.get(container).copied().unwrap_or(0);
             store
                 .save_snapshot(container, &snapshot_bytes(container, covers), covers)
                 .expect("snapshot");
             println!("SNAP {container} {covers}");
+        } else if rng.chance(25) {
+            // One group commit over every container, so over three namespaces.
+            let batches: Vec<(&str, Vec<Vec<u8>>)> = CONTAINERS
+                .iter()
+                .map(|c| {
+                    let from = last.get(c).copied().unwrap_or(0);
+                    let count = 1 + rng.below(3);
+                    (*c, (1..=count).map(|i| change_bytes(c, from + i)).collect())
+                })
+                .collect();
+            let refs: Vec<(&str, &[Vec<u8>])> = batches.iter().map(|(c, b)| (*c, &b[..])).collect();
+            let seqs = store.append_many(&refs).expect("append_many");
+            for ((c, batch), seq) in batches.iter().zip(seqs) {
+                let last_seq = last.entry(*c).or_default();
+                assert_eq!(
+                    seq,
+                    *last_seq + batch.len() as u64,
+                    "child group sequence numbers"
+                );
+                *last_seq = seq;
+                println!("ACK {c} {seq}");
+            }
         } else {
+            let last_seq: &mut u64 = last.entry(container).or_default();
             let count = 1 + rng.below(6);
             let batch: Vec<Vec<u8>> = (1..=count)
                 .map(|i| change_bytes(container, *last_seq + i))

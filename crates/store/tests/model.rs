@@ -36,6 +36,36 @@ impl ModelContainer {
     }
 }
 
+impl Model {
+    /// Appends `changes` to `name` as the contract says; returns the last sequence number.
+    fn append(&mut self, name: &str, changes: Vec<Vec<u8>>) -> u64 {
+        if changes.is_empty() {
+            return self.containers.get(name).map_or(0, |c| c.last_seq);
+        }
+        let c = self.containers.entry(name.to_owned()).or_default();
+        for change in changes {
+            c.last_seq += 1;
+            c.changes.insert(c.last_seq, change);
+        }
+        c.last_seq
+    }
+}
+
+/// Up to four changes, now and then a large one.
+fn random_changes(rng: &mut Rng) -> Vec<Vec<u8>> {
+    let count = rng.index(5);
+    (0..count)
+        .map(|_| {
+            let len = if rng.chance(10) {
+                rng.index(8192)
+            } else {
+                rng.index(48)
+            };
+            rng.bytes(len)
+        })
+        .collect()
+}
+
 /// A backend under test, able to simulate a restart.
 trait Harness {
     fn store(&self) -> &dyn Storage;
@@ -89,7 +119,18 @@ impl Harness for SledHarness {
     }
 }
 
-const NAMES: [&str; 4] = ["a", "memory", "ünïcode/ctx-☃", "agent.conversation.history"];
+/// Names in several NIP-8 namespaces (default, core, two capabilities, the daemon's), so
+/// that group commits span namespaces and each namespace's trees fill and empty.
+const NAMES: [&str; 8] = [
+    "a",
+    "memory",
+    "ünïcode/ctx-☃",
+    "agent.conversation.history",
+    "did:nuwa:core:MemoryStore#v1",
+    "did:nuwa:cap:note@1.0.0:state:Note#v2",
+    "did:nuwa:cap:todo:state:Item#v1",
+    "nuwa:schemas",
+];
 const META_KEYS: [&str; 3] = ["peer-id", "did-log-head", ""];
 
 fn long_name() -> String {
@@ -108,34 +149,37 @@ fn run(seed: u64, ops: usize, harness: &mut dyn Harness) {
         let roll = rng.below(100);
         let name = names[rng.index(names.len())].clone();
         match roll {
-            0..=34 => {
-                let count = rng.index(5);
-                let changes: Vec<Vec<u8>> = (0..count)
-                    .map(|_| {
-                        let len = if rng.chance(10) {
-                            rng.index(8192)
-                        } else {
-                            rng.index(48)
-                        };
-                        rng.bytes(len)
-                    })
-                    .collect();
+            0..=24 => {
+                let changes = random_changes(&mut rng);
                 let got = harness.store().append_changes(&name, &changes);
-                let want = if changes.is_empty() {
-                    model.containers.get(&name).map_or(0, |c| c.last_seq)
-                } else {
-                    let c = model.containers.entry(name.clone()).or_default();
-                    for change in changes {
-                        c.last_seq += 1;
-                        c.changes.insert(c.last_seq, change);
-                    }
-                    c.last_seq
-                };
+                let want = model.append(&name, changes);
                 assert_eq!(
                     got.unwrap_or_else(|e| panic!("{}: {e}", ctx(step, "append"))),
                     want,
                     "{}",
                     ctx(step, "append seq")
+                );
+            }
+            25..=34 => {
+                // A group commit over up to three containers, perhaps one twice.
+                let batches: Vec<(String, Vec<Vec<u8>>)> = (0..1 + rng.index(3))
+                    .map(|_| {
+                        let name = names[rng.index(names.len())].clone();
+                        (name, random_changes(&mut rng))
+                    })
+                    .collect();
+                let refs: Vec<(&str, &[Vec<u8>])> =
+                    batches.iter().map(|(n, c)| (n.as_str(), &c[..])).collect();
+                let got = harness.store().append_many(&refs);
+                let want: Vec<u64> = batches
+                    .iter()
+                    .map(|(name, changes)| model.append(name, changes.clone()))
+                    .collect();
+                assert_eq!(
+                    got.unwrap_or_else(|e| panic!("{}: {e}", ctx(step, "append_many"))),
+                    want,
+                    "{}",
+                    ctx(step, "append_many seqs")
                 );
             }
             35..=49 => {

@@ -1,6 +1,7 @@
-//! SledStore specifics: persistence across reopen, wrong keys, nothing readable on disk, and
-//! refusal of records moved or altered on disk.
+//! SledStore specifics: persistence across reopen, wrong keys, nothing readable on disk,
+//! refusal of records moved or altered on disk, and each namespace in trees of its own.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use nuwa_crypto::AtRestKey;
@@ -28,6 +29,32 @@ fn raw_open(path: &Path) -> sled::Db {
             other => return other.expect("raw open"),
         }
     }
+}
+
+/// The sled tree of `kind` (`names`, `snapshots`, `log`, `quarantine`) of `namespace` in a
+/// store under `KEY`: `ns/` and the first 16 bytes of the namespace's opaque id in hex.
+fn namespace_tree(namespace: &str, kind: &str) -> String {
+    let id = AtRestKey::from_bytes(KEY).opaque_id("namespace", namespace.as_bytes());
+    let hex: String = id[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("ns/{hex}/{kind}")
+}
+
+/// Every tree of the database in `path` with every record, read with raw sled.
+type Trees = BTreeMap<String, Vec<(Vec<u8>, Vec<u8>)>>;
+
+fn all_trees(path: &Path) -> Trees {
+    let db = raw_open(path);
+    let mut out = BTreeMap::new();
+    for name in db.tree_names() {
+        let tree = db.open_tree(&name).expect("open tree");
+        let records = tree
+            .iter()
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
+            .collect::<Result<_, _>>()
+            .expect("read tree");
+        out.insert(String::from_utf8_lossy(&name).into_owned(), records);
+    }
+    out
 }
 
 /// Every file under `dir` that contains `needle`, read byte for byte.
@@ -137,7 +164,11 @@ fn nothing_in_plaintext_on_disk() {
             .expect("append");
         s.save_snapshot(MARKER, format!("snapshot {MARKER}").as_bytes(), 1)
             .expect("snapshot");
-        s.append_changes(MARKER, &[blob]).expect("append");
+        // The namespace `did:nuwa:cap:<MARKER>:` names trees: by its opaque id only.
+        let in_namespace = format!("did:nuwa:cap:{MARKER}:state:X#v1");
+        let one = [blob];
+        s.append_many(&[(MARKER, &one), (&in_namespace, &one)])
+            .expect("append");
         s.put_meta(MARKER, MARKER.as_bytes()).expect("meta");
         s.flush().expect("flush");
     }
@@ -153,10 +184,9 @@ fn nothing_in_plaintext_on_disk() {
         files_containing(&path, b"CANARY-b7e1"),
         Vec::<String>::new()
     );
-    assert_eq!(
-        files_containing(&path, b"nuwa-store-v1"),
-        Vec::<String>::new()
-    );
+    for marker in [&b"nuwa-store-v1"[..], b"nuwa-store-v2", b"did:nuwa:cap:"] {
+        assert_eq!(files_containing(&path, marker), Vec::<String>::new());
+    }
 
     // Control: the same search finds the marker when sled stores it unencrypted, so the
     // absence above is due to encryption and not to data missing from the files.
@@ -181,7 +211,9 @@ fn swapped_records_are_refused() {
         .expect("append");
     {
         let db = raw_open(&path);
-        let log = db.open_tree("log").expect("log tree");
+        let log = db
+            .open_tree(namespace_tree("default", "log"))
+            .expect("log tree");
         let entries: Vec<_> = log.iter().collect::<Result<_, _>>().expect("scan");
         assert_eq!(entries.len(), 2);
         log.insert(&entries[0].0, entries[1].1.clone())
@@ -211,7 +243,9 @@ fn gap_in_log_is_reported() {
         .expect("append");
     {
         let db = raw_open(&path);
-        let log = db.open_tree("log").expect("log tree");
+        let log = db
+            .open_tree(namespace_tree("default", "log"))
+            .expect("log tree");
         let middle = log.iter().nth(1).expect("three entries").expect("read").0;
         log.remove(middle).expect("remove");
         db.flush().expect("flush");
@@ -242,4 +276,178 @@ fn foreign_database_is_refused() {
         matches!(got, Err(StoreError::MissingMarker { .. })),
         "{got:?}"
     );
+}
+
+/// Containers of namespace A (one capability) and of five others.
+const NS_A: &str = "did:nuwa:cap:a:";
+const IN_A: [&str; 2] = ["did:nuwa:cap:a:state:X#v1", "did:nuwa:cap:a:state:Y#v1"];
+const NOT_IN_A: [&str; 5] = [
+    "did:nuwa:core:MemoryStore#v1",
+    "did:nuwa:cap:b:state:X#v1",
+    "did:nuwa:cap:ab:state:X#v1",
+    "notes",
+    "nuwa:schemas",
+];
+
+/// Asserts that between `before` and `after` only trees of namespace A changed, and that
+/// some did.
+fn only_a_changed(before: &Trees, after: &Trees, what: &str) {
+    let a_prefix = namespace_tree(NS_A, "");
+    let changed: Vec<&String> = before
+        .keys()
+        .chain(after.keys())
+        .filter(|name| before.get(*name) != after.get(*name))
+        .collect();
+    assert!(!changed.is_empty(), "{what}: nothing changed on disk");
+    for name in changed {
+        assert!(
+            name.starts_with(&a_prefix),
+            "{what} in namespace A changed tree {name}, which is not A's"
+        );
+    }
+}
+
+// Goal: NIP-8's table isolation: compacting, quarantining, or listing away a damaged record
+// in namespace A leaves every tree of every other namespace (and `meta`) byte for byte as
+// it was; method: fill six namespaces through one group commit, then compare every record
+// of every tree with raw sled before and after each operation on A.
+#[test]
+fn compacting_or_quarantining_one_namespace_leaves_the_others_untouched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("db");
+    {
+        let s = open(&path);
+        let batches: Vec<(&str, Vec<Vec<u8>>)> = IN_A
+            .iter()
+            .chain(&NOT_IN_A)
+            .map(|c| (*c, vec![format!("{c} 1").into_bytes(), b"2".to_vec()]))
+            .collect();
+        let refs: Vec<(&str, &[Vec<u8>])> = batches.iter().map(|(c, v)| (*c, &v[..])).collect();
+        assert_eq!(s.append_many(&refs).expect("append_many"), [2; 7]);
+        s.save_snapshot(NOT_IN_A[0], b"core snapshot", 1)
+            .expect("snapshot");
+        s.put_meta("peer-id", b"12D3Koo").expect("meta");
+    }
+    // The namespaces' trees are where the layout says, one set per namespace.
+    let trees = all_trees(&path);
+    for ns in [
+        NS_A,
+        "did:nuwa:core:",
+        "did:nuwa:cap:b:",
+        "default",
+        "nuwa:",
+    ] {
+        assert_eq!(
+            trees[&namespace_tree(ns, "names")].len(),
+            ns_count(ns),
+            "{ns}"
+        );
+    }
+
+    let before = all_trees(&path);
+    open(&path)
+        .save_snapshot(IN_A[0], b"a snapshot", 2)
+        .expect("compact A");
+    let after = all_trees(&path);
+    only_a_changed(&before, &after, "a compaction");
+
+    let before = after;
+    assert_eq!(
+        open(&path)
+            .quarantine_container(IN_A[1])
+            .expect("quarantine"),
+        3
+    );
+    let after = all_trees(&path);
+    only_a_changed(&before, &after, "a quarantine");
+    assert_eq!(after[&namespace_tree(NS_A, "quarantine")].len(), 3);
+
+    // Damage A's remaining name record; the quarantining listing moves it, and only it.
+    {
+        let db = raw_open(&path);
+        let names = db.open_tree(namespace_tree(NS_A, "names")).expect("tree");
+        let (key, value) = names.first().expect("read").expect("one name left");
+        let mut bad = value.to_vec();
+        bad[20] ^= 1;
+        names.insert(key, bad).expect("damage");
+        db.flush().expect("flush");
+    }
+    let before = all_trees(&path);
+    let (names, moved) = open(&path)
+        .list_containers_quarantining()
+        .expect("list quarantining");
+    let mut want = NOT_IN_A.map(str::to_owned).to_vec();
+    want.sort();
+    assert_eq!(names, want);
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    let after = all_trees(&path);
+    only_a_changed(&before, &after, "listing away a damaged name");
+
+    // And the other namespaces still load in full.
+    let s = open(&path);
+    for c in NOT_IN_A {
+        let record = s.load_container(c).expect("load").expect("exists");
+        assert_eq!(record.last_seq, 2, "{c}");
+    }
+}
+
+/// How many of the test's containers are in `namespace`.
+fn ns_count(namespace: &str) -> usize {
+    IN_A.iter()
+        .chain(&NOT_IN_A)
+        .filter(|c| nuwa_store::namespace_of(c) == namespace)
+        .count()
+}
+
+// Goal: a record's seal names its namespace's tree, so a blob copied into another
+// namespace's tree under the same key does not open there; method: copy a container's name
+// record from one namespace's names tree to another's with raw sled, then list.
+#[test]
+fn a_record_copied_into_another_namespace_does_not_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("db");
+    {
+        let s = open(&path);
+        s.append_changes("did:nuwa:cap:a:state:X#v1", &[b"x".to_vec()])
+            .expect("append");
+        s.append_changes("did:nuwa:cap:b:state:X#v1", &[b"y".to_vec()])
+            .expect("append");
+    }
+    {
+        let db = raw_open(&path);
+        let from = db.open_tree(namespace_tree(NS_A, "names")).expect("tree");
+        let to = db
+            .open_tree(namespace_tree("did:nuwa:cap:b:", "names"))
+            .expect("tree");
+        let (key, value) = from.first().expect("read").expect("a name");
+        to.insert(key, value).expect("copy");
+        db.flush().expect("flush");
+    }
+    let got = open(&path).list_containers();
+    assert!(
+        matches!(got, Err(StoreError::Decrypt { tree: "names", .. })),
+        "{got:?}"
+    );
+}
+
+// Goal: reads never create a namespace's trees, and a namespace gets its trees with its
+// first write only; method: load, quarantine and empty-append in a fresh namespace, list
+// the trees with raw sled, then write and list again.
+#[test]
+fn only_a_write_creates_a_namespace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("db");
+    let c = "did:nuwa:app:fresh:state:X#v1";
+    {
+        let s = open(&path);
+        assert_eq!(s.load_container(c).expect("load"), None);
+        assert_eq!(s.quarantine_container(c).expect("quarantine"), 0);
+        assert_eq!(s.append_changes(c, &[]).expect("empty append"), 0);
+    }
+    let names = namespace_tree("did:nuwa:app:fresh:", "names");
+    assert!(!all_trees(&path).contains_key(&names));
+    open(&path)
+        .append_changes(c, &[b"x".to_vec()])
+        .expect("append");
+    assert_eq!(all_trees(&path)[&names].len(), 1);
 }
