@@ -315,9 +315,15 @@ impl Agent {
         Ok(json!({ "id": body.id, "revoked": true }))
     }
 
+    /// The access view as the state is now (what the shell was last sent,
+    /// or will be at the end of the next handle).
+    pub fn access(&self, now_ms: u64) -> AccessView {
+        self.access_view(now_ms)
+    }
+
     /// `app list`: every capability issued on any device, and whether it
     /// was revoked.
-    pub(crate) fn app_list(&self) -> Vec<AppEntry> {
+    pub fn app_list(&self) -> Vec<AppEntry> {
         let Some(c) = self.session.engine().container(APPS_CONTAINER) else {
             return Vec::new();
         };

@@ -1047,6 +1047,26 @@ impl Sim {
         self.request(admin, req, Request2::Other("revoke"))
     }
 
+    /// `app grant` on `admin`: a capability for the app key `to_did` over
+    /// `target`.
+    pub fn app_grant(&mut self, admin: usize, to_did: &str, target: &str) -> RequestId {
+        self.note(format!("d{admin} grants an app {target}"));
+        let req = Request::AppGrant(nuwa_agent::apps::GrantBody {
+            to: to_did.to_owned(),
+            target: target.to_owned(),
+            actions: vec!["read".into(), "write".into()],
+            expires_secs: None,
+        });
+        self.request(admin, req, Request2::Other("app grant"))
+    }
+
+    /// `app revoke ID` on device `i`.
+    pub fn app_revoke(&mut self, i: usize, id: &str) -> RequestId {
+        self.note(format!("d{i} revokes app capability {id}"));
+        let req = Request::AppRevoke(nuwa_agent::apps::RevokeAppBody { id: id.to_owned() });
+        self.request(i, req, Request2::Other("app revoke"))
+    }
+
     /// `device promote` of `target` on admin `admin`.
     pub fn promote(&mut self, admin: usize, target: usize) -> RequestId {
         let ctx = self.devices[target].context_id();
