@@ -455,7 +455,37 @@ fn from_value(value: Json, level: usize) -> Result<Capability, CapError> {
     let target = string(take(&mut doc, "invocationTarget"), "invocationTarget")?;
     check_target(&target).map_err(CapError::malformed)?;
 
-    let Json::Arr(items) = take(&mut doc, "allowedAction") else {
+    let actions = actions_from_value(take(&mut doc, "allowedAction"))?;
+    let expires_unix_secs = time_field(take(&mut doc, "expires"), "expires")?;
+    let parent_capability = string(take(&mut doc, "parentCapability"), "parentCapability")?;
+
+    let proof = proof_from_value(take(&mut doc, "proof"), level, expires_unix_secs)?;
+    check_chain_layout(
+        &parent_capability,
+        &proof.chain_ids,
+        proof.parent.as_deref(),
+    )?;
+    if id == parent_capability || proof.chain_ids.contains(&id) {
+        return Err(CapError::malformed(
+            "id repeats the id of an ancestor in its own chain",
+        ));
+    }
+
+    Ok(Capability {
+        id,
+        controller,
+        controller_public,
+        target,
+        actions,
+        expires_unix_secs,
+        parent_capability,
+        proof,
+    })
+}
+
+/// The `allowedAction` array: known actions, none repeated, at least one.
+fn actions_from_value(value: Json) -> Result<Vec<Action>, CapError> {
+    let Json::Arr(items) = value else {
         return Err(CapError::malformed("allowedAction is not an array"));
     };
     let mut actions = Vec::with_capacity(items.len());
@@ -478,11 +508,14 @@ fn from_value(value: Json, level: usize) -> Result<Capability, CapError> {
     if actions.is_empty() {
         return Err(CapError::malformed("allowedAction is empty"));
     }
+    Ok(actions)
+}
 
-    let expires_unix_secs = time_field(take(&mut doc, "expires"), "expires")?;
-    let parent_capability = string(take(&mut doc, "parentCapability"), "parentCapability")?;
-
-    let mut proof = members(take(&mut doc, "proof"), &PROOF_KEYS, "the proof")?;
+/// The `proof` object of a capability at chain level `level` that expires at
+/// `expires_unix_secs`, the embedded parent included. How its chain fits
+/// the capability's `parentCapability` is left to [`check_chain_layout`].
+fn proof_from_value(value: Json, level: usize, expires_unix_secs: i64) -> Result<Proof, CapError> {
+    let mut proof = members(value, &PROOF_KEYS, "the proof")?;
     check_context(take(&mut proof, "@context"), "proof.@context")?;
     check_constant(take(&mut proof, "type"), "proof.type", PROOF_TYPE)?;
     check_constant(
@@ -513,8 +546,26 @@ fn from_value(value: Json, level: usize) -> Result<Capability, CapError> {
     })?;
     let proof_value =
         parse_proof_value(string(take(&mut proof, "proofValue"), "proof.proofValue")?)?;
+    let (chain_ids, parent) = chain_from_value(take(&mut proof, "capabilityChain"), level)?;
 
-    let Json::Arr(mut chain) = take(&mut proof, "capabilityChain") else {
+    Ok(Proof {
+        created_unix_secs,
+        verification_method,
+        delegator_public,
+        chain_ids,
+        parent,
+        proof_value,
+    })
+}
+
+/// The `proof.capabilityChain` array of a capability at chain level
+/// `level`: its leading string ids, and the parent when the last entry is
+/// an object (parsed at the next level down).
+fn chain_from_value(
+    value: Json,
+    level: usize,
+) -> Result<(Vec<String>, Option<Box<Capability>>), CapError> {
+    let Json::Arr(mut chain) = value else {
         return Err(CapError::malformed("proof.capabilityChain is not an array"));
     };
     let parent = match chain.last() {
@@ -529,30 +580,7 @@ fn from_value(value: Json, level: usize) -> Result<Capability, CapError> {
         .into_iter()
         .map(|entry| string(entry, "a proof.capabilityChain entry before the last"))
         .collect::<Result<Vec<String>, CapError>>()?;
-    check_chain_layout(&parent_capability, &chain_ids, parent.as_deref())?;
-    if id == parent_capability || chain_ids.contains(&id) {
-        return Err(CapError::malformed(
-            "id repeats the id of an ancestor in its own chain",
-        ));
-    }
-
-    Ok(Capability {
-        id,
-        controller,
-        controller_public,
-        target,
-        actions,
-        expires_unix_secs,
-        parent_capability,
-        proof: Proof {
-            created_unix_secs,
-            verification_method,
-            delegator_public,
-            chain_ids,
-            parent,
-            proof_value,
-        },
-    })
+    Ok((chain_ids, parent))
 }
 
 fn parse_proof_value(text: String) -> Result<[u8; 64], CapError> {

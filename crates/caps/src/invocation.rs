@@ -592,102 +592,20 @@ fn parse_signature_input(value: &str) -> Result<SignatureInput<'_>, CapError> {
                 "it must hold one signature labelled {SIGNATURE_LABEL}"
             ))
         })?;
-    let inner = params.strip_prefix('(').ok_or_else(|| {
-        bad("the covered components must be an inner list (\"@method\" …)".into())
-    })?;
-    let (list, mut rest) = inner
-        .split_once(')')
-        .ok_or_else(|| bad("the inner list of components is not closed".into()))?;
-    let mut components = Vec::new();
-    for item in list.split(' ') {
-        let component = item
-            .strip_prefix('"')
-            .and_then(|s| s.strip_suffix('"'))
-            .and_then(|name| Component::ALL.into_iter().find(|c| c.name() == name))
-            .ok_or_else(|| {
-                bad(format!(
-                    "component {:?} is not one of the covered components {COVERED_COMPONENTS}",
-                    shorten(item)
-                ))
-            })?;
-        if components.contains(&component) {
-            return Err(bad(format!(
-                "component {} is listed twice",
-                component.name()
-            )));
-        }
-        components.push(component);
-    }
-    if components.len() != Component::ALL.len() {
-        return Err(bad(format!(
-            "the signature must cover exactly {COVERED_COMPONENTS}"
-        )));
-    }
+    let (components, mut rest) = parse_components(params).map_err(bad)?;
 
-    let (mut created, mut expires, mut nonce, mut keyid, mut alg) = (None, None, None, None, None);
+    let mut slots = ParamSlots::default();
     while !rest.is_empty() {
-        let after = rest.strip_prefix(';').ok_or_else(|| {
-            bad("parameters must follow as ;name=value, with nothing else".into())
-        })?;
-        let (name, after) = after
-            .split_once('=')
-            .ok_or_else(|| bad("a parameter has no value".into()))?;
-        let (value, after) = if let Some(quoted) = after.strip_prefix('"') {
-            let (s, after) = quoted
-                .split_once('"')
-                .ok_or_else(|| bad(format!("parameter {name} has an unclosed string")))?;
-            if s.contains('\\') {
-                return Err(bad(format!(
-                    "parameter {name} has an escape, which is not accepted"
-                )));
-            }
-            (Param::Str(s), after)
-        } else {
-            let end = after
-                .find(|c: char| !c.is_ascii_digit())
-                .unwrap_or(after.len());
-            let digits = &after[..end];
-            if digits.is_empty() || digits.len() > MAX_TIMESTAMP_DIGITS {
-                return Err(bad(format!(
-                    "parameter {name} is not a quoted string nor an integer of 1 to {MAX_TIMESTAMP_DIGITS} digits"
-                )));
-            }
-            // At most 15 digits: fits an i64.
-            (
-                Param::Int(digits.parse().unwrap_or(i64::MAX)),
-                &after[end..],
-            )
-        };
-        let slot_taken = match (name, value) {
-            ("created", Param::Int(n)) => created.replace(n).is_some(),
-            ("expires", Param::Int(n)) => expires.replace(n).is_some(),
-            ("nonce", Param::Str(s)) => nonce.replace(s).is_some(),
-            ("keyid", Param::Str(s)) => keyid.replace(s).is_some(),
-            ("alg", Param::Str(s)) => alg.replace(s).is_some(),
-            ("created" | "expires", _) => {
-                return Err(bad(format!("parameter {name} must be an integer")));
-            }
-            ("nonce" | "keyid" | "alg", _) => {
-                return Err(bad(format!("parameter {name} must be a quoted string")));
-            }
-            _ => {
-                return Err(bad(format!(
-                    "parameter {:?} is not accepted (only created, expires, nonce, keyid, alg)",
-                    shorten(name)
-                )));
-            }
-        };
-        if slot_taken {
-            return Err(bad(format!("parameter {name} is given twice")));
-        }
+        let (name, param, after) = parse_param(rest).map_err(bad)?;
+        slots.fill(name, param).map_err(bad)?;
         rest = after;
     }
     let missing = |name: &str| bad(format!("parameter {name} is missing"));
-    let created = created.ok_or_else(|| missing("created"))?;
-    let expires = expires.ok_or_else(|| missing("expires"))?;
-    let nonce = nonce.ok_or_else(|| missing("nonce"))?;
-    let keyid = keyid.ok_or_else(|| missing("keyid"))?;
-    let alg = alg.ok_or_else(|| missing("alg"))?;
+    let created = slots.created.ok_or_else(|| missing("created"))?;
+    let expires = slots.expires.ok_or_else(|| missing("expires"))?;
+    let nonce = slots.nonce.ok_or_else(|| missing("nonce"))?;
+    let keyid = slots.keyid.ok_or_else(|| missing("keyid"))?;
+    let alg = slots.alg.ok_or_else(|| missing("alg"))?;
     if alg != SIGNATURE_ALG {
         return Err(bad(format!(
             "alg {:?} is not accepted; sign with {SIGNATURE_ALG}",
@@ -708,10 +626,124 @@ fn parse_signature_input(value: &str) -> Result<SignatureInput<'_>, CapError> {
     })
 }
 
+/// The inner list opening `params`, which must name each covered component
+/// once, and what follows it (the parameters).
+fn parse_components(params: &str) -> Result<(Vec<Component>, &str), String> {
+    let inner = params
+        .strip_prefix('(')
+        .ok_or_else(|| "the covered components must be an inner list (\"@method\" …)".to_owned())?;
+    let (list, rest) = inner
+        .split_once(')')
+        .ok_or_else(|| "the inner list of components is not closed".to_owned())?;
+    let mut components = Vec::new();
+    for item in list.split(' ') {
+        let component = item
+            .strip_prefix('"')
+            .and_then(|s| s.strip_suffix('"'))
+            .and_then(|name| Component::ALL.into_iter().find(|c| c.name() == name))
+            .ok_or_else(|| {
+                format!(
+                    "component {:?} is not one of the covered components {COVERED_COMPONENTS}",
+                    shorten(item)
+                )
+            })?;
+        if components.contains(&component) {
+            return Err(format!("component {} is listed twice", component.name()));
+        }
+        components.push(component);
+    }
+    if components.len() != Component::ALL.len() {
+        return Err(format!(
+            "the signature must cover exactly {COVERED_COMPONENTS}"
+        ));
+    }
+    Ok((components, rest))
+}
+
+/// The `;name=value` parameter at the front of `rest`: its name, its value,
+/// and what follows it. The value is a quoted string without escapes or a
+/// small non-negative integer, the only two kinds the five parameters take.
+fn parse_param(rest: &str) -> Result<(&str, Param<'_>, &str), String> {
+    let after = rest
+        .strip_prefix(';')
+        .ok_or_else(|| "parameters must follow as ;name=value, with nothing else".to_owned())?;
+    let (name, after) = after
+        .split_once('=')
+        .ok_or_else(|| "a parameter has no value".to_owned())?;
+    if let Some(quoted) = after.strip_prefix('"') {
+        let (s, after) = quoted
+            .split_once('"')
+            .ok_or_else(|| format!("parameter {name} has an unclosed string"))?;
+        if s.contains('\\') {
+            return Err(format!(
+                "parameter {name} has an escape, which is not accepted"
+            ));
+        }
+        Ok((name, Param::Str(s), after))
+    } else {
+        let end = after
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(after.len());
+        let digits = &after[..end];
+        if digits.is_empty() || digits.len() > MAX_TIMESTAMP_DIGITS {
+            return Err(format!(
+                "parameter {name} is not a quoted string nor an integer of 1 to {MAX_TIMESTAMP_DIGITS} digits"
+            ));
+        }
+        // At most 15 digits: fits an i64.
+        Ok((
+            name,
+            Param::Int(digits.parse().unwrap_or(i64::MAX)),
+            &after[end..],
+        ))
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Param<'h> {
     Int(i64),
     Str(&'h str),
+}
+
+/// The five parameters of a `Signature-Input`, each set at most once while
+/// they are read; the caller refuses any still missing at the end.
+#[derive(Default)]
+struct ParamSlots<'h> {
+    created: Option<i64>,
+    expires: Option<i64>,
+    nonce: Option<&'h str>,
+    keyid: Option<&'h str>,
+    alg: Option<&'h str>,
+}
+
+impl<'h> ParamSlots<'h> {
+    /// Sets parameter `name`, refusing an unknown name, a value of the wrong
+    /// kind, and a parameter given twice.
+    fn fill(&mut self, name: &str, value: Param<'h>) -> Result<(), String> {
+        let slot_taken = match (name, value) {
+            ("created", Param::Int(n)) => self.created.replace(n).is_some(),
+            ("expires", Param::Int(n)) => self.expires.replace(n).is_some(),
+            ("nonce", Param::Str(s)) => self.nonce.replace(s).is_some(),
+            ("keyid", Param::Str(s)) => self.keyid.replace(s).is_some(),
+            ("alg", Param::Str(s)) => self.alg.replace(s).is_some(),
+            ("created" | "expires", _) => {
+                return Err(format!("parameter {name} must be an integer"));
+            }
+            ("nonce" | "keyid" | "alg", _) => {
+                return Err(format!("parameter {name} must be a quoted string"));
+            }
+            _ => {
+                return Err(format!(
+                    "parameter {:?} is not accepted (only created, expires, nonce, keyid, alg)",
+                    shorten(name)
+                ));
+            }
+        };
+        if slot_taken {
+            return Err(format!("parameter {name} is given twice"));
+        }
+        Ok(())
+    }
 }
 
 /// Refuses a signature outside its time window at `now`.
