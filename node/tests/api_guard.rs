@@ -493,3 +493,32 @@ fn keep_alive_outlasts_the_header_timeout_and_slow_headers_do_not() {
         },
     );
 }
+
+// Goal: an app's request is refused on its headers, before a byte of its
+// body is read: a request that claims a 10 MB body and a signature that
+// does not hold gets its 401 at once (the body never comes). Method: a raw
+// connection sends only the head.
+#[test]
+fn an_app_request_is_refused_before_its_body_is_read() {
+    isolated("an_app_request_is_refused_before_its_body_is_read", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        c.start(&a, &["--no-mdns"]);
+        let (addr, _) = api(&a);
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(
+            b"POST /v1/state/put HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10000000\r\n\
+              Capability-Invocation: zcap capability=\"e30\",action=\"write\"\r\n\
+              Content-Digest: sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:\r\n\
+              Signature-Input: sig1=(\"@method\" \"@path\" \"@query\" \"content-digest\" \"capability-invocation\");created=1;expires=2;nonce=\"abcdefghijklmnop\";keyid=\"did:key:z6Mk#z6Mk\";alg=\"ed25519\"\r\n\
+              Signature: sig1=:AAAA:\r\n\r\n",
+        )
+        .unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 4096];
+        let n = s.read(&mut buf).expect("an answer without the body");
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+        assert!(text.contains("capability_refused"), "{text}");
+    });
+}

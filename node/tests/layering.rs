@@ -101,6 +101,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ("nuwa-proto", &["nuwa-crypto"][..]),
         ("nuwa-state", &["nuwa-proto"][..]),
         ("nuwa-asm", &[][..]),
+        ("nuwa-caps", &["nuwa-identity"][..]),
         (
             "nuwa-sync",
             &[
@@ -125,6 +126,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "nuwa-proto",
                 "nuwa-state",
                 "nuwa-asm",
+                "nuwa-caps",
                 "nuwa-keeper",
                 "nuwa-entropy",
                 "nuwa-counters",
@@ -163,6 +165,7 @@ const IO_FREE: &[&str] = &[
     "nuwa-proto",
     "nuwa-state",
     "nuwa-asm",
+    "nuwa-caps",
     "nuwa-sync",
     "nuwa-keeper",
     "nuwa-agent",

@@ -80,6 +80,7 @@ pub use input::{Input, MdnsEvent, NetEvent, Registration, RequestId};
 pub use keeper::meta_key as keeper_meta_key;
 pub use nuwa_asm as asm_model;
 pub use nuwa_crypto as crypto;
+pub use nuwa_caps as caps;
 pub use nuwa_identity as identity;
 pub use nuwa_proto as proto;
 pub use nuwa_state as state;

@@ -12,7 +12,7 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use nuwa_agent::apps::{AccessView, AppRefusal};
-use nuwa_caps::{Action, Invocation, NonceCache, RequestParts};
+use nuwa_agent::caps::{Action, Invocation, NonceCache, RequestParts};
 
 use super::{ApiError, ErrorCode, MAX_BODY_BYTES};
 

@@ -78,7 +78,7 @@ pub use socket::{SocketError, SocketFile};
 pub use wire::*;
 
 use nuwa_agent::status::Status;
-use nuwa_caps::Action;
+use nuwa_agent::caps::Action;
 
 use apps::{Caller, Refusal};
 
