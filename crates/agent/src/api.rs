@@ -247,13 +247,14 @@ pub const MAX_BATCH_OPS: usize = 100_000;
 /// Most JSON values (each scalar, array and object, as [`json_values`]
 /// counts them) in the body of one writing request: `state/put`,
 /// `state.batch`, `state.create`, `state.update`. Each becomes Automerge
-/// operations on the daemon loop, at about 2 to 5 µs apiece, so this keeps
-/// one write's hold on the loop near 50 ms; and the body is refused before
+/// operations on the daemon loop, at about 6.5 µs per map member (a run
+/// of scalars in an array goes in as one splice, about 0.75 µs each), so
+/// this keeps one write's hold on the loop under 50 ms; and the body is refused before
 /// it is parsed, so a huge array never becomes a huge tree in memory
 /// (issue 25: one 4,000,000-number put took 915 MB and held the loop
 /// 28 s). Store a big numeric array as a string (base64 of its bytes), or
 /// across keys.
-pub const MAX_WRITE_VALUES: usize = 10_000;
+pub const MAX_WRITE_VALUES: usize = 6_000;
 
 /// How many JSON values `body` holds, counted without parsing it: each
 /// `[`, `{` and `,` outside strings (an array of n scalars counts n, an

@@ -77,8 +77,8 @@ pub use page::{LoginLink, Web};
 pub use socket::{SocketError, SocketFile};
 pub use wire::*;
 
-use nuwa_agent::status::Status;
 use nuwa_agent::caps::Action;
+use nuwa_agent::status::Status;
 
 use apps::{Caller, Refusal};
 
