@@ -61,7 +61,10 @@ fn bash(home: &std::path::Path, script: &str) -> Command {
         .env("NUWA_HOME", home)
         .env(
             "NUWA_APP_CLIENT",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/app-client/nuwa_app.mjs"),
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../scripts/app-client/nuwa_app.mjs"
+            ),
         )
         .env_remove("http_proxy")
         .env_remove("HTTP_PROXY")
