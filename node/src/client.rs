@@ -25,6 +25,7 @@ use crate::api::{
     RevokeBody, RevokeReply, challenge_mac,
 };
 use crate::home;
+use nuwa_agent::api::events::{SseParser, change_line};
 use nuwa_agent::api::{ApiError, GetQuery};
 use nuwa_agent::asm::REGISTRY_CONTAINER;
 use nuwa_agent::asm_model::registry::Registry;
@@ -786,78 +787,10 @@ fn print_event(event: &str, data: &str, json: bool) -> Result<()> {
             return Ok(());
         }
         "change" if json => data.to_owned(),
-        "change" => {
-            let ev: serde_json::Value =
-                serde_json::from_str(data).context("malformed change event from the daemon")?;
-            let n = ev["changes"].as_u64().unwrap_or(0);
-            let heads: Vec<String> = ev["heads"]
-                .as_array()
-                .map(|hs| {
-                    hs.iter()
-                        .filter_map(|h| h.as_str())
-                        .map(|h| h.chars().take(12).collect())
-                        .collect()
-                })
-                .unwrap_or_default();
-            format!(
-                "{}  {}  {n} change{}  from {}  heads {}",
-                format_unix_ms(ev["at_unix_ms"].as_u64().unwrap_or(0)),
-                ev["container"].as_str().unwrap_or("?"),
-                if n == 1 { "" } else { "s" },
-                match ev["origin"].as_str() {
-                    Some("local") => "this device",
-                    Some("peer") => "a peer",
-                    Some(other) => other,
-                    None => "?",
-                },
-                heads.join(",")
-            )
-        }
+        "change" => change_line(data).context("malformed change event from the daemon")?,
         _ => return Ok(()),
     };
     write_line(&line)
-}
-
-/// A server-sent-events decoder: bytes in, (event, data) out.
-#[derive(Default)]
-struct SseParser {
-    buf: Vec<u8>,
-}
-
-impl SseParser {
-    /// Longest event kept while waiting for its end; the daemon's are
-    /// far smaller.
-    const MAX_EVENT_BYTES: usize = 1024 * 1024;
-
-    fn push(&mut self, bytes: &[u8]) -> Vec<(String, String)> {
-        self.buf.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        loop {
-            let text_end = self
-                .buf
-                .windows(2)
-                .position(|w| w == b"\n\n")
-                .map(|i| (i, i + 2));
-            let Some((end, next)) = text_end else { break };
-            let block = String::from_utf8_lossy(&self.buf[..end]).replace('\r', "");
-            self.buf.drain(..next);
-            let (mut event, mut data) = ("message".to_owned(), Vec::new());
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("event:") {
-                    event = v.trim().to_owned();
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
-                }
-            }
-            if !data.is_empty() {
-                out.push((event, data.join("\n")));
-            }
-        }
-        if self.buf.len() > Self::MAX_EVENT_BYTES {
-            self.buf.clear();
-        }
-        out
-    }
 }
 
 pub fn export(home: &Path, container: &str, out: &Path, offline: bool, json: bool) -> Result<()> {
