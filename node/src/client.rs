@@ -26,6 +26,7 @@ use crate::api::{
 };
 use crate::home;
 use nuwa_agent::api::events::{SseParser, change_line};
+use nuwa_agent::api::import::{ImportLines, ImportTally, batch_end};
 use nuwa_agent::api::{ApiError, GetQuery};
 use nuwa_agent::asm::REGISTRY_CONTAINER;
 use nuwa_agent::asm_model::registry::Registry;
@@ -501,9 +502,6 @@ pub fn put(home: &Path, container: &str, key: &str, value: &str, json: bool) -> 
     Ok(())
 }
 
-/// Largest batch body `import` sends (the API takes up to 40 MiB).
-const IMPORT_BATCH_BYTES: usize = 16 * 1024 * 1024;
-
 /// Reads and checks every line of an NDJSON import: (line number, the
 /// operation as sent).
 fn read_import(file: &Path) -> Result<Vec<(usize, serde_json::Value)>> {
@@ -515,41 +513,15 @@ fn read_import(file: &Path) -> Result<Vec<(usize, serde_json::Value)>> {
             std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?,
         ))
     };
-    let mut ops = Vec::new();
-    let mut bad = Vec::new();
+    let mut lines = ImportLines::default();
     for (i, line) in reader.lines().enumerate() {
         let n = i + 1;
         let line = line.with_context(|| format!("cannot read line {n} of {}", file.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let checked = serde_json::from_str::<serde_json::Value>(&line)
-            .map_err(|e| e.to_string())
-            .and_then(|v| {
-                serde_json::from_value::<crate::api::BatchOp>(v.clone())
-                    .map(|_| v)
-                    .map_err(|e| e.to_string())
-            });
-        match checked {
-            Ok(v) => ops.push((n, v)),
-            Err(e) if bad.len() < 20 => bad.push(format!("line {n}: {e}")),
-            Err(_) => bad.push(String::new()),
-        }
+        lines.push(n, &line);
     }
-    if !bad.is_empty() {
-        let shown: Vec<&String> = bad.iter().filter(|b| !b.is_empty()).collect();
-        bail!(
-            "{} line(s) of {} are not operations; nothing was sent:\n  {}",
-            bad.len(),
-            file.display(),
-            shown
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join("\n  ")
-        );
-    }
-    Ok(ops)
+    lines
+        .finish(&file.display().to_string())
+        .map_err(anyhow::Error::msg)
 }
 
 /// `state import`: sends the operations of an NDJSON file in batches.
@@ -579,27 +551,11 @@ pub fn import(home: &Path, file: &Path, batch_size: usize, json: bool) -> Result
         indicatif::ProgressBar::hidden()
     };
     let started = std::time::Instant::now();
-    let (mut applied, mut failed) = (0usize, 0usize);
-    let mut failures: Vec<(usize, crate::api::ApiError)> = Vec::new();
+    let mut tally = ImportTally::default();
     let rt = runtime()?;
     let mut start = 0;
     while start < ops.len() {
-        // Up to `batch_size` operations and about IMPORT_BATCH_BYTES.
-        // ... and at most what one write takes in JSON values (the
-        // daemon refuses more, to keep its loop free).
-        let mut end = start;
-        let (mut bytes, mut values) = (0, 2);
-        while end < ops.len() && end - start < batch_size {
-            let text = ops[end].1.to_string();
-            bytes += text.len();
-            values += crate::api::json_values(text.as_bytes()) + 1;
-            if (bytes > IMPORT_BATCH_BYTES || values > crate::api::MAX_WRITE_VALUES) && end > start
-            {
-                break;
-            }
-            end += 1;
-        }
-        let chunk = &ops[start..end];
+        let chunk = &ops[start..batch_end(&ops, start, batch_size)];
         let body = serde_json::json!({
             "ops": chunk.iter().map(|(_, v)| v).collect::<Vec<_>>(),
         });
@@ -607,49 +563,22 @@ pub fn import(home: &Path, file: &Path, batch_size: usize, json: bool) -> Result
             &rt,
             c.to(reqwest::Method::POST, "/v1/state.batch").json(&body),
         )?;
-        applied += reply.applied;
-        failed += reply.failed;
-        for ((line, _), r) in chunk.iter().zip(&reply.results) {
-            if let Some(e) = &r.error {
-                if e.code != crate::api::ErrorCode::BatchAborted {
-                    failures.push((*line, e.clone()));
-                }
-            }
-        }
+        tally.add(chunk, &reply);
         bar.inc(chunk.len() as u64);
-        start = end;
+        start += chunk.len();
     }
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
     if json {
-        print_json(&serde_json::json!({
-            "operations": ops.len(),
-            "applied": applied,
-            "failed": failed,
-            "durable": true,
-            "seconds": secs,
-            "failures": failures
-                .iter()
-                .map(|(line, e)| serde_json::json!({"line": line, "error": e}))
-                .collect::<Vec<_>>(),
-        }))?;
+        print_json(&tally.to_json(ops.len(), secs))?;
     } else {
-        for (line, e) in failures.iter().take(50) {
-            eprintln!("line {line}: {e}");
+        for line in tally.failure_lines() {
+            eprintln!("{line}");
         }
-        if failures.len() > 50 {
-            eprintln!("… and {} more failed lines", failures.len() - 50);
-        }
-        println!(
-            "imported {applied} of {} operations in {secs:.1} s ({:.0}/s); {failed} failed; durable=true",
-            ops.len(),
-            applied as f64 / secs.max(1e-9),
-        );
+        println!("{}", tally.summary(ops.len(), secs));
     }
-    if failed > 0 {
-        bail!(
-            "{failed} operation(s) failed (a failed one aborts the others on its container in its batch)"
-        );
+    if let Some(e) = tally.error() {
+        bail!(e);
     }
     Ok(())
 }
