@@ -30,7 +30,6 @@ use nuwa_agent::api::import::{ImportLines, ImportTally, batch_end};
 use nuwa_agent::api::{ApiError, GetQuery};
 use nuwa_agent::asm::REGISTRY_CONTAINER;
 use nuwa_agent::asm_model::registry::Registry;
-use nuwa_agent::devices::format_unix_ms;
 use nuwa_agent::expiry;
 use nuwa_agent::state::Container;
 use nuwa_agent::status::Status;
@@ -453,34 +452,13 @@ fn device_list_offline(
         ),
         None => None,
     };
-    let mut rows = nuwa_agent::devices::list(
+    let me = (h.info.context_id.as_str(), h.info.name.as_str());
+    Ok(nuwa_agent::devices::list_offline(
         &h.log,
-        seen.as_ref()
-            .unwrap_or(&nuwa_agent::devices::Seen::default()),
-        &h.info.context_id,
+        seen.as_ref(),
+        me,
         now,
-    );
-    let as_of = seen.as_ref().and_then(|s| s.saved_ms());
-    for r in &mut rows {
-        if r.this_device && r.name.is_empty() {
-            r.name = h.info.name.clone();
-        }
-        r.stored_as_of_unix_ms = as_of;
-    }
-    let note = match (&seen, as_of) {
-        (None, _) => "no daemon is running and the home is busy (another nuwa-node command \
-                      holds its lock): names and last-seen times are not shown"
-            .to_owned(),
-        (Some(_), None) => "no daemon is running, and none has recorded names or last-seen \
-                            times in this home yet"
-            .to_owned(),
-        (Some(_), Some(t)) => format!(
-            "no daemon is running: names and last-seen times as stored by the daemon at {} ({})",
-            format_unix_ms(t),
-            nuwa_agent::devices::ago(now, t)
-        ),
-    };
-    Ok((rows, note))
+    ))
 }
 
 pub fn put(home: &Path, container: &str, key: &str, value: &str, json: bool) -> Result<()> {
