@@ -25,10 +25,11 @@ use crate::api::{
     RevokeBody, RevokeReply, challenge_mac,
 };
 use crate::home;
+use nuwa_agent::api::events::{SseParser, change_line};
+use nuwa_agent::api::import::{ImportLines, ImportTally, batch_end};
 use nuwa_agent::api::{ApiError, GetQuery};
 use nuwa_agent::asm::REGISTRY_CONTAINER;
 use nuwa_agent::asm_model::registry::Registry;
-use nuwa_agent::devices::format_unix_ms;
 use nuwa_agent::expiry;
 use nuwa_agent::state::Container;
 use nuwa_agent::status::Status;
@@ -451,34 +452,13 @@ fn device_list_offline(
         ),
         None => None,
     };
-    let mut rows = nuwa_agent::devices::list(
+    let me = (h.info.context_id.as_str(), h.info.name.as_str());
+    Ok(nuwa_agent::devices::list_offline(
         &h.log,
-        seen.as_ref()
-            .unwrap_or(&nuwa_agent::devices::Seen::default()),
-        &h.info.context_id,
+        seen.as_ref(),
+        me,
         now,
-    );
-    let as_of = seen.as_ref().and_then(|s| s.saved_ms());
-    for r in &mut rows {
-        if r.this_device && r.name.is_empty() {
-            r.name = h.info.name.clone();
-        }
-        r.stored_as_of_unix_ms = as_of;
-    }
-    let note = match (&seen, as_of) {
-        (None, _) => "no daemon is running and the home is busy (another nuwa-node command \
-                      holds its lock): names and last-seen times are not shown"
-            .to_owned(),
-        (Some(_), None) => "no daemon is running, and none has recorded names or last-seen \
-                            times in this home yet"
-            .to_owned(),
-        (Some(_), Some(t)) => format!(
-            "no daemon is running: names and last-seen times as stored by the daemon at {} ({})",
-            format_unix_ms(t),
-            nuwa_agent::devices::ago(now, t)
-        ),
-    };
-    Ok((rows, note))
+    ))
 }
 
 pub fn put(home: &Path, container: &str, key: &str, value: &str, json: bool) -> Result<()> {
@@ -500,9 +480,6 @@ pub fn put(home: &Path, container: &str, key: &str, value: &str, json: bool) -> 
     Ok(())
 }
 
-/// Largest batch body `import` sends (the API takes up to 40 MiB).
-const IMPORT_BATCH_BYTES: usize = 16 * 1024 * 1024;
-
 /// Reads and checks every line of an NDJSON import: (line number, the
 /// operation as sent).
 fn read_import(file: &Path) -> Result<Vec<(usize, serde_json::Value)>> {
@@ -514,41 +491,15 @@ fn read_import(file: &Path) -> Result<Vec<(usize, serde_json::Value)>> {
             std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?,
         ))
     };
-    let mut ops = Vec::new();
-    let mut bad = Vec::new();
+    let mut lines = ImportLines::default();
     for (i, line) in reader.lines().enumerate() {
         let n = i + 1;
         let line = line.with_context(|| format!("cannot read line {n} of {}", file.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let checked = serde_json::from_str::<serde_json::Value>(&line)
-            .map_err(|e| e.to_string())
-            .and_then(|v| {
-                serde_json::from_value::<crate::api::BatchOp>(v.clone())
-                    .map(|_| v)
-                    .map_err(|e| e.to_string())
-            });
-        match checked {
-            Ok(v) => ops.push((n, v)),
-            Err(e) if bad.len() < 20 => bad.push(format!("line {n}: {e}")),
-            Err(_) => bad.push(String::new()),
-        }
+        lines.push(n, &line);
     }
-    if !bad.is_empty() {
-        let shown: Vec<&String> = bad.iter().filter(|b| !b.is_empty()).collect();
-        bail!(
-            "{} line(s) of {} are not operations; nothing was sent:\n  {}",
-            bad.len(),
-            file.display(),
-            shown
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join("\n  ")
-        );
-    }
-    Ok(ops)
+    lines
+        .finish(&file.display().to_string())
+        .map_err(anyhow::Error::msg)
 }
 
 /// `state import`: sends the operations of an NDJSON file in batches.
@@ -578,27 +529,11 @@ pub fn import(home: &Path, file: &Path, batch_size: usize, json: bool) -> Result
         indicatif::ProgressBar::hidden()
     };
     let started = std::time::Instant::now();
-    let (mut applied, mut failed) = (0usize, 0usize);
-    let mut failures: Vec<(usize, crate::api::ApiError)> = Vec::new();
+    let mut tally = ImportTally::default();
     let rt = runtime()?;
     let mut start = 0;
     while start < ops.len() {
-        // Up to `batch_size` operations and about IMPORT_BATCH_BYTES.
-        // ... and at most what one write takes in JSON values (the
-        // daemon refuses more, to keep its loop free).
-        let mut end = start;
-        let (mut bytes, mut values) = (0, 2);
-        while end < ops.len() && end - start < batch_size {
-            let text = ops[end].1.to_string();
-            bytes += text.len();
-            values += crate::api::json_values(text.as_bytes()) + 1;
-            if (bytes > IMPORT_BATCH_BYTES || values > crate::api::MAX_WRITE_VALUES) && end > start
-            {
-                break;
-            }
-            end += 1;
-        }
-        let chunk = &ops[start..end];
+        let chunk = &ops[start..batch_end(&ops, start, batch_size)];
         let body = serde_json::json!({
             "ops": chunk.iter().map(|(_, v)| v).collect::<Vec<_>>(),
         });
@@ -606,49 +541,22 @@ pub fn import(home: &Path, file: &Path, batch_size: usize, json: bool) -> Result
             &rt,
             c.to(reqwest::Method::POST, "/v1/state.batch").json(&body),
         )?;
-        applied += reply.applied;
-        failed += reply.failed;
-        for ((line, _), r) in chunk.iter().zip(&reply.results) {
-            if let Some(e) = &r.error {
-                if e.code != crate::api::ErrorCode::BatchAborted {
-                    failures.push((*line, e.clone()));
-                }
-            }
-        }
+        tally.add(chunk, &reply);
         bar.inc(chunk.len() as u64);
-        start = end;
+        start += chunk.len();
     }
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
     if json {
-        print_json(&serde_json::json!({
-            "operations": ops.len(),
-            "applied": applied,
-            "failed": failed,
-            "durable": true,
-            "seconds": secs,
-            "failures": failures
-                .iter()
-                .map(|(line, e)| serde_json::json!({"line": line, "error": e}))
-                .collect::<Vec<_>>(),
-        }))?;
+        print_json(&tally.to_json(ops.len(), secs))?;
     } else {
-        for (line, e) in failures.iter().take(50) {
-            eprintln!("line {line}: {e}");
+        for line in tally.failure_lines() {
+            eprintln!("{line}");
         }
-        if failures.len() > 50 {
-            eprintln!("… and {} more failed lines", failures.len() - 50);
-        }
-        println!(
-            "imported {applied} of {} operations in {secs:.1} s ({:.0}/s); {failed} failed; durable=true",
-            ops.len(),
-            applied as f64 / secs.max(1e-9),
-        );
+        println!("{}", tally.summary(ops.len(), secs));
     }
-    if failed > 0 {
-        bail!(
-            "{failed} operation(s) failed (a failed one aborts the others on its container in its batch)"
-        );
+    if let Some(e) = tally.error() {
+        bail!(e);
     }
     Ok(())
 }
@@ -786,78 +694,10 @@ fn print_event(event: &str, data: &str, json: bool) -> Result<()> {
             return Ok(());
         }
         "change" if json => data.to_owned(),
-        "change" => {
-            let ev: serde_json::Value =
-                serde_json::from_str(data).context("malformed change event from the daemon")?;
-            let n = ev["changes"].as_u64().unwrap_or(0);
-            let heads: Vec<String> = ev["heads"]
-                .as_array()
-                .map(|hs| {
-                    hs.iter()
-                        .filter_map(|h| h.as_str())
-                        .map(|h| h.chars().take(12).collect())
-                        .collect()
-                })
-                .unwrap_or_default();
-            format!(
-                "{}  {}  {n} change{}  from {}  heads {}",
-                format_unix_ms(ev["at_unix_ms"].as_u64().unwrap_or(0)),
-                ev["container"].as_str().unwrap_or("?"),
-                if n == 1 { "" } else { "s" },
-                match ev["origin"].as_str() {
-                    Some("local") => "this device",
-                    Some("peer") => "a peer",
-                    Some(other) => other,
-                    None => "?",
-                },
-                heads.join(",")
-            )
-        }
+        "change" => change_line(data).context("malformed change event from the daemon")?,
         _ => return Ok(()),
     };
     write_line(&line)
-}
-
-/// A server-sent-events decoder: bytes in, (event, data) out.
-#[derive(Default)]
-struct SseParser {
-    buf: Vec<u8>,
-}
-
-impl SseParser {
-    /// Longest event kept while waiting for its end; the daemon's are
-    /// far smaller.
-    const MAX_EVENT_BYTES: usize = 1024 * 1024;
-
-    fn push(&mut self, bytes: &[u8]) -> Vec<(String, String)> {
-        self.buf.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        loop {
-            let text_end = self
-                .buf
-                .windows(2)
-                .position(|w| w == b"\n\n")
-                .map(|i| (i, i + 2));
-            let Some((end, next)) = text_end else { break };
-            let block = String::from_utf8_lossy(&self.buf[..end]).replace('\r', "");
-            self.buf.drain(..next);
-            let (mut event, mut data) = ("message".to_owned(), Vec::new());
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("event:") {
-                    event = v.trim().to_owned();
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
-                }
-            }
-            if !data.is_empty() {
-                out.push((event, data.join("\n")));
-            }
-        }
-        if self.buf.len() > Self::MAX_EVENT_BYTES {
-            self.buf.clear();
-        }
-        out
-    }
 }
 
 pub fn export(home: &Path, container: &str, out: &Path, offline: bool, json: bool) -> Result<()> {

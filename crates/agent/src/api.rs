@@ -2,6 +2,11 @@
 //! bodies, the `state.*` tools, and the error codes every refusal names.
 //! The shell's HTTP server parses bodies into these types and answers with
 //! the agent's replies; the CLI's client sends and reads the same types.
+//! [`events`] and [`import`] hold what the CLI makes of the event stream
+//! and of an import file.
+
+pub mod events;
+pub mod import;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -226,6 +226,41 @@ pub fn format_unix_ms(ms: u64) -> String {
         .unwrap_or_else(|| format!("{ms} ms after the Unix epoch"))
 }
 
+/// `device list` with no daemon running: the rows of [`list`] over the
+/// record the daemon stored (`seen`; `None` when the home was busy and the
+/// store could not be opened), this device named `my_name` when the record
+/// has no name for it, each row saying when the record was written; and a
+/// line saying where the names and last-seen times came from.
+pub fn list_offline(
+    log: &DidChain,
+    seen: Option<&Seen>,
+    (me, my_name): (&str, &str),
+    now_ms: u64,
+) -> (Vec<DeviceEntry>, String) {
+    let mut rows = list(log, seen.unwrap_or(&Seen::default()), me, now_ms);
+    let as_of = seen.and_then(|s| s.saved_ms());
+    for r in &mut rows {
+        if r.this_device && r.name.is_empty() {
+            r.name = my_name.to_owned();
+        }
+        r.stored_as_of_unix_ms = as_of;
+    }
+    let note = match (seen, as_of) {
+        (None, _) => "no daemon is running and the home is busy (another nuwa-node command \
+                      holds its lock): names and last-seen times are not shown"
+            .to_owned(),
+        (Some(_), None) => "no daemon is running, and none has recorded names or last-seen \
+                            times in this home yet"
+            .to_owned(),
+        (Some(_), Some(t)) => format!(
+            "no daemon is running: names and last-seen times as stored by the daemon at {} ({})",
+            format_unix_ms(t),
+            ago(now_ms, t)
+        ),
+    };
+    (rows, note)
+}
+
 /// "5m3s ago" and the like.
 pub fn ago(now_ms: u64, t_ms: u64) -> String {
     let ago = now_ms.saturating_sub(t_ms) / 1000;
@@ -338,5 +373,34 @@ mod tests {
         let back = Seen::from_bytes(old);
         assert_eq!(back.saved_ms(), None);
         assert_eq!(back.devices["device-bb"].name, "tablet");
+    }
+
+    // Goal: with no daemon, this device keeps its own name, every row says
+    // when the record was written, and the note says where names came
+    // from. Method: a busy home, a record never written, a stored one.
+    #[test]
+    fn offline_rows_and_their_note() {
+        let master = DeviceKey::from_seed(&[1; 32]);
+        let me = DeviceKey::from_seed(&[3; 32]);
+        let mut log = DidChain::genesis(&master, 1_000).unwrap();
+        let recovery = DeviceKey::from_seed(&[2; 32]).public();
+        crate::lifecycle::first_update(&mut log, &master, &me, &recovery, 1_000).unwrap();
+        let id = context_id_for(&me.public());
+        let now = 120_000;
+        let (rows, busy) = list_offline(&log, None, (&id, "desk"), now);
+        assert_eq!(
+            (rows[0].name.as_str(), rows[0].stored_as_of_unix_ms),
+            ("desk", None)
+        );
+        assert!(busy.contains("the home is busy"), "{busy}");
+        let (_, never) = list_offline(&log, Some(&Seen::default()), (&id, "desk"), now);
+        assert!(never.contains("none has recorded names"), "{never}");
+        let stored = Seen::from_bytes(&Seen::default().to_bytes(60_000));
+        let (rows, note) = list_offline(&log, Some(&stored), (&id, "desk"), now);
+        assert_eq!(rows[0].stored_as_of_unix_ms, Some(60_000));
+        assert!(
+            note.ends_with("at 1970-01-01T00:01:00Z (1m0s ago)"),
+            "{note}"
+        );
     }
 }

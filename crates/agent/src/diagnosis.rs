@@ -1,15 +1,27 @@
 //! `doctor`'s verdicts, decided here and printed by the shell: one
 //! [`Check`] per concern (pass, warn, fail or skip, with what to do), the
-//! [`Report`] that says whether anything stops sync, and the checks that
-//! are a judgement over the daemon's [`Status`] alone. The shell gathers
-//! what it must read from the host (files, interfaces, disk) and builds the
-//! other checks with the same type.
+//! [`Report`] that says whether anything stops sync, and every check's
+//! judgement: here those over the daemon's [`Status`] (clock,
+//! reachability, peers) and whether it answers; in `home` those over the
+//! home's files and identity; in `host` those over the host's interfaces
+//! and disk. The shell gathers what it must read (files, their modes,
+//! interfaces, free space, the daemon's status) and hands it in.
 
 use std::path::Path;
 
 use serde::Serialize;
 
 use crate::status::Status;
+
+mod home;
+mod host;
+
+pub use home::{
+    BackupRecord, HomeFile, HomeFound, MasterKeyFound, Mode, check_dht_pointer, check_home,
+    check_master_key, check_recovery, is_admin, key_fingerprint, other_active_devices,
+    pointer_bytes,
+};
+pub use host::{DISK_FAIL_BYTES, DISK_WARN_BYTES, MdnsFacts, check_disk, check_mdns, human_bytes};
 
 /// A peer's clock offset above which `doctor` warns (sync still works up to
 /// the replay window, but a drifting clock gets there).
@@ -124,6 +136,72 @@ impl Report {
             }
         ));
         out
+    }
+}
+
+/// The checks of a home that is not initialised: the home check, and every
+/// other one skipped.
+pub fn uninitialised(home: Check) -> Vec<Check> {
+    let mut out = vec![home];
+    for name in [
+        "config",
+        "daemon",
+        "clock",
+        "mdns",
+        "reachability",
+        "peers",
+        "dht-pointer",
+        "disk",
+        "master-key",
+    ] {
+        out.push(Check::skip(name, "needs an initialised home"));
+    }
+    out
+}
+
+/// Whether the settings (the file `config_file` under the flags given to
+/// `doctor`) are valid: `problem` is the error that names the bad one.
+pub fn check_config(config_file: &str, problem: Option<String>) -> Check {
+    match problem {
+        None => Check::pass(
+            "config",
+            format!("{config_file} and the flags given here are valid"),
+        ),
+        Some(e) => Check::fail(
+            "config",
+            e,
+            format!(
+                "correct the setting named above in {config_file} (or the flag); \
+                 `nuwa-node run --help` lists every setting"
+            ),
+        ),
+    }
+}
+
+/// Whether the daemon of home `h` runs and answers: its status, or why
+/// not.
+pub fn check_daemon(h: &str, status: Result<&Status, &str>) -> Check {
+    match status {
+        Ok(st) => Check::pass(
+            "daemon",
+            format!(
+                "running and answering (version {}, API {})",
+                if st.version.is_empty() {
+                    "unknown"
+                } else {
+                    &st.version
+                },
+                st.api_url
+            ),
+        ),
+        Err(why) => Check::fail(
+            "daemon",
+            format!("not running: {why}"),
+            format!(
+                "start it with `nuwa-node --home {h} run`, or keep it running as a \
+                 service with `nuwa-node --home {h} service install --user`"
+            ),
+        ),
     }
 }
 
