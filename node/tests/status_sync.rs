@@ -17,10 +17,11 @@ fn a_lagging_device_says_what_it_lacks_then_in_sync() {
         let a = c.init("laptop");
         let b = c.provision(&a, "phone");
         c.start(&a, &[]);
-        // 100 transactions of 2,000 entries each, on a only.
+        // 100 transactions of 1,000 entries each, on a only (a batch of
+        // 1,000 puts is about 5,000 JSON values, within one write's 6,000).
         let file = c.home("big.ndjson");
         let mut text = String::new();
-        for i in 0..200_000 {
+        for i in 0..100_000 {
             text.push_str(&format!(
                 "{{\"op\":\"put\",\"container\":\"big\",\"key\":\"k{i:06}\",\"value\":{i}}}\n"
             ));
@@ -33,7 +34,7 @@ fn a_lagging_device_says_what_it_lacks_then_in_sync() {
                 "import",
                 file.to_str().unwrap(),
                 "--batch-size",
-                "2000",
+                "1000",
             ],
         );
 
