@@ -98,8 +98,10 @@ fn schema(ns: &str) -> Value {
 // read-only capability to a second key, which reads and is refused
 // writing; after `app revoke` on the laptop, both keys are refused on the
 // phone within seconds; an expired capability, a replayed signature, a
-// tampered body and a foreign agent's chain are each refused and counted.
-// Method: two real daemons of one agent, the app in Node.js.
+// tampered body and a foreign agent's chain are each refused and counted;
+// a public container is read (not written) by any app, a shared one only
+// with a capability naming it. Method: two real daemons of one agent, the
+// app in Node.js.
 #[test]
 fn an_app_with_its_own_rights_across_two_devices() {
     isolated("an_app_with_its_own_rights_across_two_devices", || {
@@ -419,6 +421,68 @@ fn an_app_with_its_own_rights_across_two_devices() {
         );
         assert_eq!(st, 401, "{body}");
         assert!(body.to_string().contains("not_an_admin"), "{body}");
+
+        // Shared and public containers: a public board any app may read
+        // (not write), a shared document only a capability naming it
+        // exactly reaches.
+        for (id, vis) in [
+            ("did:nuwa:app:board:state:Post#v1", "public"),
+            ("did:nuwa:app:team:state:Doc#v1", "shared"),
+        ] {
+            let mut sch = schema("x");
+            sch["$id"] = json!(id);
+            sch["x-asm"] = json!({"x-visibility": vis});
+            let f = c.dir.path().join(format!("{vis}.json"));
+            std::fs::write(&f, sch.to_string()).unwrap();
+            cli_ok(&laptop, &["state", "schema", "add", f.to_str().unwrap()]);
+            let obj = json!({"id": "o1", "text": vis});
+            cli_ok(
+                &laptop,
+                &[
+                    "state",
+                    "create",
+                    "--schema",
+                    id,
+                    "--object",
+                    &obj.to_string(),
+                ],
+            );
+        }
+        let board = "did:nuwa:app:board:state:Post#v1";
+        let team = "did:nuwa:app:team:state:Doc#v1";
+        let (st, body) = call(&laptop, &cap4, "7", "GET", &get_path(board), None, "read");
+        assert_eq!((st, &body["o1"]["text"]), (200, &json!("public")), "{body}");
+        let post = json!({"schema_uri": board, "object": {"id": "o2", "text": "spam"}});
+        let (st, body) = call(
+            &laptop,
+            &cap4,
+            "7",
+            "POST",
+            "/v1/state.create",
+            Some(post),
+            "write",
+        );
+        assert_eq!((st, code(&body)), (403, "forbidden"), "{body}");
+        let (st, body) = call(&laptop, &cap4, "7", "GET", &get_path(team), None, "read");
+        assert_eq!((st, code(&body)), (403, "forbidden"), "{body}");
+        let cap5 = c.dir.path().join("team.cap.json");
+        cli_ok(
+            &laptop,
+            &[
+                "app",
+                "grant",
+                "--to",
+                &did,
+                "--target",
+                team,
+                "--actions",
+                "read",
+                "--out",
+                cap5.to_str().unwrap(),
+            ],
+        );
+        let (st, body) = call(&laptop, &cap5, "7", "GET", &get_path(team), None, "read");
+        assert_eq!((st, &body["o1"]["text"]), (200, &json!("shared")), "{body}");
 
         // Each refusal is counted by its reason.
         for reason in [
