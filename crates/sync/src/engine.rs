@@ -1275,6 +1275,15 @@ impl Engine {
         out: &mut Vec<Action>,
     ) -> Result<(), EngineError> {
         self.refresh_fingerprints();
+        // An answer that covers every name is the peer's summary too: the
+        // one it sent when it verified us may have come before we knew it,
+        // and been dropped; without this we said "in sync" only at its next
+        // periodic summary (a `sync --once` that had everything waited 5 s).
+        let whole = parts.first().is_some_and(|p| p.lower.is_empty())
+            && parts.last().is_some_and(|p| p.upper.is_none());
+        if whole && let Some(p) = self.peers.get_mut(peer) {
+            p.summary_seen = true;
+        }
         let mut reply: Vec<RangePart> = Vec::new();
         for part in parts {
             let upper = part.upper.as_deref();

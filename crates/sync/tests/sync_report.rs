@@ -85,3 +85,25 @@ fn a_lagging_device_reports_how_far_behind_then_in_sync() {
     // An unknown peer has no report.
     assert!(b.sync_report("nobody").is_empty());
 }
+
+// Goal: a peer's summary that was dropped (it came before we knew the
+// peer) does not keep us from saying "in sync" until its next periodic
+// summary: its full-range answer to our digest is a summary too. Method:
+// a's summary at peer_up is lost; b comes up, syncs a's changes, and is in
+// sync with a when the exchange ends, with no tick (issue 26's cold sync
+// waited 5 s here).
+#[test]
+fn a_dropped_summary_does_not_delay_in_sync() {
+    let config = Config::default();
+    let mut a = Engine::new(b"actor-a".to_vec(), config.clone());
+    let mut b = Engine::new(b"actor-b".to_vec(), config.clone());
+    put(&mut a, 0..10);
+    let _lost = a.peer_up("b", 0);
+    let up = b.peer_up("a", 100);
+    pump(&mut a, &mut b, vec![(false, up)], 100, |_| {});
+    assert_eq!(b.change_count_of("notes"), Some(10), "b has a's changes");
+    assert!(
+        b.in_sync_with("a"),
+        "b is in sync with a when the exchange ends"
+    );
+}
