@@ -132,6 +132,7 @@ nuwa_counters::table! {
         FrameFromUnverifiedPeer => "frame_from_unverified_peer", "State frames from peers whose Hello has not verified (dropped)";
         PayloadRejected => "payload_rejected", "Opened payloads the sync engine refused";
         EnvelopesHeldForEpoch => "envelopes_held_for_epoch", "Envelopes held until their key epoch's grant arrives";
+        EnvelopesHeldForHello => "envelopes_held_for_hello", "Envelopes kept, unopened, from a connected peer until its Hello verifies";
         HeldEnvelopesDropped => "held_envelopes_dropped", "Held envelopes dropped because the hold was full";
         HeldEnvelopesExpired => "held_envelopes_expired", "Held envelopes whose grant never came";
         EpochGrantMissed => "epoch_grant_missed", "Verified peers hung up on because their envelopes' epoch grant never came (the redial's Hellos bring it)";
@@ -302,6 +303,10 @@ pub const DID_ENTRIES_SLACK: usize = 1024;
 pub const DID_ENTRIES_PAGE_BYTES: usize = 1024 * 1024;
 /// Refused grants kept to try again when the chain grows (one per peer).
 const MAX_GRANT_RETRIES: usize = 256;
+/// Envelopes kept from peers whose Hello is being checked, per peer and in
+/// all (see [`Session::hold_early`]): a digest and a little more.
+const MAX_EARLY_PER_PEER: usize = 4;
+const MAX_EARLY: usize = 64;
 
 struct Held {
     at_ms: u64,
@@ -317,6 +322,9 @@ pub struct Session {
     config: SessionConfig,
     peers: BTreeMap<PeerKey, PeerState>,
     held: VecDeque<Held>,
+    /// Envelopes from connected peers whose `Hello` is still being checked
+    /// (see [`Session::hold_early`]).
+    early: VecDeque<Held>,
     /// Last clock offset measured per peer that was refused for skew.
     skewed: BTreeMap<PeerKey, i64>,
     /// Peers told of as lacking our epoch ([`Effect::PeerLacksEpoch`]),
@@ -366,6 +374,7 @@ impl Session {
             config,
             peers: BTreeMap::new(),
             held: VecDeque::new(),
+            early: VecDeque::new(),
             skewed: BTreeMap::new(),
             lacking: BTreeMap::new(),
             grant_retry: BTreeMap::new(),
@@ -521,6 +530,7 @@ impl Session {
         self.fetching.remove(peer);
         self.hello_sent_ms.remove(peer);
         self.hello_answered_ms.remove(peer);
+        self.early.retain(|h| h.peer != peer);
         if let Some(PeerState::Verified { context_id, .. }) = self.peers.remove(peer) {
             out.push(Effect::PeerGone {
                 peer: peer.to_owned(),
@@ -693,6 +703,7 @@ impl Session {
         self.on_grant(peer, &v.epoch_grant, now_ms, out);
         let actions = self.engine.peer_up(peer, now_ms);
         self.engine_actions(actions, out);
+        self.replay_early(peer, now_ms, out);
     }
 
     /// A verified peer's Hello again: its DID log grew, or ours did not
@@ -961,8 +972,12 @@ impl Session {
         }) = self.peers.get(peer)
         else {
             // State from a peer that has not passed the Hello checks is
-            // never opened.
-            out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
+            // never opened; one whose Hello is being checked is kept.
+            if may_hold && matches!(self.peers.get(peer), Some(PeerState::Pending { .. })) {
+                self.hold_early(peer, env, now_ms, out);
+            } else {
+                out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
+            }
             return;
         };
         let sealed_at = env.timestamp_ms;
@@ -1382,6 +1397,47 @@ impl Session {
         self.replay_held(now_ms, out);
     }
 
+    /// Keeps, unopened, an envelope from a connected peer whose `Hello` is
+    /// still being checked (the peer verified us first and sent its digest
+    /// at once, or our DID log must grow before its Hello verifies): at
+    /// most [`MAX_EARLY_PER_PEER`] per peer and [`MAX_EARLY`] in all, for
+    /// `held_for_ms`. They are opened, as from a verified peer, when its
+    /// Hello verifies, and dropped when it disconnects. Dropped, its first
+    /// digest would wait for the next periodic one before this device says
+    /// "in sync" (issue 26).
+    fn hold_early(&mut self, peer: &str, env: Envelope, now_ms: u64, out: &mut Vec<Effect>) {
+        let of_peer = self.early.iter().filter(|h| h.peer == peer).count();
+        if of_peer >= MAX_EARLY_PER_PEER {
+            out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
+            return;
+        }
+        if self.early.len() >= MAX_EARLY {
+            self.early.pop_front();
+            out.push(Effect::Count(Count::HeldEnvelopesDropped));
+        }
+        self.early.push_back(Held {
+            at_ms: now_ms,
+            peer: peer.to_owned(),
+            env,
+        });
+        out.push(Effect::Count(Count::EnvelopesHeldForHello));
+    }
+
+    /// Opens what `peer` sent before its Hello verified.
+    fn replay_early(&mut self, peer: &str, now_ms: u64, out: &mut Vec<Effect>) {
+        let (mine, rest): (VecDeque<Held>, VecDeque<Held>) = std::mem::take(&mut self.early)
+            .into_iter()
+            .partition(|h| h.peer == peer);
+        self.early = rest;
+        for h in mine {
+            if now_ms.saturating_sub(h.at_ms) > self.config.held_for_ms {
+                out.push(Effect::Count(Count::HeldEnvelopesExpired));
+                continue;
+            }
+            self.open_and_handle(&h.peer, h.env, now_ms, true, out);
+        }
+    }
+
     fn replay_held(&mut self, now_ms: u64, out: &mut Vec<Effect>) {
         let held = std::mem::take(&mut self.held);
         for h in held {
@@ -1401,6 +1457,13 @@ impl Session {
         let mut out = Vec::new();
         self.secure.prune(now_ms);
         let mut stale: Vec<PeerKey> = Vec::new();
+        while let Some(h) = self.early.front() {
+            if now_ms.saturating_sub(h.at_ms) <= self.config.held_for_ms {
+                break;
+            }
+            self.early.pop_front();
+            out.push(Effect::Count(Count::HeldEnvelopesExpired));
+        }
         while let Some(h) = self.held.front() {
             if now_ms.saturating_sub(h.at_ms) <= self.config.held_for_ms {
                 break;

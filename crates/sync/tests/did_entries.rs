@@ -529,3 +529,57 @@ fn hostile_removal_evidence_changes_nothing_and_genuine_evidence_removes() {
     );
     assert!(Frame::decode(&Frame::Hello(big).encode()).is_err());
 }
+
+// Goal: what a peer sends while its Hello is still being checked here (the
+// device behind fetches DID entries first) is kept and opened once the
+// Hello verifies, so the device behind is in sync at once, not at the
+// peer's next periodic digest (issue 26: the bench's idle daemons and a
+// cold sync waited 5 s here). A stranger's envelopes are never opened, and
+// a disconnect drops what was kept. Method: a (ahead) admits b and seals
+// its digest; b receives it before merging the entries.
+#[test]
+fn a_digest_sent_before_the_hello_verified_is_taken_after() {
+    let (ahead, behind) = chains();
+    let mut a = session(&ahead, 2);
+    let mut b = session(&behind, 3);
+    let to_b = a.connected("b", Some(key(3).public()), "sim".into(), NOW_MS);
+    let to_a = b.connected("a", Some(key(2).public()), "sim".into(), NOW_MS);
+    let at_a = a.on_hello("b", &hello_of(&to_a), NOW_MS);
+    assert!(verified(&at_a), "a admits b at once");
+    let digest = at_a
+        .iter()
+        .find_map(|e| match e {
+            Effect::Send { peer, payload } if peer == "b" => Some(payload.clone()),
+            _ => None,
+        })
+        .expect("a sends its digest to b");
+    let env = a.seal(&digest, NOW_MS).unwrap();
+    let out = b.on_hello("a", &hello_of(&to_b), NOW_MS);
+    assert!(!verified(&out), "b fetches entries first");
+    let kept = b.on_envelope("a", env.clone(), NOW_MS);
+    assert!(counted(&kept, Count::EnvelopesHeldForHello), "{kept:?}");
+    let (from, page, more) = answer(&mut a, &out);
+    let merged = b.on_did_entries("a", from, &page, more, NOW_MS + 5);
+    assert!(verified(&merged));
+    assert!(b.in_sync_with("a"), "the kept digest was taken: {merged:?}");
+
+    // A stranger (never sent a Hello) is not kept; a disconnect drops what
+    // was kept for a pending peer.
+    let mut c = session(&behind, 3);
+    let stranger = c.on_envelope("x", env.clone(), NOW_MS);
+    assert!(counted(&stranger, Count::FrameFromUnverifiedPeer));
+    let to_a = c.connected("a", Some(key(2).public()), "sim".into(), NOW_MS);
+    let _ = to_a;
+    let kept = c.on_envelope("a", env, NOW_MS);
+    assert!(counted(&kept, Count::EnvelopesHeldForHello));
+    c.disconnected("a");
+    let _ = c.connected("a", Some(key(2).public()), "sim".into(), NOW_MS);
+    let out = c.on_hello("a", &hello_of(&to_b), NOW_MS);
+    let (from, page, more) = answer(&mut a, &out);
+    let merged = c.on_did_entries("a", from, &page, more, NOW_MS + 5);
+    assert!(verified(&merged));
+    assert!(
+        !c.in_sync_with("a"),
+        "what came before the disconnect was dropped"
+    );
+}

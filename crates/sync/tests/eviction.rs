@@ -56,6 +56,26 @@ fn an_evicted_container_keeps_its_place_and_loads_on_use() {
     assert_ne!(e.digest(), digest);
 }
 
+// Goal: containers loaded at open, before the engine's clock started, stay
+// in memory for the idle minute from the first tick; they used to count as
+// idle since the epoch and left at the first tick, so the open's load was
+// wasted and the first use loaded them again on the loop. Method: insert
+// before any tick, tick at a real time, evict with a minute's idleness.
+#[test]
+fn containers_loaded_at_open_stay_for_the_idle_minute() {
+    let disk = Disk::default();
+    let mut e = engine(b"actor-a", &disk);
+    let mut c = Container::new(b"actor-b");
+    c.put("k", &json!(1)).unwrap();
+    e.insert_container("opened".into(), c);
+    let t0 = 1_800_000_000_000;
+    let _ = e.tick(t0);
+    assert_eq!(e.evict_idle(60_000, usize::MAX, &[]), 0);
+    assert!(e.container("opened").is_some());
+    let _ = e.tick(t0 + 60_000);
+    assert_eq!(e.evict_idle(60_000, usize::MAX, &[]), 1);
+}
+
 // Goal: nothing leaves memory while it is needed: local changes not yet
 // flushed to peers, queued gossip, or a running exchange with a peer.
 #[test]
