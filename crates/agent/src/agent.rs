@@ -270,6 +270,7 @@ impl Agent {
         let effects = self.session.tick(now_ms);
         self.absorb(effects, now_ms, out);
         self.memory_tick(now_ms, rss_bytes, out);
+        self.release_tick(now_ms, out);
         self.discovery_tick(now_ms, out);
         self.keeper_tick(now_ms, out);
         self.remember_seen(now_ms, false, out);

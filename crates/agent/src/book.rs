@@ -29,6 +29,9 @@ pub(crate) struct Book {
     pub(crate) name: String,
     /// When memory is next checked.
     pub(crate) next_evict_ms: u64,
+    /// When memory was last given back on the clock (`None` until startup
+    /// settled): see [`Agent::release_tick`](crate::Agent).
+    pub(crate) released_ms: Option<u64>,
     pub(crate) listen_addrs: Vec<Multiaddr>,
     pub(crate) started_ms: u64,
     pub(crate) quarantined: Vec<QuarantineStatus>,
@@ -54,6 +57,7 @@ impl Book {
             peer_id: boot.peer_id,
             name: boot.name.clone(),
             next_evict_ms: 0,
+            released_ms: None,
             listen_addrs: boot.listen_addrs.clone(),
             started_ms: now_ms,
             quarantined: boot.quarantined.clone(),
@@ -192,6 +196,7 @@ mod tests {
             peer_id: crate::peer::id_of(&key.public()).unwrap(),
             name: "me".to_owned(),
             next_evict_ms: 0,
+            released_ms: None,
             listen_addrs: Vec::new(),
             started_ms: 0,
             quarantined: Vec::new(),

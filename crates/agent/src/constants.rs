@@ -95,6 +95,12 @@ pub(crate) const MAX_CANDIDATE_ADDRS: usize = 16;
 pub(crate) const EVICT_EVERY_MS: u64 = 5_000;
 /// A container unused this long leaves memory.
 pub(crate) const IDLE_EVICT_MS: u64 = 60_000;
+/// Memory is given back once startup settled: when every verified peer is
+/// in sync, or at the latest this long after start.
+pub(crate) const SETTLED_RELEASE_MS: u64 = 10_000;
+/// After that, memory is given back this often: the code pages a burst
+/// ran stay mapped otherwise (docs/performance.md, "Idle memory").
+pub(crate) const RELEASE_EVERY_MS: u64 = 300_000;
 
 // ---- Reports -----------------------------------------------------------
 

@@ -147,8 +147,9 @@ pub enum Effect {
         schemas: Vec<nuwa_asm::schema::AsmSchema>,
         now_secs: i64,
     },
-    /// Containers left memory: the reader may drop idle replicas and the
-    /// allocator may give pages back.
+    /// Containers left memory, or startup settled: the reader may drop
+    /// idle replicas, the allocator may give pages back, and the process
+    /// may drop the code pages it no longer runs from its page tables.
     ReleaseMemory,
     Count(Count),
     CountBy(Count, u64),

@@ -47,8 +47,38 @@ impl Agent {
         crate::devices::list(m.log(), &seen, m.context_id(), now_ms)
     }
 
+    /// Gives memory back (the reader's idle replicas, the allocator's free
+    /// pages, the code pages startup ran) once startup has settled, and
+    /// then every [`RELEASE_EVERY_MS`]. Settled: every verified peer in
+    /// sync with no catch-up running, or [`SETTLED_RELEASE_MS`] after
+    /// start, whichever comes first.
+    pub(crate) fn release_tick(&mut self, now_ms: u64, out: &mut Out) {
+        let due = match self.book.released_ms {
+            Some(at) => now_ms >= at.saturating_add(RELEASE_EVERY_MS),
+            None => {
+                let peers: Vec<String> = self.session.verified().map(|(p, _)| p.clone()).collect();
+                let synced = !peers.is_empty()
+                    && self.book.catch_up_started.is_empty()
+                    && peers.iter().all(|p| self.session.in_sync_with(p));
+                synced || now_ms >= self.book.started_ms.saturating_add(SETTLED_RELEASE_MS)
+            }
+        };
+        if due {
+            self.book.released_ms = Some(now_ms);
+            // An eviction of this tick may have asked already.
+            if !out
+                .effects
+                .iter()
+                .any(|e| matches!(e, Effect::ReleaseMemory))
+            {
+                out.push(Effect::ReleaseMemory);
+            }
+        }
+    }
+
     /// Evicts containers unused for a minute, and, while resident memory is
-    /// over the budget, the least recently used ones.
+    /// over the budget, the least recently used ones; memory is given back
+    /// after an eviction.
     pub(crate) fn memory_tick(&mut self, now_ms: u64, rss_bytes: Option<u64>, out: &mut Out) {
         if now_ms < self.book.next_evict_ms {
             return;

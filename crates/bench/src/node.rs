@@ -38,8 +38,10 @@ impl NodeBin {
     fn command(&self, home: &Path) -> Command {
         let mut c = Command::new(&self.0);
         c.arg("--home").arg(home);
-        // Quiet logs: they go to a file and are only read on failure.
-        c.env("RUST_LOG", "warn");
+        // Quiet logs: they go to a file and are only read on failure (or
+        // kept with --keep; NUWA_BENCH_LOG sets their filter to diagnose).
+        let filter = std::env::var("NUWA_BENCH_LOG").unwrap_or_else(|_| "warn".to_owned());
+        c.env("RUST_LOG", filter);
         c.env_remove("NUWA_HOME");
         c
     }

@@ -60,7 +60,13 @@ pub async fn run(
     Ok(run)
 }
 
+/// How long the daemons sit idle, once meshed, before their RSS is read:
+/// "idle" is a daemon past its start-up syncs, not one still in them. The
+/// samod harness waits the same (scripts/bench/samod/src/main.rs).
+const IDLE_SETTLE: Duration = Duration::from_secs(2);
+
 async fn measure(cluster: &Cluster, writes: usize, in_flight: usize) -> Result<ThroughputRun> {
+    tokio::time::sleep(IDLE_SETTLE).await;
     let idle_rss_mb = cluster
         .nodes
         .iter()

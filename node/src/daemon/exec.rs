@@ -383,6 +383,11 @@ impl Executor {
             Effect::ReleaseMemory => {
                 self.reader.trim();
                 release_free_memory();
+                // Reading smaps takes about a millisecond: not on the loop.
+                tokio::task::spawn_blocking(|| {
+                    let code = super::resident::release_code_pages();
+                    debug!(code_bytes = code, "code pages given back");
+                });
             }
             Effect::Count(c) => self.metrics.agent(c, 1),
             Effect::CountBy(c, n) => self.metrics.agent(c, n),

@@ -132,6 +132,8 @@ pub struct Device {
     waiting: BTreeMap<RequestId, Request2>,
     /// Replies of lifecycle requests, for the scenario to read.
     pub replies: Vec<(RequestId, Result<String, String>)>,
+    /// When the agent asked to give memory back (`Effect::ReleaseMemory`).
+    pub released_ms: Vec<u64>,
 }
 
 /// What a request was, to make sense of its reply.
@@ -361,6 +363,7 @@ impl Sim {
             removed_seen: BTreeSet::new(),
             waiting: BTreeMap::new(),
             replies: Vec::new(),
+            released_ms: Vec::new(),
         });
         self.devices.len() - 1
     }
@@ -841,6 +844,7 @@ impl Sim {
                 let done = job.run();
                 self.send_later(i, Delivery::CaughtUp(Box::new(done)));
             }
+            Effect::ReleaseMemory => self.devices[i].released_ms.push(self.now_ms),
             Effect::Reload(container) => {
                 let disk = self.devices[i].disk.clone();
                 let loaded = disk.and_then(|d| {

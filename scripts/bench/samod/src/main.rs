@@ -350,7 +350,12 @@ async fn followers_reach(cluster: &Cluster, heads: &Value, step: &str) -> Result
     Ok(last)
 }
 
+/// How long the nodes sit idle, once meshed, before their RSS is read: the
+/// same wait as nuwa-bench's (crates/bench/src/throughput.rs).
+const IDLE_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
 async fn throughput_on(cluster: &Cluster, o: &Opts) -> Result<Throughput> {
+    tokio::time::sleep(IDLE_SETTLE).await;
     let mut idle_rss = Vec::new();
     for n in &cluster.nodes {
         idle_rss.push(as_f64(&n.call("rss", json!({})).await?, "rss_bytes")? / 1e6);
