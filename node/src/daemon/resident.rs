@@ -1,5 +1,5 @@
-//! Gives back the resident pages of this program's own code that startup
-//! and past bursts touched and idle does not use.
+//! Gives back the resident pages of code (this program's and its shared
+//! libraries') that startup and past bursts touched and idle does not use.
 //!
 //! Why: the binary's text is 28 MB, and a fault maps its neighbours too
 //! (the kernel's fault-around), so after start most of it stays mapped:
@@ -8,12 +8,14 @@
 //! drop from the page tables: they stay in the page cache, and a page idle
 //! needs comes back as a minor fault.
 //!
-//! Only mappings of the executable with no anonymous (written, copied)
-//! page are dropped: the relocated read-only data must keep its
-//! relocations, which `MADV_DONTNEED` would throw away.
+//! Only read-only file mappings with no anonymous (written, copied) page
+//! are dropped: relocated read-only data must keep its relocations, which
+//! `MADV_DONTNEED` would throw away. The heap, stacks and `[vdso]` are
+//! never touched.
 
-/// Drops this process's clean pages of its own executable from its page
-/// tables; returns the bytes of mappings advised. Linux only; elsewhere 0.
+/// Drops this process's clean pages of read-only file mappings from its
+/// page tables; returns the bytes of mappings advised. Linux only;
+/// elsewhere 0.
 pub(in crate::daemon) fn release_code_pages() -> u64 {
     #[cfg(target_os = "linux")]
     {
@@ -27,8 +29,6 @@ pub(in crate::daemon) fn release_code_pages() -> u64 {
 
 #[cfg(target_os = "linux")]
 mod linux {
-    use std::path::PathBuf;
-
     /// One mapping of the executable, as `/proc/self/smaps` lists it.
     #[derive(Debug, PartialEq)]
     pub(super) struct Mapping {
@@ -39,19 +39,16 @@ mod linux {
     }
 
     pub(super) fn release() -> u64 {
-        let Ok(exe) = std::fs::read_link("/proc/self/exe") else {
-            return 0;
-        };
         let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
             return 0;
         };
         let mut advised = 0u64;
-        for m in clean_mappings(&smaps, &exe) {
+        for m in clean_mappings(&smaps) {
             let len = m.end - m.start;
-            // SAFETY: the range is a whole mapping of our own executable
-            // that is not writable and holds no anonymous page, so
-            // MADV_DONTNEED only drops page-table entries of clean file
-            // pages; the next access maps the same bytes from the file.
+            // SAFETY: the range is a whole file mapping (the executable or a
+            // shared library) that is not writable and holds no anonymous
+            // page, so MADV_DONTNEED only drops page-table entries of clean
+            // file pages; the next access maps the same bytes from the file.
             let r =
                 unsafe { libc::madvise(m.start as *mut libc::c_void, len, libc::MADV_DONTNEED) };
             if r == 0 {
@@ -61,13 +58,13 @@ mod linux {
         advised
     }
 
-    /// The mappings of `exe` in `smaps` that are read-only and hold no
+    /// The file mappings in `smaps` that are read-only and hold no
     /// anonymous page.
-    pub(super) fn clean_mappings(smaps: &str, exe: &std::path::Path) -> Vec<Mapping> {
+    pub(super) fn clean_mappings(smaps: &str) -> Vec<Mapping> {
         let mut out = Vec::new();
         let mut current: Option<Mapping> = None;
         for line in smaps.lines() {
-            if let Some(m) = header(line, exe) {
+            if let Some(m) = header(line) {
                 out.extend(current.take().filter(is_clean));
                 current = m;
             } else if let Some(rest) = line.strip_prefix("Anonymous:") {
@@ -89,9 +86,10 @@ mod linux {
         !m.writable && m.anonymous_kb == 0
     }
 
-    /// `Some(Some(_))` for a header line of a mapping of `exe`, `Some(None)`
-    /// for a header of any other mapping, `None` for a field line.
-    fn header(line: &str, exe: &std::path::Path) -> Option<Option<Mapping>> {
+    /// `Some(Some(_))` for a header line of a file mapping, `Some(None)`
+    /// for a header of any other mapping (heap, stack, `[vdso]`...), `None`
+    /// for a field line.
+    fn header(line: &str) -> Option<Option<Mapping>> {
         let mut parts = line.split_whitespace();
         let range = parts.next()?;
         let (start, end) = range.split_once('-')?;
@@ -101,8 +99,8 @@ mod linux {
         if perms.len() != 4 {
             return None;
         }
-        let path: PathBuf = parts.nth(3).map(PathBuf::from).unwrap_or_default();
-        if path != exe {
+        let path = parts.nth(3).unwrap_or_default();
+        if !path.starts_with('/') {
             return Some(None);
         }
         Some(Some(Mapping {
@@ -116,9 +114,9 @@ mod linux {
 
     #[cfg(test)]
     mod tests {
-        //! Goal: only read-only mappings of the executable without anonymous
-        //! pages are chosen. Method: a hand-written smaps excerpt with text,
-        //! relocated read-only data, data, a library and the heap.
+        //! Goal: only read-only file mappings without anonymous pages are
+        //! chosen. Method: a hand-written smaps excerpt with text, relocated
+        //! read-only data, data, a library, the vDSO and the heap.
 
         use super::*;
 
@@ -134,6 +132,10 @@ Anonymous:            16 kB
 Anonymous:             0 kB
 7000-7100 r-xp 00000000 fd:01 99 /usr/lib/libc.so.6
 Anonymous:             0 kB
+7100-7200 r--p 00100000 fd:01 99 /usr/lib/libc.so.6
+Anonymous:             8 kB
+7f00-7f01 r-xp 00000000 00:00 0 [vdso]
+Anonymous:             0 kB
 8000-9000 rw-p 00000000 00:00 0 [heap]
 Anonymous:          4096 kB
 9000-9100 r-xp 00500000 fd:01 12 /bin/nuwa-node
@@ -141,10 +143,13 @@ Anonymous:          4096 kB
 
         #[test]
         fn only_clean_read_only_mappings_of_the_executable() {
-            let got = clean_mappings(SMAPS, std::path::Path::new("/bin/nuwa-node"));
+            let got = clean_mappings(SMAPS);
             let ranges: Vec<(usize, usize)> = got.iter().map(|m| (m.start, m.end)).collect();
             // The last mapping has no Anonymous line: it is kept as dirty.
-            assert_eq!(ranges, vec![(0x5600, 0x5700), (0x5700, 0x5900)]);
+            assert_eq!(
+                ranges,
+                vec![(0x5600, 0x5700), (0x5700, 0x5900), (0x7000, 0x7100)]
+            );
         }
     }
 }
