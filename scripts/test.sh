@@ -11,6 +11,9 @@
 #   SIM_SEEDS=5000     more seeds for the sync simulator (default 150)
 #   NUWA_CRASH_RUNS=100  more kill -9 rounds in the store crash test (default 10)
 #   NAT_IDLE_SECS=300    the NAT lab's idle watch (default 20 s)
+#   NUWA_BENCH_GUARD=1   the benchmark guard: release builds, then
+#                        `nuwa-bench --quick --check` (about 12 min on 2 cores;
+#                        .ci/run sets it: CI has the time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,4 +57,15 @@ if [ "$(id -u)" = 0 ]; then
   ./testnet/nat-suite.sh
 else
   echo "skipped: needs root for network namespaces"
+fi
+
+step "benchmark guard (nuwa-bench --quick --check: a jump like issue 26's cold sync fails)"
+if [ "${NUWA_BENCH_GUARD:-0}" = 1 ]; then
+  cargo build --release -q -p nuwa-node -p nuwa-bench
+  target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+  guard_out="$(mktemp -d)"
+  "$target_dir/release/nuwa-bench" --node-bin "$target_dir/release/nuwa-node" --quick --check --out "$guard_out"
+  rm -rf "$guard_out"
+else
+  echo "skipped: set NUWA_BENCH_GUARD=1 (CI does)"
 fi

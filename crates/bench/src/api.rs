@@ -217,6 +217,22 @@ impl Api {
             .context("malformed status reply")
     }
 
+    /// The longest turn of the daemon's loop since it started, in ms, from
+    /// `GET /metrics` (`nuwa_loop_turn_longest_us`).
+    pub async fn longest_turn_ms(&self) -> Result<f64> {
+        let resp = self
+            .http
+            .get(format!("{}/metrics", self.url))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("metrics from {} failed", self.url))?;
+        let text = Self::check(resp, "metrics").await?.text().await?;
+        longest_turn_us(&text)
+            .map(|us| us / 1e3)
+            .context("no nuwa_loop_turn_longest_us in /metrics")
+    }
+
     /// Subscribes to `GET /v1/state.events?container=C` and returns once the
     /// daemon said `ready`, so no later change is missed.
     pub async fn watch(&self, container: &str) -> Result<Watcher> {
@@ -369,5 +385,25 @@ mod tests {
                 "split at {split}"
             );
         }
+    }
+}
+
+/// The value of `nuwa_loop_turn_longest_us` in OpenMetrics text.
+fn longest_turn_us(text: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix("nuwa_loop_turn_longest_us"))
+        .and_then(|rest| rest.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod metrics_tests {
+    // Goal: the gauge is read from the metrics text, labels or not.
+    #[test]
+    fn the_longest_turn_is_read_from_metrics() {
+        let text = "# HELP nuwa_loop_turn_longest_us x\n# TYPE nuwa_loop_turn_longest_us gauge\nnuwa_loop_turn_longest_us 51234\n";
+        assert_eq!(super::longest_turn_us(text), Some(51234.0));
+        assert_eq!(super::longest_turn_us("nuwa_other 1\n"), None);
     }
 }

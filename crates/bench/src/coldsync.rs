@@ -42,6 +42,10 @@ pub struct ColdSyncRun {
     /// The longest turn of the syncing device's loop (a catch-up must not
     /// hold it for long).
     pub sync_longest_turn_ms: f64,
+    /// The longest turn of the serving device's loop since it restarted
+    /// (the `big` fill restarts it before the sync, as a device that was
+    /// off; NaN for the other fill).
+    pub serve_longest_turn_ms: f64,
 }
 
 /// How node 0's log is filled.
@@ -102,12 +106,25 @@ pub async fn run(bin: &NodeBin, dir: &Path, entries: usize, fill: Fill) -> Resul
         bail!("node 0 holds {want} changes after filling {entries} entries");
     }
 
+    // The big log is served by a device that restarted since writing it:
+    // its loop turns are measured from the restart on.
+    let n0 = match fill {
+        Fill::Puts => n0,
+        Fill::Batches(_) => {
+            n0.stop().await?;
+            Daemon::start(bin, &master, "n0", &[]).await?
+        }
+    };
     let sync_start = Instant::now();
     let once = bin
         .sync_once_peak(&fresh, &n0.addr, SYNC_TIMEOUT_SECS)
         .await
         .context("cold sync of the fresh device")?;
     let sync = sync_start.elapsed();
+    let serve_longest_turn_ms = match fill {
+        Fill::Puts => f64::NAN,
+        Fill::Batches(_) => n0.api.longest_turn_ms().await?,
+    };
 
     // Run the synced device alone: it loads what it stored, which both
     // proves the sync was complete and gives its memory with the log loaded.
@@ -144,5 +161,6 @@ pub async fn run(bin: &NodeBin, dir: &Path, entries: usize, fill: Fill) -> Resul
         baseline_sync_ms,
         sync_peak_rss_mb: once.peak_rss_mb,
         sync_longest_turn_ms: once.longest_turn_ms,
+        serve_longest_turn_ms,
     })
 }

@@ -8,6 +8,7 @@
 
 mod api;
 mod batch;
+mod check;
 mod coldsync;
 mod containers;
 mod latency;
@@ -40,6 +41,7 @@ are taken inside each repetition. Daemons run as child processes on
 
 Examples:
   nuwa-bench --quick                                   # seconds; a smoke run
+  nuwa-bench --quick --check                           # the same, exit 1 on a jump
   nuwa-bench --node-bin target/release/nuwa-node       # the full benchmark
   nuwa-bench --results bench-out/results.json --compare scripts/bench/out/automerge-repo.json
   nuwa-bench --quick --automerge-repo                  # both tools, one table (needs Node.js)
@@ -74,6 +76,13 @@ struct Cli {
     /// 2000 log entries, 1 repetition (explicit options still win).
     #[arg(long)]
     quick: bool,
+    /// After the run, hold a few figures to wide limits (a jump, not a
+    /// target: cold sync against an empty log's, latency, the converged /
+    /// local ratios, idle RSS, the longest loop turn, point reads) and exit
+    /// with status 1 if one is broken. Meant with --quick; the limits and
+    /// why are in crates/bench/src/check.rs and docs/performance.md.
+    #[arg(long)]
+    check: bool,
     /// Keys in the container of the `reads` workload (default 100000).
     #[arg(long, value_name = "K")]
     read_keys: Option<usize>,
@@ -304,7 +313,15 @@ async fn real_main(cli: Cli) -> Result<()> {
             .into_iter()
             .collect(),
     };
-    write_outputs(&cli, &doc, &others)
+    write_outputs(&cli, &doc, &others)?;
+    if cli.check {
+        let (table, ok) = check::check(&doc);
+        println!("\nbenchmark guard (--check):\n\n{table}");
+        if !ok {
+            anyhow::bail!("a figure broke its guard (see the table above)");
+        }
+    }
+    Ok(())
 }
 
 /// A comparison run by a script of scripts/bench/.
@@ -736,7 +753,8 @@ impl Bench<'_> {
                 .with_context(|| format!("big run, repetition {}", rep + 1))?;
             eprintln!(
                 "big rep {}/{}: cold sync of {} entries {} ms, local load {} ms (ratio {}); \
-                 peak RSS of the syncing device {} MB, its longest loop turn {} ms",
+                 peak RSS of the syncing device {} MB, its longest loop turn {} ms; \
+                 the serving device's (restarted first) {} ms",
                 rep + 1,
                 p.reps,
                 p.big_entries,
@@ -745,6 +763,7 @@ impl Bench<'_> {
                 report::num(r.ratio),
                 report::num(r.sync_peak_rss_mb),
                 report::num(r.sync_longest_turn_ms),
+                report::num(r.serve_longest_turn_ms),
             );
             big.push(r);
         }
@@ -1068,6 +1087,11 @@ fn big_json(p: &Params, big: &[coldsync::ColdSyncRun]) -> Option<Value> {
         &mut m,
         "sync_longest_turn_ms",
         stat_of(big, |r| r.sync_longest_turn_ms),
+    );
+    insert(
+        &mut m,
+        "serve_longest_turn_ms",
+        stat_of(big, |r| r.serve_longest_turn_ms),
     );
     insert(&mut m, "fill_ms", stat_of(big, |r| r.fill_ms));
     Some(Value::Object(m))

@@ -310,7 +310,7 @@ fn batch_rows() -> [Row; 3] {
 }
 
 /// The `big` workload.
-fn big_log_rows() -> [Row; 5] {
+fn big_log_rows() -> [Row; 6] {
     use Better::Lower;
     [
         row(
@@ -344,6 +344,13 @@ fn big_log_rows() -> [Row; 5] {
         row(
             "big log: longest loop turn of the syncing device",
             &["big", "sync_longest_turn_ms"],
+            "ms",
+            Lower,
+            Some(Target::AtMost(50.0)),
+        ),
+        row(
+            "big log: longest loop turn of the serving device (restarted first)",
+            &["big", "serve_longest_turn_ms"],
             "ms",
             Lower,
             Some(Target::AtMost(50.0)),
@@ -387,7 +394,7 @@ fn lookup<'a>(doc: &'a Value, path: &[String]) -> Option<&'a Value> {
     path.iter().try_fold(doc, |v, k| v.get(k))
 }
 
-fn stat_at(doc: &Value, path: &[String]) -> Option<Stat> {
+pub(crate) fn stat_at(doc: &Value, path: &[String]) -> Option<Stat> {
     lookup(doc, path).and_then(|v| serde_json::from_value(v.clone()).ok())
 }
 

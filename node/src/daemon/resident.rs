@@ -142,7 +142,7 @@ Anonymous:          4096 kB
 ";
 
         #[test]
-        fn only_clean_read_only_mappings_of_the_executable() {
+        fn only_clean_read_only_file_mappings() {
             let got = clean_mappings(SMAPS);
             let ranges: Vec<(usize, usize)> = got.iter().map(|m| (m.start, m.end)).collect();
             // The last mapping has no Anonymous line: it is kept as dirty.
