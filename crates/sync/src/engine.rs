@@ -80,6 +80,11 @@ pub struct Config {
     pub max_containers: usize,
     /// A sync message carrying more change bytes than this is applied off
     /// the loop ([`CatchUp`]); `usize::MAX` applies everything inline.
+    /// A whole document for a peer that holds nothing is saved on the
+    /// loop only below this many operations; above, a copy of the document
+    /// makes the reply on a worker ([`CatchUp`]): Automerge's save of
+    /// 1,000,000 entries takes about 150 ms, its copy about 5.
+    pub serve_inline_ops: u64,
     pub catch_up_inline_bytes: usize,
     /// Largest document (in operations) forked for an off-loop catch-up:
     /// the copy is made on the loop (about 50 ns per operation), so a
@@ -100,6 +105,7 @@ impl Default for Config {
             // bytes at one change per entry (crates/state/examples/
             // catchup_cost.rs), so 64 KiB is a few milliseconds.
             catch_up_inline_bytes: 64 * 1024,
+            serve_inline_ops: 100_000,
             catch_up_fork_max_ops: 500_000,
             catch_up_max_running: 4,
         }
@@ -129,6 +135,12 @@ pub struct CatchUp {
 enum Work {
     Message(SyncInbound),
     Changes(Vec<Vec<u8>>),
+    /// Make the sync reply to `peer`, which holds nothing: the whole
+    /// document (see [`Config::serve_inline_ops`]).
+    Serve {
+        peer: PeerKey,
+        state: SyncState,
+    },
 }
 
 impl std::fmt::Debug for CatchUp {
@@ -158,6 +170,18 @@ impl CatchUp {
         let (result, message) = match work {
             Work::Message(inbound) => (base.catch_up(&inbound), Some(inbound)),
             Work::Changes(changes) => (applied_beyond(&mut base, changes), None),
+            Work::Serve { peer, mut state } => {
+                let reply = base.generate_sync_message(&mut state);
+                return CaughtUp {
+                    id,
+                    container,
+                    doc: base,
+                    result: Ok(Vec::new()),
+                    message: None,
+                    carried,
+                    served: Some(Served { peer, state, reply }),
+                };
+            }
         };
         CaughtUp {
             id,
@@ -166,6 +190,7 @@ impl CatchUp {
             result,
             message,
             carried,
+            served: None,
         }
     }
 }
@@ -191,6 +216,22 @@ pub struct CaughtUp {
     result: Result<Vec<Vec<u8>>, StateError>,
     message: Option<SyncInbound>,
     carried: (usize, usize),
+    /// A reply made off the loop ([`Work::Serve`]).
+    served: Option<Served>,
+}
+
+/// A sync reply made on a worker, and the sync state after it.
+struct Served {
+    peer: PeerKey,
+    state: SyncState,
+    reply: Option<Vec<u8>>,
+}
+
+/// A reply being made off the loop for one peer and container: the
+/// peer's messages for the container wait for it.
+struct Serving {
+    id: u64,
+    held: Vec<Vec<u8>>,
 }
 
 impl std::fmt::Debug for CaughtUp {
@@ -485,6 +526,8 @@ pub struct Engine {
     now_ms: u64,
     /// Off-loop catch-ups under way, per container.
     running: BTreeMap<String, Running>,
+    /// Replies made off the loop, by (peer, container).
+    serving: BTreeMap<(PeerKey, String), Serving>,
     /// Catch-ups ready for [`Engine::take_catch_ups`].
     ready: Vec<CatchUp>,
     next_catch_up: u64,
@@ -514,6 +557,7 @@ impl Engine {
             early_digests: BTreeMap::new(),
             now_ms: 0,
             running: BTreeMap::new(),
+            serving: BTreeMap::new(),
             ready: Vec::new(),
             next_catch_up: 0,
         }
@@ -1150,6 +1194,7 @@ impl Engine {
     /// The peer went away; its sync sessions end.
     pub fn peer_down(&mut self, peer: &str) {
         self.peers.remove(peer);
+        self.serving.retain(|(p, _), _| p != peer);
     }
 
     /// Periodic work: heads summaries and restarts of stalled exchanges.
@@ -1453,6 +1498,16 @@ impl Engine {
         now_ms: u64,
         out: &mut Vec<Action>,
     ) -> Result<(), EngineError> {
+        if let Some(serving) = self
+            .serving
+            .get_mut(&(peer.to_owned(), container.to_owned()))
+        {
+            // Answered once our reply, made off the loop, is out.
+            if serving.held.len() < CATCH_UP_HELD_MAX {
+                serving.held.push(message.to_vec());
+            }
+            return Ok(());
+        }
         if let Some(r) = self.running.get_mut(container) {
             // Answered once the catch-up is in; the protocol sends one
             // message at a time, so a longer queue is a misbehaving peer
@@ -1540,7 +1595,12 @@ impl Engine {
             result,
             message,
             carried: _,
+            served,
         } = done;
+        if let Some(served) = served {
+            self.finish_serve(&container, id, served, now_ms, &mut out, &mut errors);
+            return (out, errors);
+        }
         let Some(mut run) = self.running.remove(&container) else {
             return (out, errors);
         };
@@ -1639,6 +1699,51 @@ impl Engine {
         (out, errors)
     }
 
+    /// A reply made off the loop is back: it goes to the peer with the
+    /// sync state that made it, unless the peer left or its exchange was
+    /// restarted meanwhile (a stall); then the messages the peer sent for
+    /// the container meanwhile are received.
+    fn finish_serve(
+        &mut self,
+        container: &str,
+        id: u64,
+        served: Served,
+        now_ms: u64,
+        out: &mut Vec<Action>,
+        errors: &mut Vec<EngineError>,
+    ) {
+        let key = (served.peer.clone(), container.to_owned());
+        let Some(serving) = self.serving.remove(&key) else {
+            return;
+        };
+        if serving.id != id {
+            self.serving.insert(key, serving);
+            return;
+        }
+        let peer = served.peer;
+        if let Some(pc) = self.peer_container_opt(&peer, container)
+            && pc.active_since_ms.is_some()
+        {
+            pc.state = served.state;
+            pc.last_progress_ms = now_ms;
+            match served.reply {
+                Some(message) => out.push(Action::Send {
+                    peer: peer.clone(),
+                    payload: SyncPayload::Sync {
+                        container: container.to_owned(),
+                        message,
+                    },
+                }),
+                None => pc.active_since_ms = None,
+            }
+        }
+        for message in serving.held {
+            if let Err(e) = self.on_sync(&peer, container, &message, now_ms, out) {
+                errors.push(e);
+            }
+        }
+    }
+
     /// Receives a decoded sync message into the live container and answers.
     fn receive(
         &mut self,
@@ -1696,6 +1801,32 @@ impl Engine {
         }
         if theirs_empty && !ours.is_empty() && pc.doc_sent_at.as_ref() == Some(&ours) {
             pc.active_since_ms = Some(now_ms);
+        } else if theirs_empty && !ours.is_empty() && doc.op_count() > self.config.serve_inline_ops
+        {
+            // The reply is the whole document: Automerge saves it, which
+            // takes long for a big one. A copy makes it on a worker; the
+            // peer's messages for the container wait (see `finish_serve`).
+            pc.doc_sent_at = Some(ours);
+            pc.active_since_ms = Some(now_ms);
+            let id = self.next_catch_up;
+            self.next_catch_up += 1;
+            self.serving.insert(
+                (peer.to_owned(), container.to_owned()),
+                Serving {
+                    id,
+                    held: Vec::new(),
+                },
+            );
+            self.ready.push(CatchUp {
+                id,
+                container: container.to_owned(),
+                base: doc.fork(),
+                work: Work::Serve {
+                    peer: peer.to_owned(),
+                    state: pc.state.clone(),
+                },
+                carried: (0, 0),
+            });
         } else {
             match doc.generate_sync_message(&mut pc.state) {
                 Some(reply) => {

@@ -322,3 +322,115 @@ fn a_write_before_the_document_arrives_converges() {
     assert!(wrote);
     assert_eq!(b.change_count_of("log"), Some(ENTRIES + 1));
 }
+
+/// The payload's bytes if it is a sync message for `container`.
+fn sync_bytes(payload: &SyncPayload, container: &str) -> Option<usize> {
+    match payload {
+        SyncPayload::Sync {
+            container: c,
+            message,
+        } if c == container => Some(message.len()),
+        _ => None,
+    }
+}
+
+// Goal: the serving side of a cold sync does not save a big document on
+// its loop (issue 26: 154 ms at 1,000,000 entries): the whole-document
+// reply to a peer that holds nothing is made by a job on a copy; `handle`
+// sends nothing big, the peer's messages for the container wait for the
+// reply, and the peer ends with the same heads. A peer gone meanwhile
+// drops the reply. Method: two engines, the server's reply jobs kept until
+// the wire is quiet, then run and finished.
+#[test]
+fn a_whole_document_for_an_empty_peer_is_made_off_the_loop() {
+    let cfg = Config {
+        serve_inline_ops: 100,
+        catch_up_inline_bytes: usize::MAX,
+        ..Config::default()
+    };
+    let mut a = Engine::new(b"actor-a".to_vec(), cfg.clone());
+    for i in 0..ENTRIES {
+        a.local_put("log", &format!("k{i:05}"), &json!(i))
+            .unwrap()
+            .unwrap();
+    }
+    let _ = a.flush();
+    let mut b = Engine::new(b"actor-b".to_vec(), cfg.clone());
+    let mut wire: VecDeque<(bool, SyncPayload)> = VecDeque::new();
+    let sends = |actions: Vec<Action>, to_b: bool, wire: &mut VecDeque<(bool, SyncPayload)>| {
+        for x in actions {
+            if let Action::Send { payload, .. } = x {
+                wire.push_back((to_b, payload));
+            }
+        }
+    };
+    sends(a.peer_up("b", 0), true, &mut wire);
+    sends(b.peer_up("a", 0), false, &mut wire);
+    let (mut jobs, mut served, mut held_while_serving, mut biggest_inline) = (Vec::new(), 0, 0, 0);
+    let mut steps = 0;
+    loop {
+        while let Some((to_b, payload)) = wire.pop_front() {
+            steps += 1;
+            assert!(steps < 10_000, "the exchange never ends");
+            if to_b {
+                let out = b.handle("a", payload, 1).expect("b accepts");
+                sends(out, false, &mut wire);
+            } else {
+                let from_b_on_log = sync_bytes(&payload, "log").is_some();
+                let out = a.handle("b", payload, 1).expect("a accepts");
+                if from_b_on_log && !jobs.is_empty() {
+                    assert!(out.is_empty(), "held while the reply is made: {out:?}");
+                    held_while_serving += 1;
+                }
+                for x in &out {
+                    if let Action::Send { payload, .. } = x {
+                        biggest_inline =
+                            biggest_inline.max(sync_bytes(payload, "log").unwrap_or(0));
+                    }
+                }
+                sends(out, true, &mut wire);
+                jobs.extend(a.take_catch_ups());
+            }
+        }
+        if jobs.is_empty() {
+            break;
+        }
+        for job in jobs.drain(..) {
+            served += 1;
+            let (out, errors) = a.finish_catch_up(job.run(), 2);
+            assert!(errors.is_empty(), "{errors:?}");
+            sends(out, true, &mut wire);
+        }
+    }
+    assert!(served >= 1, "the whole document was made by a job");
+    assert!(
+        biggest_inline < 4 * 1024,
+        "no big reply came out of handle: {biggest_inline} B"
+    );
+    assert_eq!(b.heads_of("log"), a.heads_of("log"));
+    assert_eq!(b.change_count_of("log"), a.change_count_of("log"));
+    // Both sides opened the exchange: b's second message came while the
+    // reply was being made.
+    assert!(held_while_serving >= 1, "nothing was held");
+
+    // A peer gone while its reply is made: the reply is dropped.
+    let mut c = Engine::new(b"actor-c".to_vec(), cfg);
+    let mut wire: VecDeque<(bool, SyncPayload)> = VecDeque::new();
+    sends(a.peer_up("c", 10), true, &mut wire);
+    sends(c.peer_up("a", 10), false, &mut wire);
+    let mut pending = Vec::new();
+    while let Some((to_c, payload)) = wire.pop_front() {
+        if to_c {
+            sends(c.handle("a", payload, 10).unwrap(), false, &mut wire);
+        } else {
+            sends(a.handle("c", payload, 10).unwrap(), true, &mut wire);
+            pending.extend(a.take_catch_ups());
+        }
+    }
+    assert!(!pending.is_empty(), "a reply job for c");
+    a.peer_down("c");
+    for job in pending {
+        let (out, errors) = a.finish_catch_up(job.run(), 11);
+        assert!(out.is_empty() && errors.is_empty(), "{out:?} {errors:?}");
+    }
+}
