@@ -542,6 +542,11 @@ impl Agent {
             self.book.catch_up_started(catch_up.container(), now_ms);
             out.push(Effect::RunCatchUp(Box::new(catch_up)));
         }
+        // `sync --once` ends in the handle that converged it, not at the
+        // next tick (its persists run first: the executor's phases).
+        if self.once.is_some() {
+            self.once_tick(now_ms, out);
+        }
         self.refresh_registry(out);
         self.refresh_access(now_ms, out);
         self.save_local_writes(now_ms, false, out);

@@ -134,6 +134,9 @@ pub struct Device {
     pub replies: Vec<(RequestId, Result<String, String>)>,
     /// When the agent asked to give memory back (`Effect::ReleaseMemory`).
     pub released_ms: Vec<u64>,
+    /// `sync --once` ended: when, converged or not, and the kind of input
+    /// whose handle ended it.
+    pub finished: Option<(u64, bool, &'static str)>,
 }
 
 /// What a request was, to make sense of its reply.
@@ -254,6 +257,8 @@ pub struct Sim {
     pub refused_expired: BTreeSet<usize>,
     /// Short-lived devices whose time ran out.
     pub expired: BTreeSet<String>,
+    /// Devices started as `sync --once` (one minute's deadline).
+    pub once: BTreeSet<usize>,
 }
 
 fn addr_of(i: usize) -> (Multiaddr, SocketAddr) {
@@ -311,6 +316,7 @@ impl Sim {
             expiring: BTreeMap::new(),
             refused_expired: BTreeSet::new(),
             expired: BTreeSet::new(),
+            once: BTreeSet::new(),
             epoch_knew: BTreeMap::new(),
             witnesses: BTreeMap::new(),
             recovery,
@@ -364,6 +370,7 @@ impl Sim {
             waiting: BTreeMap::new(),
             replies: Vec::new(),
             released_ms: Vec::new(),
+            finished: None,
         });
         self.devices.len() - 1
     }
@@ -398,7 +405,10 @@ impl Sim {
 
     /// Starts (or restarts) device `i` from its home.
     pub fn start(&mut self, i: usize) {
-        let config = self.config();
+        let mut config = self.config();
+        if self.once.contains(&i) {
+            config.once_ms = Some(60_000);
+        }
         let now = self.now_ms;
         let d = &mut self.devices[i];
         if d.running() || d.gone {
@@ -626,7 +636,17 @@ impl Sim {
             return;
         };
         let span = tracing::info_span!("", d = i, t = now - EPOCH_MS);
+        let kind = match &input {
+            Input::Tick { .. } => "tick",
+            Input::Net(_) => "net",
+            _ => "other",
+        };
         let effects = span.in_scope(|| agent.handle(input, now));
+        for e in &effects {
+            if let Effect::Finished(r) = e {
+                self.devices[i].finished = Some((now, r.converged, kind));
+            }
+        }
         self.perform(i, effects);
         self.check_device(i);
     }
