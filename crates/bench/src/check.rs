@@ -33,17 +33,12 @@ fn median(doc: &Value, path: &[&str]) -> Option<f64> {
 
 const GUARDS: &[Guard] = &[
     Guard {
-        label: "cold sync / cold sync of an empty log",
-        // The work of the entries over the fixed cost of a sync, both in
-        // the same run: 5.2 s against 0.2 s was issue 26's regression.
-        figure: |d| {
-            Some(
-                median(d, &["cold_sync", "sync_ms"])?
-                    / median(d, &["cold_sync", "baseline_sync_ms"])?,
-            )
-        },
-        limit: Limit::AtMost(2.0),
-        was: "1.0",
+        label: "cold sync / local load",
+        // The issue's own ratio: 5.2 s against 0.4 s was issue 26's
+        // regression (150x in a quick run); 1.3-1.8 in quick runs now.
+        figure: |d| median(d, &["cold_sync", "ratio"]),
+        limit: Limit::AtMost(4.0),
+        was: "1.6",
     },
     Guard {
         label: "propagation latency N=3, p50 (ms)",
@@ -59,9 +54,13 @@ const GUARDS: &[Guard] = &[
     },
     Guard {
         label: "state.batch: converged / local append",
+        // A quick run's batch workload lasts about 30 ms, so one hiccup
+        // halves it: 0.23 was seen once among 0.45-0.67 (docs/
+        // performance.md, "The benchmark guard"). The limit catches a
+        // collapse, not a dip.
         figure: |d| median(d, &["batch", "ratio"]),
-        limit: Limit::AtLeast(0.3),
-        was: "0.66",
+        limit: Limit::AtLeast(0.1),
+        was: "0.57",
     },
     Guard {
         label: "RSS idle, per daemon (MB)",
@@ -79,7 +78,7 @@ const GUARDS: &[Guard] = &[
         label: "big log: longest loop turn of the serving device (ms)",
         figure: |d| median(d, &["big", "serve_longest_turn_ms"]),
         limit: Limit::AtMost(50.0),
-        was: "not yet measured",
+        was: "2.7",
     },
     Guard {
         label: "point read at 100k keys, p99 (ms)",
@@ -135,16 +134,16 @@ mod tests {
 
     #[test]
     fn a_jump_fails_and_a_missing_figure_does_not() {
-        let good = json!({"cold_sync": {"sync_ms": s(230.0), "baseline_sync_ms": s(220.0)}});
+        let good = json!({"cold_sync": {"ratio": s(1.6)}});
         let (table, ok) = check(&good);
         assert!(ok, "{table}");
         assert!(table.contains("not measured"));
         // Issue 26's regression in a quick run.
-        let bad = json!({"cold_sync": {"sync_ms": s(5200.0), "baseline_sync_ms": s(220.0)}});
+        let bad = json!({"cold_sync": {"ratio": s(150.0)}});
         let (table, ok) = check(&bad);
         assert!(!ok, "{table}");
         assert!(table.contains("**NO**"));
-        let low = json!({"batch": {"ratio": s(0.1)}});
+        let low = json!({"batch": {"ratio": s(0.05)}});
         assert!(!check(&low).1);
     }
 }

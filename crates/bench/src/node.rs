@@ -139,8 +139,11 @@ impl NodeBin {
         if !status.success() {
             bail!("`sync --once` failed ({status}): {}", err.trim());
         }
+        // Its own peak (it may exit before the first sample); the samples
+        // for a binary that does not print it.
+        let sampled = peak_kb as f64 * 1024.0 / 1e6;
         Ok(OnceFigures {
-            peak_rss_mb: peak_kb as f64 * 1024.0 / 1e6,
+            peak_rss_mb: reported_peak_mb(&err).unwrap_or(sampled).max(sampled),
             longest_turn_ms: longest_turn_ms(&err),
         })
     }
@@ -428,7 +431,8 @@ impl Cluster {
 /// What a `sync --once` run reported about itself.
 #[derive(Debug, Clone, Copy)]
 pub struct OnceFigures {
-    /// Peak resident memory (sampled `VmHWM`).
+    /// Peak resident memory (`VmHWM`, as the process reported it at exit,
+    /// or sampled).
     pub peak_rss_mb: f64,
     /// The longest turn of its daemon loop, from its last line ("longest
     /// loop turn X ms"); NaN if the line is missing.
@@ -442,6 +446,13 @@ fn longest_turn_ms(stderr: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// The peak RSS `sync --once` reported in its last line ("peak RSS X MB").
+fn reported_peak_mb(stderr: &str) -> Option<f64> {
+    stderr
+        .rsplit_once("peak RSS ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+}
+
 #[cfg(test)]
 mod once_tests {
     // Goal: the figure is read from the last line of `sync --once`, and a
@@ -451,5 +462,9 @@ mod once_tests {
         let text = "peers verified: 1  in sync: 0  containers: 1\nconverged with 1 peer(s); 1 container(s) in sync; longest loop turn 12.5 ms\n";
         assert_eq!(super::longest_turn_ms(text), 12.5);
         assert!(super::longest_turn_ms("converged with 1 peer(s)").is_nan());
+        let text = "converged with 1 peer(s); longest loop turn 1.9 ms (net); peak RSS 35.2 MB\n";
+        assert_eq!(super::longest_turn_ms(text), 1.9);
+        assert_eq!(super::reported_peak_mb(text), Some(35.2));
+        assert_eq!(super::reported_peak_mb("converged"), None);
     }
 }

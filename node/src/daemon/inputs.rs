@@ -255,13 +255,16 @@ pub(super) fn finished(
         crate::logging::stderr_line(format_args!(""));
     }
     let (us, what) = metrics.loop_turn_longest();
+    let peak_mb = peak_rss_bytes().map(|b| b as f64 / 1e6);
     if opts.once_json {
         let mut v = serde_json::to_value(&result).unwrap_or_default();
         v["longest_loop_turn_ms"] = serde_json::json!(us as f64 / 1e3);
+        v["peak_rss_mb"] = serde_json::json!(peak_mb);
         let _ = crate::client::print_json(&v);
     } else if result.converged {
         let longest = format!("longest loop turn {:.1} ms ({what})", us as f64 / 1e3);
-        crate::logging::stderr_line(format_args!("{}; {longest}", result.message));
+        let peak = peak_mb.map_or(String::new(), |mb| format!("; peak RSS {mb:.1} MB"));
+        crate::logging::stderr_line(format_args!("{}; {longest}{peak}", result.message));
     }
     result.converged.then_some(()).ok_or(result.message)
 }
@@ -269,4 +272,17 @@ pub(super) fn finished(
 /// Whether stderr is a terminal (`sync --once` then redraws its line).
 pub(crate) fn stderr_is_tty() -> bool {
     std::io::stderr().is_terminal()
+}
+
+/// This process's peak resident memory (`VmHWM`), Linux only.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
 }
