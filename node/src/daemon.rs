@@ -33,7 +33,6 @@ mod heads_record;
 mod inputs;
 mod meta;
 pub(crate) mod reader;
-mod resident;
 
 pub(crate) use exec::open::load_container;
 use exec::{Executor, Hands, setup};

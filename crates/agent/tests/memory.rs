@@ -2,7 +2,7 @@
 //! settled (every verified peer in sync, or ten seconds after start for a
 //! device alone), then every five minutes. The shell drops the code pages
 //! startup ran and the allocator's free pages then (node/src/daemon/
-//! resident.rs); an idle daemon's RSS is measured in docs/performance.md.
+//! exec/resident.rs); an idle daemon's RSS is measured in docs/performance.md.
 
 mod sim;
 

@@ -1582,10 +1582,27 @@ impl Engine {
     /// message leaves the container as it was).
     pub fn finish_catch_up(
         &mut self,
-        done: CaughtUp,
+        mut done: CaughtUp,
         now_ms: u64,
     ) -> (Vec<Action>, Vec<EngineError>) {
         self.clock(now_ms);
+        if let Some(served) = done.served.take() {
+            let (mut out, mut errors) = (Vec::new(), Vec::new());
+            self.finish_serve(
+                &done.container,
+                done.id,
+                served,
+                now_ms,
+                &mut out,
+                &mut errors,
+            );
+            return (out, errors);
+        }
+        self.finish_round(done, now_ms)
+    }
+
+    /// A round of a catch-up is back (see [`Engine::finish_catch_up`]).
+    fn finish_round(&mut self, done: CaughtUp, now_ms: u64) -> (Vec<Action>, Vec<EngineError>) {
         let mut out = Vec::new();
         let mut errors = Vec::new();
         let CaughtUp {
@@ -1595,12 +1612,8 @@ impl Engine {
             result,
             message,
             carried: _,
-            served,
+            served: _,
         } = done;
-        if let Some(served) = served {
-            self.finish_serve(&container, id, served, now_ms, &mut out, &mut errors);
-            return (out, errors);
-        }
         let Some(mut run) = self.running.remove(&container) else {
             return (out, errors);
         };

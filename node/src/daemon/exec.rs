@@ -43,6 +43,7 @@ pub(super) use replies::Waiting;
 mod ledger;
 pub(super) mod open;
 mod replies;
+mod resident;
 pub(super) mod setup;
 use crate::home::{self, Home};
 use crate::metrics::{Event, Metrics};
@@ -385,7 +386,7 @@ impl Executor {
                 release_free_memory();
                 // Reading smaps takes about a millisecond: not on the loop.
                 tokio::task::spawn_blocking(|| {
-                    let code = super::resident::release_code_pages();
+                    let code = resident::release_code_pages();
                     debug!(code_bytes = code, "code pages given back");
                 });
             }

@@ -255,7 +255,7 @@ pub(super) fn finished(
         crate::logging::stderr_line(format_args!(""));
     }
     let (us, what) = metrics.loop_turn_longest();
-    let peak_mb = peak_rss_bytes().map(|b| b as f64 / 1e6);
+    let peak_mb = super::exec::open::peak_rss_bytes().map(|b| b as f64 / 1e6);
     if opts.once_json {
         let mut v = serde_json::to_value(&result).unwrap_or_default();
         v["longest_loop_turn_ms"] = serde_json::json!(us as f64 / 1e3);
@@ -272,17 +272,4 @@ pub(super) fn finished(
 /// Whether stderr is a terminal (`sync --once` then redraws its line).
 pub(crate) fn stderr_is_tty() -> bool {
     std::io::stderr().is_terminal()
-}
-
-/// This process's peak resident memory (`VmHWM`), Linux only.
-fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
 }

@@ -212,6 +212,20 @@ fn loader(
     })
 }
 
+/// This process's peak resident memory (`VmHWM`) in bytes (Linux; `None`
+/// elsewhere): `sync --once` reports it as it ends.
+pub(in crate::daemon) fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
 /// This process's resident memory in bytes (Linux; `None` elsewhere).
 pub(in crate::daemon) fn rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;

@@ -16,7 +16,7 @@
 /// Drops this process's clean pages of read-only file mappings from its
 /// page tables; returns the bytes of mappings advised. Linux only;
 /// elsewhere 0.
-pub(in crate::daemon) fn release_code_pages() -> u64 {
+pub(super) fn release_code_pages() -> u64 {
     #[cfg(target_os = "linux")]
     {
         linux::release()
