@@ -307,6 +307,10 @@ const MAX_GRANT_RETRIES: usize = 256;
 /// all (see [`Session::hold_early`]): a digest and a little more.
 const MAX_EARLY_PER_PEER: usize = 4;
 const MAX_EARLY: usize = 64;
+/// Largest envelope kept so (a digest seals to under 200 bytes; frames may
+/// be 8 MiB, and anyone who connects is pending until its Hello): at most
+/// 256 KiB in all.
+const MAX_EARLY_BYTES: usize = 4096;
 
 struct Held {
     at_ms: u64,
@@ -1400,14 +1404,16 @@ impl Session {
     /// Keeps, unopened, an envelope from a connected peer whose `Hello` is
     /// still being checked (the peer verified us first and sent its digest
     /// at once, or our DID log must grow before its Hello verifies): at
-    /// most [`MAX_EARLY_PER_PEER`] per peer and [`MAX_EARLY`] in all, for
-    /// `held_for_ms`. They are opened, as from a verified peer, when its
+    /// most [`MAX_EARLY_PER_PEER`] per peer and [`MAX_EARLY`] in all, each
+    /// at most [`MAX_EARLY_BYTES`], for `held_for_ms`. They are opened, as from a verified peer, when its
     /// Hello verifies, and dropped when it disconnects. Dropped, its first
     /// digest would wait for the next periodic one before this device says
     /// "in sync" (issue 26).
     fn hold_early(&mut self, peer: &str, env: Envelope, now_ms: u64, out: &mut Vec<Effect>) {
         let of_peer = self.early.iter().filter(|h| h.peer == peer).count();
-        if of_peer >= MAX_EARLY_PER_PEER {
+        if of_peer >= MAX_EARLY_PER_PEER
+            || env.ciphertext.len() + env.sender.len() > MAX_EARLY_BYTES
+        {
             out.push(Effect::Count(Count::FrameFromUnverifiedPeer));
             return;
         }

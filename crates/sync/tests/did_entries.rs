@@ -563,6 +563,19 @@ fn a_digest_sent_before_the_hello_verified_is_taken_after() {
     assert!(verified(&merged));
     assert!(b.in_sync_with("a"), "the kept digest was taken: {merged:?}");
 
+    // A big envelope from a pending peer is not kept (anyone who connects
+    // is pending until its Hello: the hold is bounded in bytes).
+    let mut d = session(&behind, 3);
+    let _ = d.connected("a", Some(key(2).public()), "sim".into(), NOW_MS);
+    let mut big = env.clone();
+    big.ciphertext = vec![0; 64 * 1024];
+    let refused = d.on_envelope("a", big, NOW_MS);
+    assert!(
+        counted(&refused, Count::FrameFromUnverifiedPeer),
+        "{refused:?}"
+    );
+    assert!(!counted(&refused, Count::EnvelopesHeldForHello));
+
     // A stranger (never sent a Hello) is not kept; a disconnect drops what
     // was kept for a pending peer.
     let mut c = session(&behind, 3);
