@@ -475,9 +475,6 @@ impl Peer {
     }
 }
 
-/// Digests kept from peers not up yet (see [`Engine::early_digest`]).
-const MAX_EARLY_DIGESTS: usize = 64;
-
 /// Bytes of an Automerge actor id that [`run_actor`] makes: 8 of the
 /// device's public key, then 8 random ones.
 pub const RUN_ACTOR_BYTES: usize = 16;
@@ -521,8 +518,6 @@ pub struct Engine {
     /// Last use of each in-memory container, on the engine's clock (the
     /// latest `now_ms` any input carried).
     last_use: BTreeMap<String, u64>,
-    /// Digests of peers not up yet, by peer (see [`Engine::early_digest`]).
-    early_digests: BTreeMap<String, (Fingerprint, u32)>,
     now_ms: u64,
     /// Off-loop catch-ups under way, per container.
     running: BTreeMap<String, Running>,
@@ -554,7 +549,6 @@ impl Engine {
             cold: BTreeMap::new(),
             loader: None,
             last_use: BTreeMap::new(),
-            early_digests: BTreeMap::new(),
             now_ms: 0,
             running: BTreeMap::new(),
             serving: BTreeMap::new(),
@@ -1159,36 +1153,17 @@ impl Engine {
         SyncPayload::Digest { fingerprint, count }
     }
 
-    /// A verified peer connected: start with a digest, and take the
-    /// peer's own digest if it came first (see [`Engine::early_digest`]).
+    /// A verified peer connected: start with a digest.
     pub fn peer_up(&mut self, peer: &str, now_ms: u64) -> Vec<Action> {
         self.clock(now_ms);
         self.peers.insert(
             peer.to_owned(),
             Peer::new(now_ms, self.config.anti_entropy_ms),
         );
-        let mut out = vec![Action::Send {
+        vec![Action::Send {
             peer: peer.to_owned(),
             payload: self.digest_payload(),
-        }];
-        if let Some(theirs) = self.early_digests.remove(peer) {
-            self.on_digest(peer, theirs, &mut out);
-        }
-        out
-    }
-
-    /// A peer's digest that came before the peer was up here (its `Hello`
-    /// still being checked) is kept, the latest per peer and at most
-    /// [`MAX_EARLY_DIGESTS`] of them, and taken at `peer_up`. Dropped, the
-    /// device would say "in sync" only at the peer's next periodic digest,
-    /// seconds later. Only digests are kept: they are a few bytes, and
-    /// anything else is answered again from our own digest.
-    fn early_digest(&mut self, peer: &str, fingerprint: Fingerprint, count: u32) {
-        if self.early_digests.len() >= MAX_EARLY_DIGESTS && !self.early_digests.contains_key(peer) {
-            self.early_digests.pop_first();
-        }
-        self.early_digests
-            .insert(peer.to_owned(), (fingerprint, count));
+        }]
     }
 
     /// The peer went away; its sync sessions end.
@@ -1243,9 +1218,6 @@ impl Engine {
         now_ms: u64,
     ) -> Result<Vec<Action>, EngineError> {
         if !self.peers.contains_key(peer) {
-            if let SyncPayload::Digest { fingerprint, count } = payload {
-                self.early_digest(peer, fingerprint, count);
-            }
             return Err(EngineError::UnknownPeer(peer.to_owned()));
         }
         self.clock(now_ms);

@@ -107,24 +107,3 @@ fn a_dropped_summary_does_not_delay_in_sync() {
         "b is in sync with a when the exchange ends"
     );
 }
-
-// Goal: the same when nothing differs: a's digest at peer_up comes to b
-// before b has a up, and b says "in sync" with a as it brings a up, not
-// at a's next periodic digest 5 s later (the bench's idle daemons waited
-// here). Method: b keeps the early digest and takes it at peer_up; no
-// extra message is sent.
-#[test]
-fn a_dropped_digest_between_equal_peers_does_not_delay_in_sync() {
-    let config = Config::default();
-    let mut a = Engine::new(b"actor-a".to_vec(), config.clone());
-    let mut b = Engine::new(b"actor-b".to_vec(), config.clone());
-    for action in a.peer_up("b", 0) {
-        if let Action::Send { payload, .. } = action {
-            assert!(b.handle("a", payload, 50).is_err(), "a is not up at b yet");
-        }
-    }
-    let up = b.peer_up("a", 100);
-    assert!(b.in_sync_with("a"), "b took a's early digest at peer_up");
-    pump(&mut a, &mut b, vec![(false, up)], 100, |_| {});
-    assert!(a.in_sync_with("b"));
-}
