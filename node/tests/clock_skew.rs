@@ -2,7 +2,11 @@
 //! with the measured offset (status, counter, WARN log) on the other device,
 //! instead of a silent `replay` rejection every 5 s. Method: two real
 //! daemons of one agent on loopback, one run under libfaketime 600 s ahead
-//! (`faketime`, installed by `.ci/run`), the other told to dial it.
+//! (the `faketime` package, installed by `.ci/run`), the other told to
+//! dial it. The library is preloaded directly, not through the `faketime`
+//! wrapper: the wrapper makes a named semaphore per process id, a killed
+//! wrapper leaves it in /dev/shm, and a later wrapper with the same id (in
+//! a fresh namespace ids start low) fails with `sem_open: File exists`.
 
 mod common;
 
@@ -12,14 +16,9 @@ use common::*;
 
 #[test]
 fn a_device_600_s_ahead_is_reported_as_clock_skew() {
-    if std::process::Command::new("faketime")
-        .args(["-f", "+0s", "true"])
-        .status()
-        .is_err()
-    {
-        // `.ci/run` installs it; say so rather than pass silently.
-        panic!("this test needs libfaketime's `faketime` (apt-get install faketime)");
-    }
+    // `.ci/run` installs it; say so rather than pass silently.
+    let lib = libfaketime().expect("this test needs libfaketime (apt-get install faketime)");
+    let preload = format!("LD_PRELOAD={}", lib.display());
     isolated("a_device_600_s_ahead_is_reported_as_clock_skew", || {
         let mut c = Cluster::new();
         let a = c.init("a");
@@ -27,7 +26,7 @@ fn a_device_600_s_ahead_is_reported_as_clock_skew() {
         c.start(&a, &["--no-mdns"]);
         let a_addr = listen_addr(&a);
         c.start_under(
-            &["faketime", "-f", "+600s"],
+            &["env", &preload, "FAKETIME=+600s"],
             &b,
             &["--no-mdns", "--peer", &a_addr],
         );
@@ -60,4 +59,20 @@ fn a_device_600_s_ahead_is_reported_as_clock_skew() {
             "a WARN names clock_skew"
         );
     });
+}
+
+/// Where the distribution put libfaketime (Debian and Ubuntu: under the
+/// multiarch directory; others: `/usr/lib/faketime` or `/usr/local`).
+fn libfaketime() -> Option<std::path::PathBuf> {
+    let mut dirs: Vec<std::path::PathBuf> = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("faketime"))
+        .collect();
+    dirs.push("/usr/lib/faketime".into());
+    dirs.push("/usr/local/lib/faketime".into());
+    dirs.into_iter()
+        .map(|d| d.join("libfaketime.so.1"))
+        .find(|p| p.is_file())
 }
