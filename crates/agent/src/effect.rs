@@ -147,9 +147,10 @@ pub enum Effect {
         schemas: Vec<nuwa_asm::schema::AsmSchema>,
         now_secs: i64,
     },
-    /// Containers left memory, or startup settled: the reader may drop
-    /// idle replicas, the allocator may give pages back, and the process
-    /// may drop the code pages it no longer runs from its page tables.
+    /// Containers left memory, startup settled, or five minutes passed
+    /// (see `Agent::release_tick`): the reader may drop idle replicas, the
+    /// allocator may give pages back, and the process may drop the code
+    /// pages it no longer runs from its page tables.
     ReleaseMemory,
     Count(Count),
     CountBy(Count, u64),

@@ -80,12 +80,12 @@ pub struct Config {
     pub max_containers: usize,
     /// A sync message carrying more change bytes than this is applied off
     /// the loop ([`CatchUp`]); `usize::MAX` applies everything inline.
+    pub catch_up_inline_bytes: usize,
     /// A whole document for a peer that holds nothing is saved on the
     /// loop only below this many operations; above, a copy of the document
     /// makes the reply on a worker ([`CatchUp`]): Automerge's save of
-    /// 1,000,000 entries takes about 150 ms, its copy about 5.
+    /// 1,000,000 entries takes about 150 ms, its copy about 8.
     pub serve_inline_ops: u64,
-    pub catch_up_inline_bytes: usize,
     /// Largest document (in operations) forked for an off-loop catch-up:
     /// the copy is made on the loop (about 50 ns per operation), so a
     /// bigger one is caught up inline.

@@ -1405,10 +1405,10 @@ impl Session {
     /// still being checked (the peer verified us first and sent its digest
     /// at once, or our DID log must grow before its Hello verifies): at
     /// most [`MAX_EARLY_PER_PEER`] per peer and [`MAX_EARLY`] in all, each
-    /// at most [`MAX_EARLY_BYTES`], for `held_for_ms`. They are opened, as from a verified peer, when its
-    /// Hello verifies, and dropped when it disconnects. Dropped, its first
-    /// digest would wait for the next periodic one before this device says
-    /// "in sync" (issue 26).
+    /// at most [`MAX_EARLY_BYTES`], for `held_for_ms`. They are opened, as
+    /// from a verified peer, when its Hello verifies, and dropped when it
+    /// disconnects. Dropped, its first digest would wait for the next
+    /// periodic one before this device says "in sync" (issue 26).
     fn hold_early(&mut self, peer: &str, env: Envelope, now_ms: u64, out: &mut Vec<Effect>) {
         let of_peer = self.early.iter().filter(|h| h.peer == peer).count();
         if of_peer >= MAX_EARLY_PER_PEER

@@ -576,6 +576,23 @@ fn a_digest_sent_before_the_hello_verified_is_taken_after() {
     );
     assert!(!counted(&refused, Count::EnvelopesHeldForHello));
 
+    // Many pending peers at once: at most 4 kept per peer and 64 in all,
+    // the oldest dropped (and counted) first.
+    let mut e = session(&behind, 3);
+    let (mut kept, mut dropped, mut refused) = (0, 0, 0);
+    for p in 0..20 {
+        let name = format!("p{p}");
+        let _ = e.connected(&name, Some(key(2).public()), "sim".into(), NOW_MS);
+        for _ in 0..5 {
+            let out = e.on_envelope(&name, env.clone(), NOW_MS);
+            kept += usize::from(counted(&out, Count::EnvelopesHeldForHello));
+            dropped += usize::from(counted(&out, Count::HeldEnvelopesDropped));
+            refused += usize::from(counted(&out, Count::FrameFromUnverifiedPeer));
+        }
+    }
+    assert_eq!((kept, refused), (80, 20), "4 per peer");
+    assert_eq!(kept - dropped, 64, "64 in all");
+
     // A stranger (never sent a Hello) is not kept; a disconnect drops what
     // was kept for a pending peer.
     let mut c = session(&behind, 3);
