@@ -381,9 +381,9 @@ impl Agent {
     }
 
     fn on_api_batch(&mut self, batch: Vec<(RequestId, Request)>, now_ms: u64, out: &mut Out) {
-        // Every write of the batch is applied here; the executor makes them
-        // durable in one group commit per container and only then sends
-        // the replies and pushes the changes to peers.
+        // Every write of the batch is applied here; the executor pushes the
+        // changes to peers, makes them durable in one group commit per
+        // container and only then sends the replies (`Phases`).
         let mut pending: Vec<(RequestId, crate::api::Pending)> = Vec::new();
         for (id, req) in batch {
             if self.standing.revoked() && req.writes() {
@@ -532,7 +532,8 @@ impl Agent {
     }
 
     /// The end of every handle: local changes made durable in this handle
-    /// are sealed and sent (the executor sends them after persisting), big
+    /// are sealed and sent (the executor may send them before they are
+    /// flushed, never acknowledges them before: `Phases`), big
     /// sync messages go to workers, and a changed schema registry reaches
     /// the reader.
     fn finish(&mut self, now_ms: u64, out: &mut Out) {

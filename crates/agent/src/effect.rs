@@ -1,16 +1,26 @@
 //! Everything the agent asks the shell to do. The shell's executor performs
-//! one handle's effects in four phases, whatever their order in the list:
+//! one handle's effects in four phases, whatever their order in the list
+//! ([`Phases::of`] sorts them):
 //!
 //! 1. **persist**: changes (one group commit per container and origin),
 //!    then the key ring and grant, then the DID chain, then new homes and
 //!    compactions; metadata records go to an ordered writer off the loop;
 //! 2. **acknowledge**: [`Effect::Reply`]s, which the agent emits only for
 //!    requests whose writes are in phase 1 of the same list;
-//! 3. **send**: frames and gossip, sealed by the agent, leave only now;
+//! 3. **send**: frames and gossip, sealed by the agent;
 //! 4. **the rest**: dials, lookups, registrations, workers, counters.
 //!
-//! So nothing is acknowledged and nothing reaches a peer before it is
-//! durable. A failure in phase 1 stops the shell: nothing after it runs.
+//! Nothing is acknowledged before it is durable. Sends go **before** the
+//! persist phase when it holds nothing but Automerge changes and metadata
+//! ([`Phases::send_first`]): a peer then holds a change while this device
+//! flushes it. If this device crashes in between, the peer holds a change
+//! the device lost, which is harmless: a run never reuses an earlier
+//! run's Automerge actor (`nuwa_sync::run_actor`), so no later change can
+//! be numbered like the lost one, and the lost change comes back from
+//! the peer. A handle that saves keys, a grant, the DID chain, a new home
+//! or a compaction sends only after they are durable: a grant for an
+//! epoch key this device then lost, or a chain it then forgot, is not
+//! harmless. A failure in phase 1 stops the shell: nothing after it runs.
 
 use nuwa_crypto::epoch::KeyRing;
 use nuwa_identity::chain::DidChain;
@@ -220,6 +230,38 @@ pub enum KadOp {
     StartProviding(Vec<u8>),
     GetProviders(Vec<u8>),
     GetRecord(Vec<u8>),
+}
+
+/// One handle's effects sorted into the executor's phases, in the order
+/// the shell performs them (see the module docs).
+#[derive(Debug, Default)]
+pub struct Phases {
+    pub persist: Vec<Effect>,
+    pub acknowledge: Vec<Effect>,
+    pub send: Vec<Effect>,
+    pub rest: Vec<Effect>,
+    /// Send before persisting: the persist phase holds only changes and
+    /// metadata records (or nothing).
+    pub send_first: bool,
+}
+
+impl Phases {
+    pub fn of(effects: Vec<Effect>) -> Phases {
+        let mut p = Phases::default();
+        for e in effects {
+            match e.phase() {
+                Phase::Persist => p.persist.push(e),
+                Phase::Acknowledge => p.acknowledge.push(e),
+                Phase::Send => p.send.push(e),
+                Phase::Rest => p.rest.push(e),
+            }
+        }
+        p.send_first = p
+            .persist
+            .iter()
+            .all(|e| matches!(e, Effect::Persist { .. } | Effect::SaveMeta { .. }));
+        p
+    }
 }
 
 impl Effect {

@@ -75,7 +75,7 @@ pub use agent::{Agent, Boot, Config};
 pub use constants::{ANNOUNCE_MAX_AGE_SECS, ANNOUNCE_REFRESH_MS, RENDEZVOUS_TTL_SECS};
 pub use count::Count;
 pub use discovery::{KNOWN_PEERS_META, Nat};
-pub use effect::{Effect, KadOp, NewHome, OnceResult, Phase};
+pub use effect::{Effect, KadOp, NewHome, OnceResult, Phase, Phases};
 pub use input::{Input, MdnsEvent, NetEvent, Registration, RequestId};
 pub use keeper::meta_key as keeper_meta_key;
 pub use nuwa_asm as asm_model;

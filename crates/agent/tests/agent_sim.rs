@@ -1,7 +1,8 @@
 //! Goal: whole agents keep their membership and sync promises through
 //! what real life does to them. Method: a seeded world (`sim/`) of 3 to 6
 //! devices running the real `Agent` over a lossy, delayed, partitioned
-//! in-memory network, with crashes and restarts, writes, pairing,
+//! in-memory network, with crashes and restarts (some inside a handle
+//! that sent its changes before they were durable), writes, pairing,
 //! provisioning, promotion, revocation (with devices offline), key
 //! rotation, recovery by words with a handover, a keeper between devices
 //! never online together, homes copied while running and restored later
@@ -91,7 +92,13 @@ fn phase(s: &mut Sim, r: &mut Roles) {
             // A crash of anyone but the admin (whose loss is recovery's).
             let others: Vec<usize> = up.iter().copied().filter(|&i| i != r.admin).collect();
             if let Some(i) = pick(s, &others) {
-                s.crash(i);
+                // Or inside a handle that sent its changes before they
+                // were durable.
+                if s.rng.bool() {
+                    s.crash(i);
+                } else {
+                    s.tear(i);
+                }
             }
         }
         62..=71 => {
@@ -724,6 +731,7 @@ fn agents_keep_their_promises_under_seeded_faults() {
                 "keeper requests",
                 "keeper epoch handoffs",
                 "crashes",
+                "torn handles",
                 "expiries",
                 "expiry prunes",
                 "expired refusals",

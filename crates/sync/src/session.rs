@@ -15,8 +15,10 @@
 //!
 //! Inputs are method calls carrying `now_ms`; outputs are [`Effect`]s. The
 //! runtime performs them in one order, whatever order they come in:
-//! persist (changes, DID log, keys) → acknowledge → seal → send, so nothing
-//! reaches a peer before it is durable here. The session never reads a
+//! persist (changes, DID log, keys) → acknowledge → send, except that
+//! changes may be sent before they are flushed (never a DID log or keys:
+//! `nuwa_agent::Phases`), so nothing is acknowledged before it is durable
+//! here. The session never reads a
 //! clock, never does IO and draws randomness only for `Hello` nonces, so
 //! the seeded simulator drives many sessions with loss, duplication,
 //! reordering, revocations and late grants.

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use nuwa_agent::api::{ApiError, ErrorCode};
 use nuwa_agent::sync::Origin;
-use nuwa_agent::{Agent, Boot, Effect, Input, KadOp, Phase, RequestId};
+use nuwa_agent::{Agent, Boot, Effect, Input, KadOp, Phases, RequestId};
 use nuwa_discovery::Mdns;
 use nuwa_net::{GossipId, NetHandle};
 use nuwa_store::Storage;
@@ -177,23 +177,26 @@ impl Executor {
         &self.metrics
     }
 
-    /// Performs one handle's effects in their phases; returns what the
-    /// agent must hear back (containers read back from the store).
+    /// Performs one handle's effects in their phases (sends first when the
+    /// core's [`Phases`] allow it); returns what the agent must hear back
+    /// (containers read back from the store).
     pub(super) async fn execute(&mut self, agent: &Agent, effects: Vec<Effect>) -> Vec<Input> {
-        let mut phases: [Vec<Effect>; 4] = Default::default();
-        for e in effects {
-            let i = match e.phase() {
-                Phase::Persist => 0,
-                Phase::Acknowledge => 1,
-                Phase::Send => 2,
-                Phase::Rest => 3,
-            };
-            phases[i].push(e);
+        let Phases {
+            persist,
+            acknowledge,
+            send,
+            rest,
+            send_first,
+        } = Phases::of(effects);
+        let mut send = Some(send);
+        if send_first {
+            for s in send.take().into_iter().flatten() {
+                self.send(s).await;
+            }
         }
-        let [persist, acks, sends, rest] = phases;
         if let Err(e) = self.persist(agent, persist).await {
             let msg = format!("{e:#}");
-            for a in acks {
+            for a in acknowledge {
                 if let Effect::Reply { id, .. } = a {
                     self.replies.answer(
                         id,
@@ -204,12 +207,12 @@ impl Executor {
             self.fatal = Some(e);
             return Vec::new();
         }
-        for a in acks {
+        for a in acknowledge {
             if let Effect::Reply { id, result } = a {
                 self.replies.answer(id, result);
             }
         }
-        for s in sends {
+        for s in send.into_iter().flatten() {
             self.send(s).await;
         }
         let mut back = Vec::new();
@@ -530,12 +533,13 @@ pub(super) fn release_free_memory() {
 
 #[cfg(test)]
 mod tests {
-    //! Goal: the executor persists before it acknowledges or sends, for
-    //! local writes and a writing tool in one batch. Method: the real agent
-    //! and executor over a store that, at every write it makes durable,
-    //! checks that no network command has been issued and no reply
-    //! delivered since the batch began; a verified peer is connected so
-    //! that the writes have somewhere to go.
+    //! Goal: the executor acknowledges only what is durable, sends a
+    //! handle's changes before it flushes them, and sends after the flush
+    //! when the handle also saves files (the core's `Phases`). Method: the
+    //! real agent and executor over a store that, at every write it makes
+    //! durable, checks which network commands were issued and that no
+    //! reply was delivered; a verified peer is connected so that the writes
+    //! have somewhere to go.
 
     use std::sync::{Arc, Mutex};
 
@@ -657,8 +661,8 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_batch_is_persisted_before_it_is_acknowledged_or_sent() {
+    /// A's agent and executor with B connected and verified.
+    async fn start_a_with_b() -> (Setup, nuwa_agent::peer::PeerId) {
         let Setup {
             _dir,
             store,
@@ -691,7 +695,32 @@ mod tests {
         let effects = agent.handle(Input::Net(vec![frame]), now);
         exec.execute(&agent, effects).await;
         assert_eq!(agent.session().verified().count(), 1, "b must be verified");
+        let setup = Setup {
+            _dir,
+            store,
+            net,
+            exec,
+            agent,
+            b,
+            now,
+        };
+        (setup, b_peer)
+    }
 
+    #[tokio::test]
+    async fn a_batch_is_acknowledged_after_it_is_durable_and_sent_before() {
+        let (
+            Setup {
+                _dir,
+                store,
+                net,
+                mut exec,
+                mut agent,
+                now,
+                ..
+            },
+            _,
+        ) = start_a_with_b().await;
         // The batch: a put, then a tool that writes (a schema registration).
         let (put_tx, put_rx) = oneshot::channel();
         let (tool_tx, tool_rx) = oneshot::channel();
@@ -703,10 +732,9 @@ mod tests {
             let net = net.clone();
             let replies = replies.clone();
             *store.check.lock().unwrap() = Some(Box::new(move |container: &str| {
-                assert_eq!(
-                    net.commands_issued(),
-                    commands_before,
-                    "something went to the network before {container:?} was durable"
+                assert!(
+                    net.commands_issued() > commands_before,
+                    "{container:?} was flushed before its changes were sent"
                 );
                 let mut r = replies.lock().unwrap();
                 assert!(
@@ -737,16 +765,70 @@ mod tests {
                     .any(|c| c == nuwa_agent::asm::REGISTRY_CONTAINER),
             "both writes persisted: {persisted:?}"
         );
-        assert!(
-            net.commands_issued() > commands_before,
-            "the writes were pushed to the verified peer after persisting"
-        );
         let mut r = replies.lock().unwrap();
         let put = r.0.try_recv().expect("put answered").expect("put accepted");
         assert!(put.durable);
         r.1.try_recv()
             .expect("tool answered")
             .expect("tool accepted");
+    }
+
+    // Goal: a handle that saves more than changes (here a compaction, as
+    // a revocation saves keys and the chain) sends nothing before all of
+    // it is durable. Method: a put's effects with a compaction added; the
+    // store checks at each write that nothing went to the network yet.
+    #[tokio::test]
+    async fn a_handle_that_saves_files_sends_only_after_they_are_durable() {
+        let (
+            Setup {
+                _dir,
+                store,
+                net,
+                mut exec,
+                mut agent,
+                now,
+                ..
+            },
+            _,
+        ) = start_a_with_b().await;
+        let (tx, rx) = oneshot::channel();
+        let id = exec.replies.wait(Waiting::Put(tx));
+        let put = Request::Put(PutBody {
+            container: "notes".into(),
+            key: "k".into(),
+            value: serde_json::json!(1),
+        });
+        let mut effects = agent.handle(Input::Api(vec![(id, put)]), now);
+        assert!(
+            effects
+                .iter()
+                .any(|e| matches!(e, nuwa_agent::Effect::Publish { .. })),
+            "the put is pushed to B"
+        );
+        effects.push(nuwa_agent::Effect::Compact {
+            container: "notes".into(),
+        });
+        let commands_before = net.commands_issued();
+        {
+            let net = net.clone();
+            *store.check.lock().unwrap() = Some(Box::new(move |what: &str| {
+                assert_eq!(
+                    net.commands_issued(),
+                    commands_before,
+                    "something went to the network before {what:?} was durable"
+                );
+            }));
+        }
+        store.persisted.lock().unwrap().clear();
+        exec.execute(&agent, effects).await;
+        assert!(exec.take_fatal().is_none());
+        let persisted = store.persisted.lock().unwrap().clone();
+        assert!(
+            persisted.iter().filter(|c| *c == "notes").count() >= 2,
+            "the put and the compaction were written: {persisted:?}"
+        );
+        assert!(net.commands_issued() > commands_before, "then sent");
+        assert!(rx.await.unwrap().unwrap().durable);
     }
 
     // Goal: metadata saved by an input (the keeper's pull cursor, say)

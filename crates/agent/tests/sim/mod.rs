@@ -259,6 +259,9 @@ pub struct Sim {
     pub expired: BTreeSet<String>,
     /// Devices started as `sync --once` (one minute's deadline).
     pub once: BTreeSet<usize>,
+    /// Devices that crash inside their next handle that sends changes
+    /// before it persists them (see [`Sim::tear`]).
+    pub torn: BTreeSet<usize>,
 }
 
 fn addr_of(i: usize) -> (Multiaddr, SocketAddr) {
@@ -317,6 +320,7 @@ impl Sim {
             refused_expired: BTreeSet::new(),
             expired: BTreeSet::new(),
             once: BTreeSet::new(),
+            torn: BTreeSet::new(),
             epoch_knew: BTreeMap::new(),
             witnesses: BTreeMap::new(),
             recovery,
@@ -476,10 +480,21 @@ impl Sim {
             return;
         }
         self.count("crashes");
+        self.torn.remove(&i);
         self.devices[i].waiting.clear();
         self.note(format!("crash d{i}"));
         self.drop_links(i);
         self.flight.retain(|m| m.to != i);
+    }
+
+    /// Device `i` crashes inside its next handle whose sends go before its
+    /// persist phase (the core's `Phases::send_first`) and which persists
+    /// changes: its frames leave, its changes never reach its disk and
+    /// nobody hears back. Its peers then hold changes it lost.
+    pub fn tear(&mut self, i: usize) {
+        if self.devices[i].running() {
+            self.torn.insert(i);
+        }
     }
 
     /// Copies device `i`'s home as it is now (its daemon may be running:
@@ -652,27 +667,36 @@ impl Sim {
     }
 
     fn perform(&mut self, i: usize, effects: Vec<Effect>) {
-        // The executor's phases.
-        let mut phases: [Vec<Effect>; 4] = Default::default();
-        for e in effects {
-            let p = match e.phase() {
-                nuwa_agent::Phase::Persist => 0,
-                nuwa_agent::Phase::Acknowledge => 1,
-                nuwa_agent::Phase::Send => 2,
-                nuwa_agent::Phase::Rest => 3,
-            };
-            phases[p].push(e);
+        // The executor's phases, in the core's order.
+        let nuwa_agent::Phases {
+            persist,
+            acknowledge,
+            send,
+            rest,
+            send_first,
+        } = nuwa_agent::Phases::of(effects);
+        let mut send = Some(send);
+        if send_first {
+            for e in send.take().into_iter().flatten() {
+                self.send(i, e);
+            }
+            let changes = persist.iter().any(|e| matches!(e, Effect::Persist { .. }));
+            if changes && self.torn.remove(&i) {
+                self.count("torn handles");
+                self.note(format!("d{i} crashed after sending, before persisting"));
+                self.crash(i);
+                return;
+            }
         }
-        let [persist, acks, sends, rest] = phases;
         for e in persist {
             self.persist(i, e);
         }
-        for e in acks {
+        for e in acknowledge {
             if let Effect::Reply { id, result } = e {
                 self.reply(i, id, result);
             }
         }
-        for e in sends {
+        for e in send.into_iter().flatten() {
             self.send(i, e);
         }
         for e in rest {
@@ -1521,6 +1545,23 @@ impl Sim {
                 }
             }
         }
+        // Every live store holds the same state: a change that reached one
+        // of them (one that a torn handle sent and its writer lost, say)
+        // reached all, the writer included.
+        let (first, first_stored) = &stored[0];
+        for (i, containers) in &stored[1..] {
+            let names: BTreeSet<&String> = containers.keys().chain(first_stored.keys()).collect();
+            for name in names {
+                let a = first_stored.get(name).map(|c| c.to_json());
+                let b = containers.get(name).map(|c| c.to_json());
+                assert!(
+                    a == b,
+                    "seed {}: {name} differs between d{first} and d{i} at the end:\n{a:?}\n{b:?}\n{}",
+                    self.seed,
+                    self.trace_tail()
+                );
+            }
+        }
     }
 
     pub fn trace_tail(&self) -> String {
@@ -1532,6 +1573,8 @@ impl Sim {
     /// time to settle.
     pub fn heal(&mut self, settle_ms: u64) {
         self.knobs.loss_per_mille = 0;
+        // Nobody crashes while the world heals (it would stay down).
+        self.torn.clear();
         for i in 0..self.devices.len() {
             self.move_to(i, 0);
         }
