@@ -439,3 +439,51 @@ fn an_altered_envelope_from_a_verified_peer_is_refused_and_not_applied() {
     assert!(persisted(&out), "{out:?}");
     assert_eq!(notes(&b).1, Some(json!(2)), "the genuine envelope applies");
 }
+
+// Goal: the author a gossip message claims is proved by the envelope, not
+// by the gossip layer (which carries no signature of its own since issue
+// 26: the envelope's Ed25519 signature is the one that counts). Method:
+// device 4 seals a Delta; b gets it over gossip once claiming device 2
+// ("a", verified, listed) as its author, then with its true author. The
+// forged claim is refused (`wrong_sender`: the envelope names its sealer),
+// and so is the envelope relabelled to name device 2 (`bad_signature`);
+// nothing is persisted and the container is unchanged. The true claim is
+// accepted and applied.
+#[test]
+fn a_gossip_message_is_refused_unless_its_claimed_author_sealed_it() {
+    let chain = chain();
+    let (_a, mut b) = meet(&chain);
+    let mut c = session(&chain, 4);
+    let env = delta(&mut c, 9, NOW_MS);
+    let data = Frame::Envelope(env.clone()).encode();
+
+    let (accept, out) = b.on_gossip("a", Some(key(2).public()), &data, NOW_MS + 1);
+    assert!(!accept, "a forged author is not forwarded: {out:?}");
+    assert_eq!(
+        envelope_rejected(&out, "a"),
+        Some("wrong_sender"),
+        "{out:?}"
+    );
+    assert!(!persisted(&out), "{out:?}");
+    let mut relabelled = env.clone();
+    relabelled.sender = ctx(2);
+    let forged = Frame::Envelope(relabelled).encode();
+    let (accept, out) = b.on_gossip("a", Some(key(2).public()), &forged, NOW_MS + 1);
+    assert!(!accept, "{out:?}");
+    assert_eq!(
+        envelope_rejected(&out, "a"),
+        Some("bad_signature"),
+        "{out:?}"
+    );
+    assert!(!persisted(&out), "{out:?}");
+    assert!(b.engine().container("notes").is_none(), "nothing applied");
+
+    let (accept, out) = b.on_gossip("c", Some(key(4).public()), &data, NOW_MS + 2);
+    assert!(accept, "{out:?}");
+    assert!(persisted(&out), "{out:?}");
+    assert_eq!(
+        notes(&b).1,
+        Some(json!(9)),
+        "the genuine author's change applies"
+    );
+}
