@@ -160,7 +160,9 @@ impl Daemon {
     async fn turn(&mut self, input: Input) {
         let mut next = Some(input);
         while let Some(input) = next.take() {
+            tracing::trace!(target: "nuwa_path", "turn");
             let effects = self.agent.handle(input, home::now_ms());
+            tracing::trace!(target: "nuwa_path", "decided");
             let effects = self.take_outcomes(effects);
             let back = self.exec.execute(&self.agent, effects).await;
             let mut back = back.into_iter();

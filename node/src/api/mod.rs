@@ -430,6 +430,7 @@ async fn put(
     c: Who,
     Body(body): Body,
 ) -> Result<Json<PutReply>, Failure> {
+    tracing::trace!(target: "nuwa_path", "put in");
     check_write_values(&body)?;
     let body: PutBody = json_body(&body, "put")?;
     container_name(&body.container)?;
@@ -766,6 +767,7 @@ async fn events(
                             continue;
                         }
                         let data = serde_json::to_string(&ev).unwrap_or_default();
+                        tracing::trace!(target: "nuwa_path", "event out");
                         let item: Result<Event, std::convert::Infallible> =
                             Ok(Event::default().event("change").data(data));
                         return Some((item, (rx, filter)));

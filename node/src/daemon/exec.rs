@@ -30,7 +30,7 @@ use nuwa_agent::{Agent, Boot, Effect, Input, KadOp, Phases, RequestId};
 use nuwa_discovery::Mdns;
 use nuwa_net::{GossipId, NetHandle};
 use nuwa_store::Storage;
-use tracing::{debug, warn};
+use tracing::{debug, trace, warn};
 
 use super::catch_up::CatchUps;
 use super::meta::MetaWriter;
@@ -193,6 +193,7 @@ impl Executor {
             for s in send.take().into_iter().flatten() {
                 self.send(s).await;
             }
+            trace!(target: "nuwa_path", "sent");
         }
         if let Err(e) = self.persist(agent, persist).await {
             let msg = format!("{e:#}");
@@ -207,6 +208,7 @@ impl Executor {
             self.fatal = Some(e);
             return Vec::new();
         }
+        trace!(target: "nuwa_path", "durable");
         for a in acknowledge {
             if let Effect::Reply { id, result } = a {
                 self.replies.answer(id, result);

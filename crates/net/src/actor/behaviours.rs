@@ -347,6 +347,7 @@ impl Actor {
                 message_id,
                 message,
             } => {
+                tracing::trace!(target: "nuwa_path", "gossip in");
                 let dropped = self.emit(NetEvent::GossipMessage {
                     id: GossipId {
                         id: message_id,

@@ -270,7 +270,9 @@ impl Actor {
                 }
             }
             GossipCommand::Publish { topic, data } => {
+                trace!(target: "nuwa_path", "publish");
                 self.publish(topic, data);
+                trace!(target: "nuwa_path", "published");
                 self.probe_idle_peers();
             }
             GossipCommand::Report { id, accept } => {
