@@ -62,7 +62,7 @@ struct Sources {
     api: mpsc::Receiver<ApiRequest>,
     reader: mpsc::Receiver<reader::ReaderEvent>,
     mdns: Option<nuwa_discovery::flume::Receiver<DiscoveryEvent>>,
-    caught_up: mpsc::Receiver<catch_up::Finished>,
+    caught_up: mpsc::Receiver<catch_up::Back>,
 }
 
 /// The daemon: the agent and the hands that carry out what it decides.

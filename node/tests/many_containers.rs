@@ -120,8 +120,9 @@ fn two_thousand_idle_containers_cost_little_and_one_change_converges() {
 
 // Goal: issue 13 item 3 on real daemons. With more containers than stay in
 // memory at start (256), a restarted daemon holds them evicted, loads one
-// when a write or a peer's change needs it, evicts it again under a tight
-// memory budget, and keeps syncing through all of it.
+// when a write or a peer's change needs it (a peer's, off the loop),
+// evicts it again under a tight memory budget, and keeps syncing through
+// all of it.
 #[test]
 fn evicted_containers_load_on_use_and_keep_syncing() {
     isolated("evicted_containers_load_on_use_and_keep_syncing", || {
@@ -177,6 +178,9 @@ fn evicted_containers_load_on_use_and_keep_syncing() {
         }
         assert!(metric(&a, "nuwa_containers_loaded_total") >= 2.0);
         assert!(metric(&b, "nuwa_containers_loaded_total") >= 1.0);
+        // b loaded c-0150 for a's change, which came over the network: on
+        // a worker, never on its loop.
+        assert!(metric(&b, "nuwa_containers_loaded_off_loop_total") >= 1.0);
         let st = status(&a).unwrap();
         assert_eq!(st["containers"].as_array().unwrap().len(), 303);
         wait_for(

@@ -253,6 +253,12 @@ impl Agent {
                     self.session.insert_container(container, *c);
                 }
             }
+            Input::Loaded { container, loaded } => {
+                let effects =
+                    self.session
+                        .finish_load(&container, loaded.map(|c| c.map(|c| *c)), now_ms);
+                self.absorb(effects, now_ms, &mut out);
+            }
             Input::Expired { container, ids } => self.on_expired(container, ids, &mut out),
         }
         self.finish(now_ms, &mut out);
@@ -542,6 +548,9 @@ impl Agent {
         for catch_up in self.session.take_catch_ups() {
             self.book.catch_up_started(catch_up.container(), now_ms);
             out.push(Effect::RunCatchUp(Box::new(catch_up)));
+        }
+        for container in self.session.take_loads() {
+            out.push(Effect::Load(container));
         }
         // `sync --once` ends in the handle that converged it, not at the
         // next tick (its persists run first: the executor's phases).

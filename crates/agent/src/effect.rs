@@ -147,6 +147,10 @@ pub enum Effect {
     /// Read `container` back from the store and hand it back as
     /// [`Input::Reloaded`](crate::Input::Reloaded).
     Reload(String),
+    /// Read the evicted `container` from the store on a worker, without
+    /// holding the loop, and hand it back as
+    /// [`Input::Loaded`](crate::Input::Loaded).
+    Load(String),
     /// Tell the reader about the schema registry.
     ReaderRegistry(Box<nuwa_asm::registry::Registry>),
     /// What app requests are checked against now (admin keys, revoked

@@ -38,6 +38,14 @@ pub enum Input {
         container: String,
         loaded: Option<Box<nuwa_state::Container>>,
     },
+    /// An evicted container read back from the store off the loop, for a
+    /// peer's input that waited for it ([`Effect::Load`](crate::Effect::Load);
+    /// `Ok(None)`: the store holds nothing of it, `Err`: it could not be
+    /// read).
+    Loaded {
+        container: String,
+        loaded: Result<Option<Box<nuwa_state::Container>>, String>,
+    },
     /// The reader's lifecycle scan found items past their TTL or retention.
     Expired { container: String, ids: Vec<String> },
 }

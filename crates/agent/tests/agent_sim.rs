@@ -732,6 +732,7 @@ fn agents_keep_their_promises_under_seeded_faults() {
                 "keeper epoch handoffs",
                 "crashes",
                 "torn handles",
+                "loads off the loop",
                 "expiries",
                 "expiry prunes",
                 "expired refusals",

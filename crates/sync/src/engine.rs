@@ -93,6 +93,12 @@ pub struct Config {
     /// Most catch-ups under way at once (each holds a copy of its
     /// container and its message); beyond it, messages are applied inline.
     pub catch_up_max_running: usize,
+    /// An evicted container a peer's message or gossip needs is loaded off
+    /// the loop: the engine hands its name out ([`Engine::take_loads`]),
+    /// holds what came for it, and goes on when the runtime gives the
+    /// loaded document back ([`Engine::finish_load`]). Off, it is loaded
+    /// through the loader at once. Local writes always load at once.
+    pub load_off_loop: bool,
 }
 
 impl Default for Config {
@@ -108,6 +114,7 @@ impl Default for Config {
             serve_inline_ops: 100_000,
             catch_up_fork_max_ops: 500_000,
             catch_up_max_running: 4,
+            load_off_loop: false,
         }
     }
 }
@@ -115,6 +122,9 @@ impl Default for Config {
 /// Most sync messages held for a container while its catch-up runs (the
 /// protocol sends one at a time per peer; more is a misbehaving peer).
 const CATCH_UP_HELD_MAX: usize = 64;
+/// Most inputs held for an evicted container while it loads off the loop
+/// (a sync message per peer at a time, gossip deltas, exchanges to start).
+const LOAD_HELD_MAX: usize = 256;
 /// Rounds of an off-loop catch-up before the last one is applied inline
 /// (each round covers what local writes and gossip added meanwhile).
 const CATCH_UP_ROUNDS_MAX: u32 = 3;
@@ -526,6 +536,22 @@ pub struct Engine {
     /// Catch-ups ready for [`Engine::take_catch_ups`].
     ready: Vec<CatchUp>,
     next_catch_up: u64,
+    /// Evicted containers being loaded off the loop, with what came for
+    /// them meanwhile (see [`Config::load_off_loop`]).
+    loading: BTreeMap<String, Vec<HeldForLoad>>,
+    /// Loads ready for [`Engine::take_loads`].
+    loads: Vec<String>,
+}
+
+/// What waits for a container loading off the loop.
+#[derive(Debug)]
+enum HeldForLoad {
+    /// A peer's sync message.
+    Sync(PeerKey, Vec<u8>),
+    /// An exchange with a peer whose heads differ.
+    Start(PeerKey),
+    /// Changes that came by gossip.
+    Delta(Vec<Vec<u8>>),
 }
 
 impl Engine {
@@ -554,6 +580,8 @@ impl Engine {
             serving: BTreeMap::new(),
             ready: Vec::new(),
             next_catch_up: 0,
+            loading: BTreeMap::new(),
+            loads: Vec::new(),
         }
     }
 
@@ -631,6 +659,18 @@ impl Engine {
             container: name.to_owned(),
             reason,
         })?;
+        self.adopt_loaded(name, want, loaded)?;
+        Ok(true)
+    }
+
+    /// Puts a container read back from storage in place of its evicted
+    /// entry, if storage holds at least what memory held (`want`).
+    fn adopt_loaded(
+        &mut self,
+        name: &str,
+        want: Vec<Hash>,
+        loaded: Option<Container>,
+    ) -> Result<(), EngineError> {
         let container = match loaded {
             Some(c) => c,
             // A container with no change yet (named by a peer, say) has
@@ -654,7 +694,89 @@ impl Engine {
             self.dirty.insert(name.to_owned());
         }
         self.containers.insert(name.to_owned(), container);
-        Ok(true)
+        self.touch(name);
+        Ok(())
+    }
+
+    /// Whether `what` must wait for `name` to load off the loop (it is
+    /// evicted and [`Config::load_off_loop`] is on): then it is kept (up to
+    /// a bound; beyond it the peer's exchange restarts after a stall, and
+    /// anti-entropy brings gossip again) and the load is handed out once.
+    fn held_for_load(&mut self, name: &str, what: HeldForLoad) -> bool {
+        if !self.config.load_off_loop || !self.cold.contains_key(name) {
+            return false;
+        }
+        let held = self.loading.entry(name.to_owned()).or_insert_with(|| {
+            self.loads.push(name.to_owned());
+            Vec::new()
+        });
+        if held.len() < LOAD_HELD_MAX {
+            held.push(what);
+        }
+        true
+    }
+
+    /// Evicted containers to load off the loop since the last call: read
+    /// each from storage (on any thread) and give it to
+    /// [`Engine::finish_load`].
+    pub fn take_loads(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.loads)
+    }
+
+    /// Whether `name` is being loaded off the loop.
+    pub fn loading(&self, name: &str) -> bool {
+        self.loading.contains_key(name)
+    }
+
+    /// An off-loop load is back (`Ok(None)`: storage holds nothing of it).
+    /// The container takes its place in memory (unless a local write
+    /// loaded it meanwhile), then what waited for it is handled. A failed
+    /// load leaves it evicted and drops what waited (peers' exchanges
+    /// restart; anti-entropy brings the rest again). Returns the actions
+    /// and the errors.
+    pub fn finish_load(
+        &mut self,
+        name: &str,
+        loaded: Result<Option<Container>, String>,
+        now_ms: u64,
+    ) -> (Vec<Action>, Vec<EngineError>) {
+        self.clock(now_ms);
+        let (mut out, mut errors) = (Vec::new(), Vec::new());
+        let Some(held) = self.loading.remove(name) else {
+            return (out, errors);
+        };
+        if let Some(cold) = self.cold.get(name) {
+            let want = cold.heads.clone();
+            let adopted = loaded
+                .map_err(|reason| EngineError::Load {
+                    container: name.to_owned(),
+                    reason,
+                })
+                .and_then(|c| self.adopt_loaded(name, want, c));
+            if let Err(e) = adopted {
+                errors.push(e);
+                return (out, errors);
+            }
+        }
+        for what in held {
+            let r = match what {
+                HeldForLoad::Sync(peer, message) if self.peers.contains_key(&peer) => {
+                    self.on_sync(&peer, name, &message, now_ms, &mut out)
+                }
+                HeldForLoad::Start(peer) if self.peers.contains_key(&peer) => {
+                    self.start_sync(&peer, name, now_ms, &mut out);
+                    Ok(())
+                }
+                HeldForLoad::Delta(changes) => {
+                    self.apply_delta(name, changes, &mut out).map(|_| ())
+                }
+                _ => Ok(()),
+            };
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        }
+        (out, errors)
     }
 
     fn touch(&mut self, name: &str) {
@@ -957,6 +1079,11 @@ impl Engine {
         changes: Vec<Vec<u8>>,
         out: &mut Vec<Action>,
     ) -> Result<bool, EngineError> {
+        if self.config.load_off_loop && self.cold.contains_key(container) {
+            // Applied once the container is back in memory.
+            self.held_for_load(container, HeldForLoad::Delta(changes));
+            return Ok(false);
+        }
         let applied = self.apply_to(container, changes)?;
         if !applied.new_changes.is_empty() {
             for peer in self.peers.values_mut() {
@@ -1428,6 +1555,9 @@ impl Engine {
     }
 
     fn start_sync(&mut self, peer: &str, container: &str, now_ms: u64, out: &mut Vec<Action>) {
+        if self.held_for_load(container, HeldForLoad::Start(peer.to_owned())) {
+            return;
+        }
         // A container that fails to load is left to the next round.
         if !matches!(self.ensure_loaded(container), Ok(true)) {
             return;
@@ -1487,6 +1617,12 @@ impl Engine {
             if r.held.len() < CATCH_UP_HELD_MAX {
                 r.held.push((peer.to_owned(), message.to_vec()));
             }
+            return Ok(());
+        }
+        if self.held_for_load(
+            container,
+            HeldForLoad::Sync(peer.to_owned(), message.to_vec()),
+        ) {
             return Ok(());
         }
         self.container_mut(container)?;

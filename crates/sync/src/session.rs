@@ -1667,6 +1667,29 @@ impl Session {
         out
     }
 
+    /// Evicted containers to load off the loop (see
+    /// [`Engine::take_loads`]).
+    pub fn take_loads(&mut self) -> Vec<String> {
+        self.engine.take_loads()
+    }
+
+    /// An off-loop load is back (see [`Engine::finish_load`]); what waited
+    /// for it is handled like any peer input.
+    pub fn finish_load(
+        &mut self,
+        name: &str,
+        loaded: Result<Option<nuwa_state::Container>, String>,
+        now_ms: u64,
+    ) -> Vec<Effect> {
+        let mut out = Vec::new();
+        let (actions, errors) = self.engine.finish_load(name, loaded, now_ms);
+        self.engine_actions(actions, &mut out);
+        for e in errors {
+            self.engine_error(e, &mut out);
+        }
+        out
+    }
+
     /// Whether we hold exactly what a verified peer holds.
     pub fn in_sync_with(&mut self, peer: &str) -> bool {
         self.engine.in_sync_with(peer)

@@ -184,3 +184,135 @@ fn equal_heads_from_a_peer_load_nothing() {
     );
     assert!(a.converged_with("b", "c07"));
 }
+
+/// Delivers every `Send` of `out` from `from` to `to` and back until no
+/// message is left (at most 50 rounds).
+fn pump(a: &mut Engine, b: &mut Engine, first: Vec<Action>, now_ms: u64) {
+    let mut queue: Vec<(bool, Action)> = first.into_iter().map(|x| (true, x)).collect();
+    for _ in 0..50 {
+        if queue.is_empty() {
+            return;
+        }
+        let mut next = Vec::new();
+        for (from_a, action) in queue {
+            if let Action::Send { payload, .. } = action {
+                let (to, peer) = if from_a {
+                    (&mut *b, "a")
+                } else {
+                    (&mut *a, "b")
+                };
+                let out = to.handle(peer, payload, now_ms).unwrap();
+                next.extend(out.into_iter().map(|x| (!from_a, x)));
+            }
+        }
+        queue = next;
+    }
+    panic!("the exchange did not end");
+}
+
+// Goal: a peer's input for an evicted container never loads it on the
+// loop: the engine hands the load out, holds the peer's sync message and a
+// gossiped delta meanwhile, and handles them once the runtime gives the
+// document back; the exchange then ends converged both ways. Method: a
+// loader that panics if called; the load is done "off the loop" by the
+// test, from the same disk.
+#[test]
+fn a_peer_input_for_an_evicted_container_waits_for_a_load_off_the_loop() {
+    let disk = Disk::default();
+    let config = Config {
+        load_off_loop: true,
+        ..Config::default()
+    };
+    let mut a = Engine::new(b"actor-a".to_vec(), config);
+    a.set_loader(Box::new(|name: &str| {
+        panic!("{name} was loaded on the loop")
+    }));
+    for i in 0..3 {
+        put(&mut a, &disk, "notes", &format!("a{i}"), json!(i));
+    }
+    let _ = a.flush();
+    assert_eq!(a.evict_idle(0, 0, &[]), 1);
+    let mut b = engine(b"actor-b", &Disk::default());
+    b.local_put("notes", "b0", &json!("from b")).unwrap();
+    let _ = b.flush();
+    let _ = a.peer_up("b", 1);
+    let _ = b.peer_up("a", 1);
+
+    // b starts an exchange; c's change comes by gossip.
+    let mut state = nuwa_state::SyncState::new();
+    let message = b
+        .container("notes")
+        .unwrap()
+        .generate_sync_message(&mut state)
+        .unwrap();
+    let sync = nuwa_proto::SyncPayload::Sync {
+        container: "notes".into(),
+        message,
+    };
+    let out = a.handle("b", sync, 2).unwrap();
+    assert!(
+        out.is_empty(),
+        "nothing is answered before the load: {out:?}"
+    );
+    let mut c = engine(b"actor-c", &Disk::default());
+    let change = c
+        .local_put("notes", "c0", &json!("gossip"))
+        .unwrap()
+        .unwrap();
+    let gossip = nuwa_proto::SyncPayload::Delta {
+        container: "notes".into(),
+        changes: vec![change],
+    };
+    let out = a.handle_gossip(gossip).unwrap();
+    assert!(out.is_empty(), "the delta waits too: {out:?}");
+    assert_eq!(
+        a.take_loads(),
+        vec!["notes".to_owned()],
+        "one load handed out"
+    );
+    assert!(a.take_loads().is_empty());
+    assert!(a.loading("notes") && a.container("notes").is_none());
+
+    // The runtime loads it from the store and gives it back.
+    let log = disk.lock().unwrap().get("notes").cloned().unwrap();
+    let loaded = Container::load(b"actor-a", None, log).unwrap();
+    let (out, errors) = a.finish_load("notes", Ok(Some(loaded)), 3);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(!a.loading("notes"));
+    assert!(
+        out.iter().any(|x| matches!(x, Action::Persist { .. })),
+        "the held delta is applied and persisted: {out:?}"
+    );
+    assert!(
+        out.iter().any(|x| matches!(x, Action::Send { .. })),
+        "the held message is answered: {out:?}"
+    );
+    pump(&mut a, &mut b, out, 4);
+    let want = json!({"a0": 0, "a1": 1, "a2": 2, "b0": "from b", "c0": "gossip"});
+    assert_eq!(a.container("notes").unwrap().to_json(), want);
+    assert_eq!(b.container("notes").unwrap().to_json(), want);
+
+    // A load that fails leaves the container evicted and drops what
+    // waited: an error, never a panic or a half-loaded container.
+    let _ = a.flush();
+    assert!(a.evict("notes"));
+    let mut state = nuwa_state::SyncState::new();
+    let message = b
+        .container("notes")
+        .unwrap()
+        .generate_sync_message(&mut state)
+        .unwrap();
+    let sync = nuwa_proto::SyncPayload::Sync {
+        container: "notes".into(),
+        message,
+    };
+    assert!(a.handle("b", sync, 5).unwrap().is_empty());
+    assert_eq!(a.take_loads(), vec!["notes".to_owned()]);
+    let (out, errors) = a.finish_load("notes", Err("disk on fire".into()), 6);
+    assert!(out.is_empty(), "{out:?}");
+    assert!(
+        matches!(&errors[..], [EngineError::Load { reason, .. }] if reason == "disk on fire"),
+        "{errors:?}"
+    );
+    assert!(a.container("notes").is_none() && a.contains("notes"));
+}

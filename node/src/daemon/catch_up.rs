@@ -3,12 +3,16 @@
 //! blocking thread, together with the snapshot that will make it durable
 //! (saving and compressing a big document costs as much as the apply), and
 //! hands the result back to the loop, which swaps the document in and
-//! persists it. The loop keeps serving everything else meanwhile.
+//! persists it. Evicted containers that a peer's input needs are read back
+//! from the store the same way ([`CatchUps::load`]). The loop keeps serving
+//! everything else meanwhile.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use nuwa_agent::state::Hash;
+use nuwa_agent::state::{Container, Hash};
 use nuwa_agent::sync::{CatchUp, CaughtUp};
+use nuwa_store::Storage;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -25,6 +29,17 @@ const FINISHED_MAX: usize = 16;
 /// changes is.
 const SNAPSHOT_AFTER_BYTES: usize = 1024 * 1024;
 
+/// What a worker hands back to the loop.
+pub(super) enum Back {
+    CaughtUp(Box<Finished>),
+    /// An evicted container read from the store (`Ok(None)`: nothing of it
+    /// is stored).
+    Loaded {
+        container: String,
+        loaded: Result<Option<Box<Container>>, String>,
+    },
+}
+
 /// A catch-up back from its worker.
 pub(super) struct Finished {
     done: CaughtUp,
@@ -35,8 +50,8 @@ pub(super) struct Finished {
 
 /// The daemon's side of off-loop catch-ups.
 pub(super) struct CatchUps {
-    tx: mpsc::Sender<Finished>,
-    rx: Option<mpsc::Receiver<Finished>>,
+    tx: mpsc::Sender<Back>,
+    rx: Option<mpsc::Receiver<Back>>,
     /// Snapshots made by workers, by container, with the heads they cover;
     /// taken by the compaction that persists the caught-up document.
     snapshots: BTreeMap<String, (Vec<Hash>, Vec<u8>)>,
@@ -53,7 +68,7 @@ impl CatchUps {
     }
 
     /// The receiving end, for the loop (once).
-    pub(super) fn take_receiver(&mut self) -> Option<mpsc::Receiver<Finished>> {
+    pub(super) fn take_receiver(&mut self) -> Option<mpsc::Receiver<Back>> {
         self.rx.take()
     }
 
@@ -81,13 +96,46 @@ impl CatchUps {
             let finished = run(job, compression);
             // The loop is gone only at shutdown, and then nothing waits
             // for this result: the peer sends it again next time.
-            let _ = tx.blocking_send(finished);
+            let _ = tx.blocking_send(Back::CaughtUp(Box::new(finished)));
         });
     }
 
-    /// A catch-up came back: its snapshot waits for the compaction that
-    /// persists it; the agent gets the caught-up document.
-    pub(super) fn returned(&mut self, f: Finished) -> (String, Input) {
+    /// Reads the evicted `container` from the store on a blocking thread
+    /// (a million entries take seconds), for a peer's input that waits.
+    pub(super) fn load(
+        &mut self,
+        container: String,
+        store: Arc<dyn Storage>,
+        actor: Vec<u8>,
+        metrics: &Metrics,
+    ) {
+        metrics.add(Event::ContainersLoaded, 1);
+        metrics.add(Event::ContainersLoadedOffLoop, 1);
+        debug!(container, "loading an evicted container off the loop");
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let loaded = super::exec::open::load_container(store.as_ref(), &actor, &container)
+                .map(|l| l.map(|l| Box::new(l.container)))
+                .map_err(|e| format!("{e:#}"));
+            // As above: at shutdown nobody waits for it.
+            let _ = tx.blocking_send(Back::Loaded { container, loaded });
+        });
+    }
+
+    /// A worker's result came back, as the agent's input. A catch-up's
+    /// snapshot waits for the compaction that persists it; the agent gets
+    /// the caught-up document.
+    pub(super) fn returned(&mut self, back: Back) -> (String, Input) {
+        let f = match back {
+            Back::CaughtUp(f) => *f,
+            Back::Loaded { container, loaded } => {
+                let input = Input::Loaded {
+                    container: container.clone(),
+                    loaded,
+                };
+                return (container, input);
+            }
+        };
         let container = f.done.container().to_owned();
         debug!(done = ?f.done, "catch-up back");
         if let Some(snapshot) = f.snapshot {

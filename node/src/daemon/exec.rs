@@ -156,7 +156,7 @@ impl Executor {
     /// The receiving end of finished catch-ups, for the loop (once).
     pub(super) fn catch_up_receiver(
         &mut self,
-    ) -> Option<tokio::sync::mpsc::Receiver<super::catch_up::Finished>> {
+    ) -> Option<tokio::sync::mpsc::Receiver<super::catch_up::Back>> {
         self.catch_ups.take_receiver()
     }
 
@@ -381,6 +381,11 @@ impl Executor {
             Effect::Announce(txt) => self.announce(txt),
             Effect::RunCatchUp(job) => self.catch_ups.start(*job, agent, &self.metrics),
             Effect::Reload(container) => return Some(self.reload(agent, container).await),
+            Effect::Load(container) => {
+                let actor = agent.session().engine().actor().to_vec();
+                self.catch_ups
+                    .load(container, self.store.clone(), actor, &self.metrics);
+            }
             Effect::ReaderRegistry(reg) => self.reader.registry(&reg),
             Effect::Access(view) => {
                 self.feeds.access.send_replace(view);
@@ -495,10 +500,7 @@ impl Executor {
 
     /// A catch-up came back from its worker: its snapshot waits for the
     /// compaction that persists it; the agent gets the document.
-    pub(super) fn catch_up_returned(
-        &mut self,
-        finished: super::catch_up::Finished,
-    ) -> (String, Input) {
+    pub(super) fn catch_up_returned(&mut self, finished: super::catch_up::Back) -> (String, Input) {
         self.catch_ups.returned(finished)
     }
 

@@ -77,7 +77,13 @@ impl Disk {
     fn engine(&self) -> Engine {
         let public = DeviceKey::from_seed(&self.device_seed).public();
         let actor = nuwa_sync::run_actor(&public).expect("entropy");
-        let mut engine = Engine::new(actor.clone(), nuwa_sync::Config::default());
+        // As the daemon's: a peer's input for an evicted container waits for
+        // a load off the loop.
+        let config = nuwa_sync::Config {
+            load_off_loop: true,
+            ..nuwa_sync::Config::default()
+        };
+        let mut engine = Engine::new(actor.clone(), config);
         let stored = self.containers.lock().unwrap().clone();
         for (name, changes) in stored {
             let c = Container::load(&actor, None, changes).expect("stored changes load");
@@ -177,6 +183,9 @@ enum Delivery {
         frame: Frame,
     },
     CaughtUp(Box<nuwa_sync::CaughtUp>),
+    /// An evicted container to read from the disk as it is then (a worker
+    /// reading the store).
+    Load(String),
     KeeperRequest {
         from: usize,
         frame: Vec<u8>,
@@ -889,6 +898,10 @@ impl Sim {
                 self.send_later(i, Delivery::CaughtUp(Box::new(done)));
             }
             Effect::ReleaseMemory => self.devices[i].released_ms.push(self.now_ms),
+            Effect::Load(container) => {
+                self.count("loads off the loop");
+                self.send_later(i, Delivery::Load(container));
+            }
             Effect::Reload(container) => {
                 let disk = self.devices[i].disk.clone();
                 let loaded = disk.and_then(|d| {
@@ -1010,6 +1023,24 @@ impl Sim {
             Delivery::Net(ev) => self.handle(to, Input::Net(vec![ev])),
             Delivery::Mdns(ev) => self.handle(to, Input::Mdns(ev)),
             Delivery::CaughtUp(done) => self.handle(to, Input::CaughtUp(done)),
+            Delivery::Load(container) => {
+                let Some(disk) = self.devices[to].disk.as_ref() else {
+                    return;
+                };
+                let actor = self.devices[to]
+                    .agent
+                    .as_ref()
+                    .map(|a| a.session().engine().actor().to_vec())
+                    .unwrap_or_default();
+                let changes = disk.containers.lock().unwrap().get(&container).cloned();
+                let loaded = match changes {
+                    None => Ok(None),
+                    Some(changes) => Container::load(&actor, None, changes)
+                        .map(|c| Some(Box::new(c)))
+                        .map_err(|e| e.to_string()),
+                };
+                self.handle(to, Input::Loaded { container, loaded });
+            }
             Delivery::Pairing { from, frame } => {
                 let now = self.now_ms;
                 let Some(flow) = self.devices[to].joining.as_mut() else {

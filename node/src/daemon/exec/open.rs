@@ -83,7 +83,13 @@ pub(super) fn open_engine(
     // A fresh actor per run: see `run_actor` (a restored home must not clash).
     let actor = nuwa_agent::sync::run_actor(&home.device.public())
         .context("cannot draw the run's actor id")?;
-    let mut engine = Engine::new(actor.clone(), nuwa_agent::sync::Config::default());
+    // A peer's input for an evicted container never waits on the loop for
+    // the load (a million entries take seconds).
+    let config = nuwa_agent::sync::Config {
+        load_off_loop: true,
+        ..nuwa_agent::sync::Config::default()
+    };
+    let mut engine = Engine::new(actor.clone(), config);
     let mut ledger = Ledger::default();
     let (names, unnamed) = store.list_containers_quarantining()?;
     let mut quarantined: Vec<QuarantineStatus> = unnamed
