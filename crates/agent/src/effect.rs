@@ -54,6 +54,14 @@ pub enum Effect {
         /// clock), for propagation latency.
         sealed_at_ms: Option<u64>,
     },
+    /// A whole document came from a peer into `container`, which held
+    /// nothing (a cold sync): make the container's document durable as one
+    /// snapshot. `changes` is how many changes it brought (their bytes
+    /// were never rebuilt).
+    PersistWhole {
+        container: String,
+        changes: usize,
+    },
     /// Save the key ring, and `grant` as the current epoch's grant.
     SaveKeys {
         keys: Box<KeyRing>,
@@ -260,10 +268,12 @@ impl Phases {
                 Phase::Rest => p.rest.push(e),
             }
         }
-        p.send_first = p
-            .persist
-            .iter()
-            .all(|e| matches!(e, Effect::Persist { .. } | Effect::SaveMeta { .. }));
+        p.send_first = p.persist.iter().all(|e| {
+            matches!(
+                e,
+                Effect::Persist { .. } | Effect::PersistWhole { .. } | Effect::SaveMeta { .. }
+            )
+        });
         p
     }
 }
@@ -273,6 +283,7 @@ impl Effect {
     pub fn phase(&self) -> Phase {
         match self {
             Effect::Persist { .. }
+            | Effect::PersistWhole { .. }
             | Effect::SaveKeys { .. }
             | Effect::SaveLog(_)
             | Effect::WriteHome { .. }

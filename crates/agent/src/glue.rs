@@ -28,6 +28,9 @@ impl Agent {
                     origin,
                     sealed_at_ms,
                 }),
+                SessionEffect::PersistWhole { container, changes } => {
+                    out.push(Effect::PersistWhole { container, changes })
+                }
                 SessionEffect::PersistLog => self.save_chain(now_ms, out),
                 SessionEffect::PersistKeys { grant } => out.push(Effect::SaveKeys {
                     keys: Box::new(self.session.secure().keys().clone()),
@@ -217,6 +220,7 @@ impl Agent {
                 }
             }
             SessionEffect::Persist { .. }
+            | SessionEffect::PersistWhole { .. }
             | SessionEffect::PersistLog
             | SessionEffect::PersistKeys { .. }
             | SessionEffect::Send { .. }

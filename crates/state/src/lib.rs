@@ -903,6 +903,32 @@ impl Container {
         self.integrate(|doc| doc.load_incremental(&bytes).map(drop))
     }
 
+    /// [`Container::catch_up`] into a document that holds nothing yet (a
+    /// cold sync): the same checks, but only the number of changes that
+    /// came is returned, without rebuilding each of them (150 ms at
+    /// 100,000 changes); the caller persists the whole document as one
+    /// snapshot.
+    pub fn catch_up_whole(&mut self, inbound: &SyncInbound) -> Result<usize, StateError> {
+        check_sync_changes(&inbound.msg)?;
+        if inbound.msg.changes.is_empty() {
+            return Ok(0);
+        }
+        let bytes = inbound.msg.changes.iter().collect::<Vec<_>>().concat();
+        let had = self.changes;
+        let result = self.guarded(|doc| {
+            let before = doc.get_heads();
+            doc.load_incremental(&bytes)?;
+            if doc.get_heads() == before {
+                return Ok(0);
+            }
+            check_op_numbering(doc, &before)?;
+            let now = usize::try_from(doc.stats().num_changes).unwrap_or(usize::MAX);
+            Ok(now.saturating_sub(had))
+        });
+        self.recount(result.as_ref().copied());
+        result
+    }
+
     /// Runs `f` (which takes a peer's input into the document) guarded
     /// against panics, checks the operation numbering of what it added,
     /// keeps the change count, and returns the raw bytes of every change

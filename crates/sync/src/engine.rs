@@ -177,7 +177,17 @@ impl CatchUp {
             work,
             carried,
         } = self;
+        let mut whole = 0;
         let (result, message) = match work {
+            // Into nothing (a cold sync): counted, not rebuilt change by
+            // change; persisted as a snapshot of the whole document.
+            Work::Message(inbound) if base.change_count() == 0 => {
+                let result = base.catch_up_whole(&inbound).map(|n| {
+                    whole = n;
+                    Vec::new()
+                });
+                (result, Some(inbound))
+            }
             Work::Message(inbound) => (base.catch_up(&inbound), Some(inbound)),
             Work::Changes(changes) => (applied_beyond(&mut base, changes), None),
             Work::Serve { peer, mut state } => {
@@ -190,6 +200,7 @@ impl CatchUp {
                     message: None,
                     carried,
                     served: Some(Served { peer, state, reply }),
+                    whole: 0,
                 };
             }
         };
@@ -201,6 +212,7 @@ impl CatchUp {
             message,
             carried,
             served: None,
+            whole,
         }
     }
 }
@@ -228,6 +240,9 @@ pub struct CaughtUp {
     carried: (usize, usize),
     /// A reply made off the loop ([`Work::Serve`]).
     served: Option<Served>,
+    /// Changes a whole document brought into an empty container, counted
+    /// but not rebuilt (`result` then holds none of them).
+    whole: usize,
 }
 
 /// A sync reply made on a worker, and the sync state after it.
@@ -269,7 +284,14 @@ impl CaughtUp {
     /// Changes this catch-up added to the document, over all its rounds
     /// so far: what its swap will persist.
     pub fn new_changes(&self) -> usize {
-        self.carried.0 + self.result.as_ref().map_or(0, Vec::len)
+        self.carried.0 + self.whole + self.result.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Whether a whole document came into an empty container: it is
+    /// persisted as a snapshot ([`Action::PersistWhole`]), whatever its
+    /// size.
+    pub fn is_whole(&self) -> bool {
+        self.whole > 0
     }
 
     /// Bytes of those changes.
@@ -297,6 +319,10 @@ struct Running {
     /// Sync messages for the container that arrived meanwhile.
     held: Vec<(PeerKey, Vec<u8>)>,
     rounds: u32,
+    /// Changes of a whole document that came into the empty container,
+    /// counted and not rebuilt: the container is then persisted as one
+    /// snapshot.
+    whole: usize,
     /// Bytes of changes the message that started it carries (status).
     bytes: u64,
 }
@@ -364,6 +390,13 @@ pub enum Action {
     Persist {
         container: String,
         changes: Vec<Vec<u8>>,
+    },
+    /// A whole document came into `container`, which held nothing (a cold
+    /// sync): persist the document as one snapshot. `changes` is how many
+    /// it brought; their bytes were never rebuilt.
+    PersistWhole {
+        container: String,
+        changes: usize,
     },
     /// This container now has the same heads as `peer` (reported once per
     /// transition).
@@ -1652,6 +1685,7 @@ impl Engine {
                     held: Vec::new(),
                     rounds: 1,
                     bytes,
+                    whole: 0,
                 },
             );
             let pc = self.peer_container(peer, container);
@@ -1721,6 +1755,7 @@ impl Engine {
             message,
             carried: _,
             served: _,
+            whole,
         } = done;
         let Some(mut run) = self.running.remove(&container) else {
             return (out, errors);
@@ -1745,6 +1780,7 @@ impl Engine {
             }
             Ok(new_changes) => {
                 run.new_changes.extend(new_changes);
+                run.whole += whole;
                 if run.rounds == 1 {
                     run.message = message;
                 }
@@ -1763,7 +1799,7 @@ impl Engine {
                         run.rounds += 1;
                         run.base_heads = live_heads.unwrap_or_default();
                         let carried = (
-                            run.new_changes.len(),
+                            run.whole + run.new_changes.len(),
                             run.new_changes.iter().map(Vec::len).sum(),
                         );
                         self.ready.push(CatchUp {
@@ -1787,15 +1823,24 @@ impl Engine {
                 self.containers.insert(container.clone(), doc);
                 self.dirty.insert(container.clone());
                 self.touch(&container);
-                if !run.new_changes.is_empty() {
+                if run.whole > 0 || !run.new_changes.is_empty() {
                     for peer in self.peers.values_mut() {
                         if let Some(pc) = peer.containers.get_mut(&container) {
                             pc.converged = false;
                         }
                     }
-                    out.push(Action::Persist {
-                        container: container.clone(),
-                        changes: std::mem::take(&mut run.new_changes),
+                    // A whole document is persisted as one snapshot, which
+                    // also covers what later rounds released.
+                    out.push(if run.whole > 0 {
+                        Action::PersistWhole {
+                            container: container.clone(),
+                            changes: run.whole + run.new_changes.len(),
+                        }
+                    } else {
+                        Action::Persist {
+                            container: container.clone(),
+                            changes: std::mem::take(&mut run.new_changes),
+                        }
                     });
                 }
                 if let Some(inbound) = run.message.take() {

@@ -165,6 +165,13 @@ pub enum Effect {
         /// for changes released by other means.
         sealed_at_ms: Option<u64>,
     },
+    /// A whole document came into `container`, which held nothing (a cold
+    /// sync): persist the container's document as one snapshot, durably
+    /// (group commit). `changes` is how many it brought.
+    PersistWhole {
+        container: String,
+        changes: usize,
+    },
     /// The DID log grew: persist [`Session::log`] before any `Hello` that
     /// carries it goes out.
     PersistLog,
@@ -1591,6 +1598,9 @@ impl Session {
                     origin: Origin::Peer,
                     sealed_at_ms,
                 },
+                Action::PersistWhole { container, changes } => {
+                    Effect::PersistWhole { container, changes }
+                }
                 Action::Converged { peer, container } => Effect::Converged { peer, container },
             });
         }

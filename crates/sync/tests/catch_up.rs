@@ -64,6 +64,7 @@ fn persisted(actions: &[Action]) -> usize {
         .iter()
         .map(|x| match x {
             Action::Persist { changes, .. } => changes.len(),
+            Action::PersistWhole { changes, .. } => *changes,
             _ => 0,
         })
         .sum()
@@ -96,6 +97,8 @@ fn connect() -> (Engine, Engine, Vec<nuwa_sync::CatchUp>, Vec<Action>) {
 // Goal: a device that has nothing receives the whole document off the loop:
 // `handle` applies nothing, the catch-up does, and once it is back the
 // device holds every entry, persists every change once, and converges.
+// Into an empty container the changes are counted, not rebuilt one by one:
+// one `PersistWhole` (a snapshot of the document), no `Persist`.
 #[test]
 fn a_whole_document_is_applied_off_the_loop() {
     let (mut a, mut b, mut jobs, during) = connect();
@@ -114,6 +117,13 @@ fn a_whole_document_is_applied_off_the_loop() {
     assert!(!b.catching_up("log"));
     let persisted = persisted(&actions);
     assert_eq!(persisted, ENTRIES, "every change persisted once");
+    assert!(
+        actions.iter().any(|x| matches!(
+            x,
+            Action::PersistWhole { container, changes } if container == "log" && *changes == ENTRIES
+        )) && !actions.iter().any(|x| matches!(x, Action::Persist { .. })),
+        "one snapshot of the whole document: {actions:?}"
+    );
     // The rest of the protocol runs inline and finishes the exchange.
     let _ = exchange(&mut a, &mut b, (actions, false), 3, |_, _| {
         panic!("no second catch-up")

@@ -309,6 +309,16 @@ impl World {
                     .entry(container)
                     .or_default()
                     .extend(changes),
+                Effect::PersistWhole { container, .. } => {
+                    // The whole document, as a snapshot would hold it.
+                    let whole = self.devices[i]
+                        .session
+                        .engine()
+                        .container(&container)
+                        .map(|c| c.changes_since(&[]))
+                        .unwrap_or_default();
+                    self.devices[i].durable.insert(container, whole);
+                }
                 other => later.push(other),
             }
         }

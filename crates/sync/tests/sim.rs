@@ -435,6 +435,22 @@ impl Sim {
     fn perform(&mut self, node: usize, actions: Vec<Action>) {
         for action in actions {
             match action {
+                Action::PersistWhole { container, .. } => {
+                    // The whole document, as a snapshot would hold it.
+                    self.stats.persists += 1;
+                    let whole: Vec<Vec<u8>> = self.nodes[node]
+                        .engine
+                        .as_ref()
+                        .and_then(|e| e.container(&container))
+                        .map(|c| c.changes_since(&[]))
+                        .unwrap_or_default();
+                    self.log(|| format!("n{node} persist whole {container} ({})", whole.len()));
+                    self.nodes[node]
+                        .durable
+                        .lock()
+                        .unwrap()
+                        .insert(container, whole);
+                }
                 Action::Persist { container, changes } => {
                     self.stats.persists += 1;
                     self.log(|| {

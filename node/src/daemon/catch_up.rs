@@ -156,7 +156,10 @@ impl CatchUps {
 
 fn run(job: CatchUp, compression: Option<nuwa_agent::asm_model::model::Compression>) -> Finished {
     let done = job.run();
-    let snapshot = if done.new_changes() as u64 >= COMPACT_AFTER_CHANGES
+    // A whole document is always persisted as a snapshot: made here, so
+    // that the loop does not save it.
+    let snapshot = if done.is_whole()
+        || done.new_changes() as u64 >= COMPACT_AFTER_CHANGES
         || done.new_change_bytes() >= SNAPSHOT_AFTER_BYTES
     {
         let saved = done.doc().save();

@@ -233,6 +233,7 @@ impl Executor {
     /// compactions.
     async fn persist(&mut self, agent: &Agent, effects: Vec<Effect>) -> Result<()> {
         let mut changes: BTreeMap<(String, Origin), Vec<Vec<u8>>> = BTreeMap::new();
+        let mut wholes = Vec::new();
         let mut sealed_at = Vec::new();
         let mut metas = Vec::new();
         let mut files = Vec::new();
@@ -247,12 +248,21 @@ impl Executor {
                     sealed_at.extend(sealed_at_ms);
                     changes.entry((container, origin)).or_default().extend(c);
                 }
+                Effect::PersistWhole { container, changes } => wholes.push((container, changes)),
                 Effect::SaveMeta { key, bytes } => metas.push((key, bytes)),
                 other => files.push(other),
             }
         }
         let mut ledger = std::mem::take(&mut self.ledger);
-        let persisted = ledger.persist(self.store_io(agent), changes).await;
+        let mut persisted = ledger.persist(self.store_io(agent), changes).await;
+        for (container, n) in wholes {
+            if persisted.is_err() {
+                break;
+            }
+            persisted = ledger
+                .persist_whole(self.store_io(agent), &container, n)
+                .await;
+        }
         self.ledger = ledger;
         persisted?;
         for (key, bytes) in metas {

@@ -721,10 +721,25 @@ impl Sim {
     }
 
     fn persist(&mut self, i: usize, e: Effect) {
+        // A whole document is stored as all of its changes (what a
+        // snapshot of it holds).
+        let whole = match &e {
+            Effect::PersistWhole { container, .. } => self.devices[i]
+                .agent
+                .as_ref()
+                .and_then(|a| a.session().engine().container(container))
+                .map(|c| c.changes_since(&[])),
+            _ => None,
+        };
         let Some(disk) = self.devices[i].disk.as_mut() else {
             return;
         };
         match e {
+            Effect::PersistWhole { container, .. } => {
+                if let Some(whole) = whole {
+                    disk.containers.lock().unwrap().insert(container, whole);
+                }
+            }
             Effect::Persist {
                 container, changes, ..
             } => disk

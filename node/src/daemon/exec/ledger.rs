@@ -110,6 +110,22 @@ impl Ledger {
         Ok(())
     }
 
+    /// A whole document came into an empty container (a cold sync): it is
+    /// made durable as one snapshot (a catch-up's worker has usually saved
+    /// it already), then reported as a change event of `n` changes.
+    pub(super) async fn persist_whole(
+        &mut self,
+        mut io: StoreIo<'_>,
+        container: &str,
+        n: usize,
+    ) -> Result<()> {
+        self.compact(reborrow(&mut io), container).await?;
+        // The reader reloads it from the snapshot when next asked.
+        io.reader.reset(container);
+        emit_change_event(&io, container, n, Origin::Peer);
+        Ok(())
+    }
+
     /// The heads records of the containers about to be logged, as they
     /// will be once the append is done (see `heads_record.rs`).
     fn heads_records(
