@@ -1820,29 +1820,7 @@ impl Engine {
                         }
                     }
                 }
-                self.containers.insert(container.clone(), doc);
-                self.dirty.insert(container.clone());
-                self.touch(&container);
-                if run.whole > 0 || !run.new_changes.is_empty() {
-                    for peer in self.peers.values_mut() {
-                        if let Some(pc) = peer.containers.get_mut(&container) {
-                            pc.converged = false;
-                        }
-                    }
-                    // A whole document is persisted as one snapshot, which
-                    // also covers what later rounds released.
-                    out.push(if run.whole > 0 {
-                        Action::PersistWhole {
-                            container: container.clone(),
-                            changes: run.whole + run.new_changes.len(),
-                        }
-                    } else {
-                        Action::Persist {
-                            container: container.clone(),
-                            changes: std::mem::take(&mut run.new_changes),
-                        }
-                    });
-                }
+                self.swap_in(&container, doc, &mut run, &mut out);
                 if let Some(inbound) = run.message.take() {
                     if self.peers.contains_key(&run.peer) {
                         if let Err(e) =
@@ -1863,6 +1841,40 @@ impl Engine {
             }
         }
         (out, errors)
+    }
+
+    /// The caught-up document takes the live container's place, and what
+    /// it added is persisted: a whole document as one snapshot (which also
+    /// covers what later rounds released), else its new changes.
+    fn swap_in(
+        &mut self,
+        container: &str,
+        doc: Container,
+        run: &mut Running,
+        out: &mut Vec<Action>,
+    ) {
+        self.containers.insert(container.to_owned(), doc);
+        self.dirty.insert(container.to_owned());
+        self.touch(container);
+        if run.whole == 0 && run.new_changes.is_empty() {
+            return;
+        }
+        for peer in self.peers.values_mut() {
+            if let Some(pc) = peer.containers.get_mut(container) {
+                pc.converged = false;
+            }
+        }
+        out.push(if run.whole > 0 {
+            Action::PersistWhole {
+                container: container.to_owned(),
+                changes: run.whole + run.new_changes.len(),
+            }
+        } else {
+            Action::Persist {
+                container: container.to_owned(),
+                changes: std::mem::take(&mut run.new_changes),
+            }
+        });
     }
 
     /// A reply made off the loop is back: it goes to the peer with the
