@@ -169,6 +169,15 @@ fn a_revoked_device_lists_what_never_syncs_and_exports_it() {
                 (get_json(&r, "notes")? == json!({"before": 1})).then_some(())
             });
             c.stop(ir);
+            // A DID entry's time has whole seconds: the revocation must
+            // fall in a later second than r's last change before it (its
+            // start writes the core containers' genesis), or those would
+            // count as made at or after it. This run is fast enough for
+            // both to share a second.
+            let stopped_s = unix_ms() / 1000;
+            wait_for("the next second", Duration::from_secs(3), || {
+                (unix_ms() / 1000 > stopped_s).then_some(())
+            });
             cli_ok(&a, &["device", "revoke", "--yes", &context_id(&r)]);
             c.stop(ia);
 
@@ -217,4 +226,10 @@ fn a_revoked_device_lists_what_never_syncs_and_exports_it() {
             assert_eq!(status(&r).unwrap()["device"]["never_syncs"], *n);
         },
     );
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
