@@ -310,9 +310,14 @@ fn events_and_device_list_offline() {
                     let _ = tx.send(l);
                 }
             });
+            // A new value each time: putting the value a key holds changes
+            // nothing and sends no event, so a first put that reached b
+            // before the subscription did must not be the only one.
             let key = format!("k{json}");
+            let mut n = 0;
             let line = wait_for("an event line", Duration::from_secs(20), || {
-                cli_ok(&a, &["state", "put", "events-test", &key, "1"]);
+                n += 1;
+                cli_ok(&a, &["state", "put", "events-test", &key, &n.to_string()]);
                 rx.recv_timeout(Duration::from_millis(500)).ok()
             });
             if json {
