@@ -12,7 +12,7 @@
 //!
 //! Nothing is acknowledged before it is durable. Sends go **before** the
 //! persist phase when it holds nothing but Automerge changes and metadata
-//! ([`Phases::send_first`]): a peer then holds a change while this device
+//! ([`Phases::send_before_persist`]): a peer then holds a change while this device
 //! flushes it. If this device crashes in between, the peer holds a change
 //! the device lost, which is harmless: a run never reuses an earlier
 //! run's Automerge actor (`nuwa_sync::run_actor`), so no later change can
@@ -244,17 +244,18 @@ pub enum KadOp {
     GetRecord(Vec<u8>),
 }
 
-/// One handle's effects sorted into the executor's phases, in the order
-/// the shell performs them (see the module docs).
+/// One handle's effects sorted into the executor's phases. The shell
+/// performs them in the order of the fields (see the module docs).
 #[derive(Debug, Default)]
 pub struct Phases {
+    /// The sends, when the persist phase holds only changes and metadata
+    /// records (or nothing); else empty.
+    pub send_before_persist: Vec<Effect>,
     pub persist: Vec<Effect>,
     pub acknowledge: Vec<Effect>,
+    /// The sends of a handle that saves more than changes.
     pub send: Vec<Effect>,
     pub rest: Vec<Effect>,
-    /// Send before persisting: the persist phase holds only changes and
-    /// metadata records (or nothing).
-    pub send_first: bool,
 }
 
 impl Phases {
@@ -268,12 +269,15 @@ impl Phases {
                 Phase::Rest => p.rest.push(e),
             }
         }
-        p.send_first = p.persist.iter().all(|e| {
+        let only_changes = p.persist.iter().all(|e| {
             matches!(
                 e,
                 Effect::Persist { .. } | Effect::PersistWhole { .. } | Effect::SaveMeta { .. }
             )
         });
+        if only_changes {
+            p.send_before_persist = std::mem::take(&mut p.send);
+        }
         p
     }
 }

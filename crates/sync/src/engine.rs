@@ -36,7 +36,7 @@
 //! smaller round over what did. Until then the container serves local
 //! writes and gossip as usual, and further sync messages for it wait.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use nuwa_proto::{ContainerHeads, RangeBody, RangePart, SyncPayload};
 use nuwa_state::{Container, Hash, StateError, SyncInbound, SyncState};
@@ -123,8 +123,13 @@ impl Default for Config {
 /// protocol sends one at a time per peer; more is a misbehaving peer).
 const CATCH_UP_HELD_MAX: usize = 64;
 /// Most inputs held for an evicted container while it loads off the loop
-/// (a sync message per peer at a time, gossip deltas, exchanges to start).
+/// (a sync message per peer at a time, gossip deltas, exchanges to start),
+/// and most bytes of them.
 const LOAD_HELD_MAX: usize = 256;
+const LOAD_HELD_MAX_BYTES: usize = 32 * 1024 * 1024;
+/// Loads handed out at once: each brings a whole document into memory, so
+/// a peer whose every container differs does not load them all together.
+const LOADS_MAX_RUNNING: usize = 4;
 /// Rounds of an off-loop catch-up before the last one is applied inline
 /// (each round covers what local writes and gossip added meanwhile).
 const CATCH_UP_ROUNDS_MAX: u32 = 3;
@@ -571,12 +576,21 @@ pub struct Engine {
     next_catch_up: u64,
     /// Evicted containers being loaded off the loop, with what came for
     /// them meanwhile (see [`Config::load_off_loop`]).
-    loading: BTreeMap<String, Vec<HeldForLoad>>,
-    /// Loads ready for [`Engine::take_loads`].
-    loads: Vec<String>,
+    loading: BTreeMap<String, Loading>,
+    /// Loads waiting for [`Engine::take_loads`], oldest first.
+    loads: VecDeque<String>,
+    /// Loads handed out and not back yet.
+    loads_running: usize,
 }
 
-/// What waits for a container loading off the loop.
+/// What waits for a container loading off the loop, and its bytes.
+#[derive(Debug, Default)]
+struct Loading {
+    held: Vec<HeldForLoad>,
+    bytes: usize,
+}
+
+/// One input that waits for a container loading off the loop.
 #[derive(Debug)]
 enum HeldForLoad {
     /// A peer's sync message.
@@ -614,7 +628,8 @@ impl Engine {
             ready: Vec::new(),
             next_catch_up: 0,
             loading: BTreeMap::new(),
-            loads: Vec::new(),
+            loads: VecDeque::new(),
+            loads_running: 0,
         }
     }
 
@@ -739,21 +754,32 @@ impl Engine {
         if !self.config.load_off_loop || !self.cold.contains_key(name) {
             return false;
         }
-        let held = self.loading.entry(name.to_owned()).or_insert_with(|| {
-            self.loads.push(name.to_owned());
-            Vec::new()
+        let loading = self.loading.entry(name.to_owned()).or_insert_with(|| {
+            self.loads.push_back(name.to_owned());
+            Loading::default()
         });
-        if held.len() < LOAD_HELD_MAX {
-            held.push(what);
+        let bytes = match &what {
+            HeldForLoad::Sync(_, message) => message.len(),
+            HeldForLoad::Delta(changes) => changes.iter().map(Vec::len).sum(),
+            HeldForLoad::Start(_) => 0,
+        };
+        if loading.held.len() < LOAD_HELD_MAX && loading.bytes + bytes <= LOAD_HELD_MAX_BYTES {
+            loading.bytes += bytes;
+            loading.held.push(what);
         }
         true
     }
 
-    /// Evicted containers to load off the loop since the last call: read
+    /// Evicted containers to load off the loop now (at most
+    /// [`LOADS_MAX_RUNNING`] out at once; the rest wait their turn): read
     /// each from storage (on any thread) and give it to
     /// [`Engine::finish_load`].
     pub fn take_loads(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.loads)
+        let n = LOADS_MAX_RUNNING
+            .saturating_sub(self.loads_running)
+            .min(self.loads.len());
+        self.loads_running += n;
+        self.loads.drain(..n).collect()
     }
 
     /// Whether `name` is being loaded off the loop.
@@ -775,9 +801,14 @@ impl Engine {
     ) -> (Vec<Action>, Vec<EngineError>) {
         self.clock(now_ms);
         let (mut out, mut errors) = (Vec::new(), Vec::new());
-        let Some(held) = self.loading.remove(name) else {
+        let Some(Loading { held, .. }) = self.loading.remove(name) else {
             return (out, errors);
         };
+        match self.loads.iter().position(|n| n == name) {
+            // Back before it was handed out (not the runtime's doing).
+            Some(i) => drop(self.loads.remove(i)),
+            None => self.loads_running = self.loads_running.saturating_sub(1),
+        }
         if let Some(cold) = self.cold.get(name) {
             let want = cold.heads.clone();
             let adopted = loaded

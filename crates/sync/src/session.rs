@@ -1668,8 +1668,14 @@ impl Session {
     /// Takes a finished catch-up back (see [`Engine::finish_catch_up`]);
     /// what it adds is persisted like any change from a peer.
     pub fn finish_catch_up(&mut self, done: crate::engine::CaughtUp, now_ms: u64) -> Vec<Effect> {
+        let done = self.engine.finish_catch_up(done, now_ms);
+        self.engine_done(done)
+    }
+
+    /// The effects of work the engine took back: its actions, then its
+    /// errors.
+    fn engine_done(&mut self, (actions, errors): (Vec<Action>, Vec<EngineError>)) -> Vec<Effect> {
         let mut out = Vec::new();
-        let (actions, errors) = self.engine.finish_catch_up(done, now_ms);
         self.engine_actions(actions, &mut out);
         for e in errors {
             self.engine_error(e, &mut out);
@@ -1691,13 +1697,8 @@ impl Session {
         loaded: Result<Option<nuwa_state::Container>, String>,
         now_ms: u64,
     ) -> Vec<Effect> {
-        let mut out = Vec::new();
-        let (actions, errors) = self.engine.finish_load(name, loaded, now_ms);
-        self.engine_actions(actions, &mut out);
-        for e in errors {
-            self.engine_error(e, &mut out);
-        }
-        out
+        let done = self.engine.finish_load(name, loaded, now_ms);
+        self.engine_done(done)
     }
 
     /// Whether we hold exactly what a verified peer holds.

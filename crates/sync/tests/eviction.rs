@@ -185,6 +185,19 @@ fn equal_heads_from_a_peer_load_nothing() {
     assert!(a.converged_with("b", "c07"));
 }
 
+/// The first message of a sync exchange of `e`'s `container`.
+fn first_sync(e: &Engine, container: &str) -> nuwa_proto::SyncPayload {
+    let message = e
+        .container(container)
+        .unwrap()
+        .generate_sync_message(&mut nuwa_state::SyncState::new())
+        .unwrap();
+    nuwa_proto::SyncPayload::Sync {
+        container: container.into(),
+        message,
+    }
+}
+
 /// Delivers every `Send` of `out` from `from` to `to` and back until no
 /// message is left (at most 50 rounds).
 fn pump(a: &mut Engine, b: &mut Engine, first: Vec<Action>, now_ms: u64) {
@@ -239,17 +252,7 @@ fn a_peer_input_for_an_evicted_container_waits_for_a_load_off_the_loop() {
     let _ = b.peer_up("a", 1);
 
     // b starts an exchange; c's change comes by gossip.
-    let mut state = nuwa_state::SyncState::new();
-    let message = b
-        .container("notes")
-        .unwrap()
-        .generate_sync_message(&mut state)
-        .unwrap();
-    let sync = nuwa_proto::SyncPayload::Sync {
-        container: "notes".into(),
-        message,
-    };
-    let out = a.handle("b", sync, 2).unwrap();
+    let out = a.handle("b", first_sync(&b, "notes"), 2).unwrap();
     assert!(
         out.is_empty(),
         "nothing is answered before the load: {out:?}"
@@ -296,17 +299,11 @@ fn a_peer_input_for_an_evicted_container_waits_for_a_load_off_the_loop() {
     // waited: an error, never a panic or a half-loaded container.
     let _ = a.flush();
     assert!(a.evict("notes"));
-    let mut state = nuwa_state::SyncState::new();
-    let message = b
-        .container("notes")
-        .unwrap()
-        .generate_sync_message(&mut state)
-        .unwrap();
-    let sync = nuwa_proto::SyncPayload::Sync {
-        container: "notes".into(),
-        message,
-    };
-    assert!(a.handle("b", sync, 5).unwrap().is_empty());
+    assert!(
+        a.handle("b", first_sync(&b, "notes"), 5)
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(a.take_loads(), vec!["notes".to_owned()]);
     let (out, errors) = a.finish_load("notes", Err("disk on fire".into()), 6);
     assert!(out.is_empty(), "{out:?}");
@@ -315,4 +312,77 @@ fn a_peer_input_for_an_evicted_container_waits_for_a_load_off_the_loop() {
         "{errors:?}"
     );
     assert!(a.container("notes").is_none() && a.contains("notes"));
+}
+
+// Goal: loads off the loop are bounded. A peer whose every container
+// differs gets at most 4 loads out at once (the next goes out as one comes
+// back), and what waits for one container is bounded in bytes (32 MiB):
+// what is beyond it is dropped, not kept. Method: 6 evicted containers
+// with a sync message each; then 40 messages of 1 MiB for a seventh. Each
+// kept message is handled (and refused: it is no sync message) once the
+// load is back, so the errors count what was kept.
+#[test]
+fn loads_off_the_loop_are_bounded_in_number_and_bytes() {
+    let disk = Disk::default();
+    let config = Config {
+        load_off_loop: true,
+        ..Config::default()
+    };
+    let mut a = Engine::new(b"actor-a".to_vec(), config);
+    a.set_loader(Box::new(|name: &str| {
+        panic!("{name} was loaded on the loop")
+    }));
+    for i in 0..6 {
+        put(&mut a, &disk, &format!("c{i}"), "k", json!(i));
+    }
+    put(&mut a, &disk, "z", "k", json!("z"));
+    let _ = a.flush();
+    assert_eq!(a.evict_idle(0, 0, &[]), 7);
+    let mut b = engine(b"actor-b", &Disk::default());
+    for i in 0..6 {
+        b.local_put(&format!("c{i}"), "b", &json!(i)).unwrap();
+    }
+    let _ = b.flush();
+    let _ = a.peer_up("b", 1);
+    for i in 0..6 {
+        assert!(
+            a.handle("b", first_sync(&b, &format!("c{i}")), 2)
+                .unwrap()
+                .is_empty()
+        );
+    }
+    let first = a.take_loads();
+    assert_eq!(first.len(), 4, "{first:?}");
+    assert!(a.take_loads().is_empty(), "no fifth while four are out");
+    let load = |name: &str| {
+        let log = disk.lock().unwrap().get(name).cloned().unwrap();
+        Ok(Some(Container::load(b"actor-a", None, log).unwrap()))
+    };
+    let (_, errors) = a.finish_load(&first[0], load(&first[0]), 3);
+    assert!(errors.is_empty(), "{errors:?}");
+    let fifth = a.take_loads();
+    assert_eq!(fifth.len(), 1, "one back, one more out");
+    for name in first[1..].iter().chain(&fifth) {
+        let _ = a.finish_load(name, load(name), 4);
+    }
+    let last = a.take_loads();
+    assert_eq!(last.len(), 1, "{last:?}");
+    let _ = a.finish_load(&last[0], load(&last[0]), 5);
+    assert!((0..6).all(|i| !a.loading(&format!("c{i}"))));
+
+    // 40 MiB for one evicted container: 32 are kept.
+    for _ in 0..40 {
+        let junk = nuwa_proto::SyncPayload::Sync {
+            container: "z".into(),
+            message: vec![0xff; 1024 * 1024],
+        };
+        assert!(a.handle("b", junk, 6).unwrap().is_empty());
+    }
+    assert_eq!(a.take_loads(), vec!["z".to_owned()]);
+    let (_, errors) = a.finish_load("z", load("z"), 7);
+    assert_eq!(
+        errors.len(),
+        32,
+        "the kept messages, each refused when handled"
+    );
 }

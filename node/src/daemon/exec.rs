@@ -182,19 +182,16 @@ impl Executor {
     /// (containers read back from the store).
     pub(super) async fn execute(&mut self, agent: &Agent, effects: Vec<Effect>) -> Vec<Input> {
         let Phases {
+            send_before_persist,
             persist,
             acknowledge,
             send,
             rest,
-            send_first,
         } = Phases::of(effects);
-        let mut send = Some(send);
-        if send_first {
-            for s in send.take().into_iter().flatten() {
-                self.send(s).await;
-            }
-            trace!(target: "nuwa_path", "sent");
+        for s in send_before_persist {
+            self.send(s).await;
         }
+        trace!(target: "nuwa_path", "sent");
         if let Err(e) = self.persist(agent, persist).await {
             let msg = format!("{e:#}");
             for a in acknowledge {
@@ -214,7 +211,7 @@ impl Executor {
                 self.replies.answer(id, result);
             }
         }
-        for s in send.into_iter().flatten() {
+        for s in send {
             self.send(s).await;
         }
         let mut back = Vec::new();
@@ -676,65 +673,49 @@ mod tests {
     }
 
     /// A's agent and executor with B connected and verified.
-    async fn start_a_with_b() -> (Setup, nuwa_agent::peer::PeerId) {
+    async fn start_a_with_b() -> Setup {
+        let mut s = start_a().await;
+        // B connects and proves itself, so writes have somewhere to go.
+        let b_peer = nuwa_agent::peer::id_of(&s.b.device.public()).unwrap();
+        let connected = NetEvent::Connected {
+            peer: b_peer,
+            public: Some(s.b.device.public()),
+            remote: "/ip4/127.0.0.1/tcp/1".parse().unwrap(),
+        };
+        let effects = s.agent.handle(Input::Net(vec![connected]), s.now);
+        s.exec.execute(&s.agent, effects).await;
+        let b_membership = nuwa_agent::sync::Membership::new(
+            s.b.log.clone(),
+            s.b.info.context_id.clone(),
+            "b".into(),
+            nuwa_agent::identity::keys::DeviceKey::from_seed(&s.b.device.seed()),
+        );
+        let hello = nuwa_agent::proto::Frame::Hello(b_membership.hello(s.now).unwrap());
+        let frame = NetEvent::Frame {
+            peer: b_peer,
+            bytes: hello.encode(),
+        };
+        let effects = s.agent.handle(Input::Net(vec![frame]), s.now);
+        s.exec.execute(&s.agent, effects).await;
+        assert_eq!(
+            s.agent.session().verified().count(),
+            1,
+            "b must be verified"
+        );
+        s
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_acknowledged_after_it_is_durable_and_sent_before() {
         let Setup {
             _dir,
             store,
             net,
             mut exec,
             mut agent,
-            b,
             now,
-        } = start_a().await;
-        // B connects and proves itself, so writes have somewhere to go.
-        let b_peer = nuwa_agent::peer::id_of(&b.device.public()).unwrap();
-        let connected = NetEvent::Connected {
-            peer: b_peer,
-            public: Some(b.device.public()),
-            remote: "/ip4/127.0.0.1/tcp/1".parse().unwrap(),
-        };
-        let effects = agent.handle(Input::Net(vec![connected]), now);
-        exec.execute(&agent, effects).await;
-        let b_membership = nuwa_agent::sync::Membership::new(
-            b.log.clone(),
-            b.info.context_id.clone(),
-            "b".into(),
-            nuwa_agent::identity::keys::DeviceKey::from_seed(&b.device.seed()),
-        );
-        let hello = nuwa_agent::proto::Frame::Hello(b_membership.hello(now).unwrap());
-        let frame = NetEvent::Frame {
-            peer: b_peer,
-            bytes: hello.encode(),
-        };
-        let effects = agent.handle(Input::Net(vec![frame]), now);
-        exec.execute(&agent, effects).await;
-        assert_eq!(agent.session().verified().count(), 1, "b must be verified");
-        let setup = Setup {
-            _dir,
-            store,
-            net,
-            exec,
-            agent,
-            b,
-            now,
-        };
-        (setup, b_peer)
-    }
-
-    #[tokio::test]
-    async fn a_batch_is_acknowledged_after_it_is_durable_and_sent_before() {
-        let (
-            Setup {
-                _dir,
-                store,
-                net,
-                mut exec,
-                mut agent,
-                now,
-                ..
-            },
-            _,
-        ) = start_a_with_b().await;
+            ..
+        } = start_a_with_b().await;
         // The batch: a put, then a tool that writes (a schema registration).
         let (put_tx, put_rx) = oneshot::channel();
         let (tool_tx, tool_rx) = oneshot::channel();
@@ -793,18 +774,15 @@ mod tests {
     // store checks at each write that nothing went to the network yet.
     #[tokio::test]
     async fn a_handle_that_saves_files_sends_only_after_they_are_durable() {
-        let (
-            Setup {
-                _dir,
-                store,
-                net,
-                mut exec,
-                mut agent,
-                now,
-                ..
-            },
-            _,
-        ) = start_a_with_b().await;
+        let Setup {
+            _dir,
+            store,
+            net,
+            mut exec,
+            mut agent,
+            now,
+            ..
+        } = start_a_with_b().await;
         let (tx, rx) = oneshot::channel();
         let id = exec.replies.wait(Waiting::Put(tx));
         let put = Request::Put(PutBody {

@@ -497,7 +497,7 @@ impl Sim {
     }
 
     /// Device `i` crashes inside its next handle whose sends go before its
-    /// persist phase (the core's `Phases::send_first`) and which persists
+    /// persist phase (the core's `Phases::send_before_persist`) and which persists
     /// changes: its frames leave, its changes never reach its disk and
     /// nobody hears back. Its peers then hold changes it lost.
     pub fn tear(&mut self, i: usize) {
@@ -678,24 +678,22 @@ impl Sim {
     fn perform(&mut self, i: usize, effects: Vec<Effect>) {
         // The executor's phases, in the core's order.
         let nuwa_agent::Phases {
+            send_before_persist,
             persist,
             acknowledge,
             send,
             rest,
-            send_first,
         } = nuwa_agent::Phases::of(effects);
-        let mut send = Some(send);
-        if send_first {
-            for e in send.take().into_iter().flatten() {
-                self.send(i, e);
-            }
-            let changes = persist.iter().any(|e| matches!(e, Effect::Persist { .. }));
-            if changes && self.torn.remove(&i) {
-                self.count("torn handles");
-                self.note(format!("d{i} crashed after sending, before persisting"));
-                self.crash(i);
-                return;
-            }
+        let torn = !send_before_persist.is_empty()
+            && persist.iter().any(|e| matches!(e, Effect::Persist { .. }));
+        for e in send_before_persist {
+            self.send(i, e);
+        }
+        if torn && self.torn.remove(&i) {
+            self.count("torn handles");
+            self.note(format!("d{i} crashed after sending, before persisting"));
+            self.crash(i);
+            return;
         }
         for e in persist {
             self.persist(i, e);
@@ -705,7 +703,7 @@ impl Sim {
                 self.reply(i, id, result);
             }
         }
-        for e in send.into_iter().flatten() {
+        for e in send {
             self.send(i, e);
         }
         for e in rest {
