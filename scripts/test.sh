@@ -63,6 +63,9 @@ step "benchmark guard (nuwa-bench --quick --check: a jump like issue 26's cold s
 if [ "${NUWA_BENCH_GUARD:-0}" = 1 ]; then
   cargo build --release -q -p nuwa-node -p nuwa-bench
   target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+  # The idle code sits together only while the link order names this
+  # build's functions (node/build.rs).
+  python3 scripts/bench/link_order.py --check "$target_dir/release/nuwa-node"
   guard_out="$(mktemp -d)"
   "$target_dir/release/nuwa-bench" --node-bin "$target_dir/release/nuwa-node" --quick --check --out "$guard_out"
   rm -rf "$guard_out"

@@ -3,7 +3,7 @@
 //! last-seen times of devices, round trips, running catch-ups, and the
 //! facts of this process the shell told it at start.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use nuwa_sync::Rejection;
 
@@ -32,6 +32,9 @@ pub(crate) struct Book {
     /// When memory was last given back on the clock (`None` until startup
     /// settled): see [`Agent::release_tick`](crate::Agent).
     pub(crate) released_ms: Option<u64>,
+    /// The verified peers when memory was last given back: a device that
+    /// settles with other peers gives it back again.
+    pub(crate) released_peers: BTreeSet<String>,
     pub(crate) listen_addrs: Vec<Multiaddr>,
     pub(crate) started_ms: u64,
     pub(crate) quarantined: Vec<QuarantineStatus>,
@@ -58,6 +61,7 @@ impl Book {
             name: boot.name.clone(),
             next_evict_ms: 0,
             released_ms: None,
+            released_peers: BTreeSet::new(),
             listen_addrs: boot.listen_addrs.clone(),
             started_ms: now_ms,
             quarantined: boot.quarantined.clone(),
@@ -197,6 +201,7 @@ mod tests {
             name: "me".to_owned(),
             next_evict_ms: 0,
             released_ms: None,
+            released_peers: BTreeSet::new(),
             listen_addrs: Vec::new(),
             started_ms: 0,
             quarantined: Vec::new(),

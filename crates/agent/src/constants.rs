@@ -101,6 +101,11 @@ pub(crate) const SETTLED_RELEASE_MS: u64 = 10_000;
 /// After that, memory is given back this often: the code pages a burst
 /// ran stay mapped otherwise (docs/performance.md, "Idle memory").
 pub(crate) const RELEASE_EVERY_MS: u64 = 300_000;
+/// Memory is also given back when the device settles with another set of
+/// peers than at the last release (a peer joined or left and the syncs it
+/// started are done), at most this often: a sync's burst runs code and
+/// fills buffers that idle does not use.
+pub(crate) const RELEASE_AFTER_PEERS_MS: u64 = 2_000;
 
 // ---- Reports -----------------------------------------------------------
 

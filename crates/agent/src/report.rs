@@ -2,7 +2,7 @@
 //! progress and result of `sync --once`, and keeping memory within its
 //! budget (containers leave memory when idle or over it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use nuwa_proto::Frame;
 use nuwa_sync::{PeerState, PeerSyncState};
@@ -48,23 +48,29 @@ impl Agent {
     }
 
     /// Gives memory back (the reader's idle replicas, the allocator's free
-    /// pages, the code pages startup ran) once startup has settled, and
-    /// then every [`RELEASE_EVERY_MS`]. Settled: every verified peer in
-    /// sync with no catch-up running, or [`SETTLED_RELEASE_MS`] after
-    /// start, whichever comes first.
+    /// pages, the code pages startup ran) once startup has settled, then
+    /// every [`RELEASE_EVERY_MS`], and whenever the device settles with
+    /// another set of peers than at the last release (at most every
+    /// [`RELEASE_AFTER_PEERS_MS`]). Settled: every verified peer in sync
+    /// with no catch-up running, or [`SETTLED_RELEASE_MS`] after start for
+    /// the first release, whichever comes first.
     pub(crate) fn release_tick(&mut self, now_ms: u64, out: &mut Out) {
+        let peers: BTreeSet<String> = self.session.verified().map(|(p, _)| p.clone()).collect();
+        let settled = !peers.is_empty()
+            && self.book.catch_up_started.is_empty()
+            && peers.iter().all(|p| self.session.in_sync_with(p));
         let due = match self.book.released_ms {
-            Some(at) => now_ms >= at.saturating_add(RELEASE_EVERY_MS),
-            None => {
-                let peers: Vec<String> = self.session.verified().map(|(p, _)| p.clone()).collect();
-                let synced = !peers.is_empty()
-                    && self.book.catch_up_started.is_empty()
-                    && peers.iter().all(|p| self.session.in_sync_with(p));
-                synced || now_ms >= self.book.started_ms.saturating_add(SETTLED_RELEASE_MS)
+            Some(at) => {
+                now_ms >= at.saturating_add(RELEASE_EVERY_MS)
+                    || (settled
+                        && peers != self.book.released_peers
+                        && now_ms >= at.saturating_add(RELEASE_AFTER_PEERS_MS))
             }
+            None => settled || now_ms >= self.book.started_ms.saturating_add(SETTLED_RELEASE_MS),
         };
         if due {
             self.book.released_ms = Some(now_ms);
+            self.book.released_peers = peers;
             // An eviction of this tick may have asked already.
             if !out
                 .effects

@@ -1,6 +1,7 @@
 //! When a device gives memory back (issue 26, idle memory): once startup
 //! settled (every verified peer in sync, or ten seconds after start for a
-//! device alone), then every five minutes. The shell drops the code pages
+//! device alone), then every five minutes, and when it settles again with
+//! a peer that joined later. The shell drops the code pages
 //! startup ran and the allocator's free pages then (node/src/daemon/
 //! exec/resident.rs); an idle daemon's RSS is measured in docs/performance.md.
 
@@ -12,6 +13,8 @@ use sim::{Knobs, Sim};
 /// constants.rs (crate-private there).
 const SETTLED_MS: u64 = 10_000;
 const EVERY_MS: u64 = 300_000;
+/// `RELEASE_AFTER_PEERS_MS`.
+const AFTER_PEERS_MS: u64 = 2_000;
 
 fn seeds() -> std::ops::Range<u64> {
     0..8
@@ -78,5 +81,51 @@ fn a_device_alone_gives_memory_back_ten_seconds_after_start() {
             "seed {seed}: released {} ms after start",
             r[0] - t0
         );
+    }
+}
+
+/// Goal: a device that settled and gave memory back gives it back again
+/// once a peer that joined later is in sync (the join's burst ran code idle
+/// does not use), no sooner than two seconds after the last release, and
+/// not again while the peers stay the same. Method: d0 and d1 meet and
+/// settle; d2 starts 30 s later; the two earlier devices must release
+/// again within ten seconds of d2's start, then not before five minutes.
+#[test]
+fn a_device_gives_memory_back_again_once_a_peer_that_joined_is_in_sync() {
+    for seed in seeds() {
+        let mut s = Sim::new(seed, 3, Knobs::default());
+        let t0 = s.now_ms;
+        s.start(0);
+        s.start(1);
+        s.run_for(30_000);
+        let before: Vec<usize> = (0..2).map(|i| s.devices[i].released_ms.len()).collect();
+        for (i, n) in before.iter().enumerate() {
+            assert!(
+                *n >= 1,
+                "seed {seed}: d{i} never settled\n{}",
+                s.trace_tail()
+            );
+        }
+        let joined = s.now_ms;
+        s.start(2);
+        s.run_for(60_000);
+        for (i, &n) in before.iter().enumerate() {
+            let r = &s.devices[i].released_ms;
+            let again = &r[n..];
+            assert!(
+                again.iter().any(|&t| t >= joined && t - joined < 10_000),
+                "seed {seed}: d{i} gave no memory back after d2 joined at {}: {r:?}",
+                joined - t0
+            );
+            // The peers stayed the same since: no more until the next
+            // five-minute release (or an eviction of what startup loaded).
+            assert!(again.len() <= 2, "seed {seed}: d{i}: {r:?}");
+            let prev = r[n - 1];
+            assert!(
+                again[0] >= prev + AFTER_PEERS_MS,
+                "seed {seed}: d{i} gave memory back again {} ms after the last time: {r:?}",
+                again[0] - prev
+            );
+        }
     }
 }
