@@ -61,7 +61,10 @@ fi
 
 step "benchmark guard (nuwa-bench --quick --check: a jump like issue 26's cold sync fails)"
 if [ "${NUWA_BENCH_GUARD:-0}" = 1 ]; then
-  cargo build --release -q -p nuwa-node -p nuwa-bench
+  # Apart: built together, cargo unifies their dependencies' features, and
+  # the idle link order (node/build.rs) names nuwa-node's own build.
+  cargo build --release -q -p nuwa-node
+  cargo build --release -q -p nuwa-bench
   target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
   # The idle code sits together only while the link order names this
   # build's functions (node/build.rs).

@@ -30,6 +30,9 @@ if [ ${#amrepo[@]} -gt 0 ] && ! command -v node >/dev/null; then
   echo "error: Node.js 20+ is needed for the automerge-repo side; install it or pass --no-automerge-repo" >&2
   exit 2
 fi
-cargo build --release -q -p nuwa-node -p nuwa-bench
+# Apart: built together, cargo unifies their dependencies' features, and
+# the idle link order (node/build.rs) names the functions of nuwa-node's own.
+cargo build --release -q -p nuwa-node
+cargo build --release -q -p nuwa-bench
 target="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
 exec "$target/release/nuwa-bench" --node-bin "$target/release/nuwa-node" "${amrepo[@]}" "${samod[@]}" "${args[@]}"
