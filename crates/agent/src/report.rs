@@ -2,7 +2,7 @@
 //! progress and result of `sync --once`, and keeping memory within its
 //! budget (containers leave memory when idle or over it).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use nuwa_proto::Frame;
 use nuwa_sync::{PeerState, PeerSyncState};
@@ -55,22 +55,25 @@ impl Agent {
     /// with no catch-up running, or [`SETTLED_RELEASE_MS`] after start for
     /// the first release, whichever comes first.
     pub(crate) fn release_tick(&mut self, now_ms: u64, out: &mut Out) {
-        let peers: BTreeSet<String> = self.session.verified().map(|(p, _)| p.clone()).collect();
-        let settled = !peers.is_empty()
-            && self.book.catch_up_started.is_empty()
-            && peers.iter().all(|p| self.session.in_sync_with(p));
+        // Cheapest first: this runs every tick of an idle device.
         let due = match self.book.released_ms {
             Some(at) => {
                 now_ms >= at.saturating_add(RELEASE_EVERY_MS)
-                    || (settled
-                        && peers != self.book.released_peers
-                        && now_ms >= at.saturating_add(RELEASE_AFTER_PEERS_MS))
+                    || (now_ms >= at.saturating_add(RELEASE_AFTER_PEERS_MS)
+                        && !self
+                            .session
+                            .verified()
+                            .map(|(p, _)| p)
+                            .eq(self.book.released_peers.iter())
+                        && self.settled())
             }
-            None => settled || now_ms >= self.book.started_ms.saturating_add(SETTLED_RELEASE_MS),
+            None => {
+                self.settled() || now_ms >= self.book.started_ms.saturating_add(SETTLED_RELEASE_MS)
+            }
         };
         if due {
             self.book.released_ms = Some(now_ms);
-            self.book.released_peers = peers;
+            self.book.released_peers = self.session.verified().map(|(p, _)| p.clone()).collect();
             // An eviction of this tick may have asked already.
             if !out
                 .effects
@@ -80,6 +83,14 @@ impl Agent {
                 out.push(Effect::ReleaseMemory);
             }
         }
+    }
+
+    /// Every verified peer (at least one) in sync, with no catch-up running.
+    fn settled(&mut self) -> bool {
+        let peers: Vec<String> = self.session.verified().map(|(p, _)| p.clone()).collect();
+        !peers.is_empty()
+            && self.book.catch_up_started.is_empty()
+            && peers.iter().all(|p| self.session.in_sync_with(p))
     }
 
     /// Evicts containers unused for a minute, and, while resident memory is

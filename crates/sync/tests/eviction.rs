@@ -232,14 +232,7 @@ fn pump(a: &mut Engine, b: &mut Engine, first: Vec<Action>, now_ms: u64) {
 #[test]
 fn a_peer_input_for_an_evicted_container_waits_for_a_load_off_the_loop() {
     let disk = Disk::default();
-    let config = Config {
-        load_off_loop: true,
-        ..Config::default()
-    };
-    let mut a = Engine::new(b"actor-a".to_vec(), config);
-    a.set_loader(Box::new(|name: &str| {
-        panic!("{name} was loaded on the loop")
-    }));
+    let mut a = loads_off_the_loop_only();
     for i in 0..3 {
         put(&mut a, &disk, "notes", &format!("a{i}"), json!(i));
     }
@@ -324,14 +317,7 @@ fn a_peer_input_for_an_evicted_container_waits_for_a_load_off_the_loop() {
 #[test]
 fn loads_off_the_loop_are_bounded_in_number_and_bytes() {
     let disk = Disk::default();
-    let config = Config {
-        load_off_loop: true,
-        ..Config::default()
-    };
-    let mut a = Engine::new(b"actor-a".to_vec(), config);
-    a.set_loader(Box::new(|name: &str| {
-        panic!("{name} was loaded on the loop")
-    }));
+    let mut a = loads_off_the_loop_only();
     for i in 0..6 {
         put(&mut a, &disk, &format!("c{i}"), "k", json!(i));
     }
@@ -385,4 +371,18 @@ fn loads_off_the_loop_are_bounded_in_number_and_bytes() {
         32,
         "the kept messages, each refused when handled"
     );
+}
+
+/// An engine that hands loads out (`load_off_loop`) and panics if it ever
+/// loads a container on the loop.
+fn loads_off_the_loop_only() -> Engine {
+    let config = Config {
+        load_off_loop: true,
+        ..Config::default()
+    };
+    let mut e = Engine::new(b"actor-a".to_vec(), config);
+    e.set_loader(Box::new(|name: &str| {
+        panic!("{name} was loaded on the loop")
+    }));
+    e
 }
