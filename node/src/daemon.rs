@@ -228,12 +228,12 @@ impl Daemon {
                 }
                 ev = src.reader.recv() => {
                     // The reader thread died: reads cannot be served.
-                    let Some(reader::ReaderEvent::Expired { container, ids }) = ev else {
+                    let Some(reader::ReaderEvent::Scanned { container, heads, scan }) = ev else {
                         error!("the reader stopped");
                         break;
                     };
                     let _turn = crate::metrics::TurnTimer::start(&turns, "reader");
-                    self.turn(Input::Expired { container, ids }).await;
+                    self.turn(Input::Scanned { container, heads, scan }).await;
                 }
                 ev = recv_opt(&mut src.mdns) => match ev {
                     Some(ev) => {

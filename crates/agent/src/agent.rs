@@ -259,7 +259,11 @@ impl Agent {
                         .finish_load(&container, loaded.map(|c| c.map(|c| *c)), now_ms);
                 self.absorb(effects, now_ms, &mut out);
             }
-            Input::Expired { container, ids } => self.on_expired(container, ids, &mut out),
+            Input::Scanned {
+                container,
+                heads,
+                scan,
+            } => self.on_scanned(container, heads, scan, &mut out),
         }
         self.finish(now_ms, &mut out);
         out.effects

@@ -8,6 +8,8 @@
 //! in the replicated map container [`REGISTRY_CONTAINER`] (`$id` → schema
 //! JSON), so every device validates and queries with the same schemas.
 
+use std::collections::BTreeMap;
+
 use nuwa_asm::model::RetentionStrategy;
 use nuwa_asm::registry::{Registered, Registry};
 use nuwa_asm::schema::AsmSchema;
@@ -180,6 +182,17 @@ pub(crate) struct Asm {
     pub(crate) registry_heads: Vec<[u8; 32]>,
     next_lifecycle_ms: u64,
     lifecycle_every_ms: u64,
+    /// What the last lifecycle scan of each container found nothing to
+    /// remove at: its heads, and when its next item expires. A container
+    /// whose heads are the same and whose time has not come is not
+    /// scanned again (the reader would load it, on an idle device too).
+    scanned: BTreeMap<String, ScanMark>,
+}
+
+/// See [`Asm::scanned`].
+struct ScanMark {
+    heads: Vec<[u8; 32]>,
+    due_secs: Option<i64>,
 }
 
 impl Asm {
@@ -189,6 +202,7 @@ impl Asm {
             registry_heads: Vec::new(),
             next_lifecycle_ms: 0,
             lifecycle_every_ms,
+            scanned: BTreeMap::new(),
         }
     }
 }
@@ -259,34 +273,56 @@ fn item_time(item: &Value) -> Option<i64> {
     })
 }
 
-/// Ids that the lifecycle rules of `schema` remove at `now_secs`. Pure and
-/// deterministic: every device computes the same set from the same items.
-pub fn expired_ids(schema: &AsmSchema, items: &[(String, Value)], now_secs: i64) -> Vec<String> {
-    let mut out = Vec::new();
-    for (id, item) in items {
-        let Some(t) = item_time(item) else { continue };
-        let age = now_secs.saturating_sub(t);
-        if let Some(ttl) = schema.ttl_secs {
-            if age > ttl as i64 {
-                out.push(id.clone());
-                continue;
-            }
+/// The first second at which the lifecycle rules of `schema` remove
+/// `item` (`None`: never, as it is). TTL: older than `ttl` seconds;
+/// retention: older than the window and of low importance. Items without
+/// a time are never removed.
+fn expiry_of(schema: &AsmSchema, item: &Value) -> Option<i64> {
+    let t = item_time(item)?;
+    let after = |secs: u64| {
+        t.saturating_add(i64::try_from(secs).unwrap_or(i64::MAX))
+            .saturating_add(1)
+    };
+    let ttl = schema.ttl_secs.map(after);
+    let retention = schema.retention.and_then(|r| match r.strategy {
+        RetentionStrategy::EvictLowImportance => {
+            let importance = item
+                .get("importance")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0);
+            (importance < KEEP_IMPORTANCE).then(|| after(r.window_secs))
         }
-        if let Some(r) = schema.retention {
-            match r.strategy {
-                RetentionStrategy::EvictLowImportance => {
-                    let importance = item
-                        .get("importance")
-                        .and_then(Value::as_f64)
-                        .unwrap_or(0.0);
-                    if age > r.window_secs as i64 && importance < KEEP_IMPORTANCE {
-                        out.push(id.clone());
-                    }
-                }
-            }
+    });
+    match (ttl, retention) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What the lifecycle scan of one container found at `now_secs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scan {
+    /// Ids the rules remove now.
+    pub expired: Vec<String>,
+    /// When the next of the others expires (`None`: none ever does, as
+    /// they are). Until then, and while the container does not change,
+    /// scanning it again finds nothing.
+    pub due_secs: Option<i64>,
+}
+
+/// The lifecycle rules of `schema` over `items` at `now_secs`. Pure and
+/// deterministic: every device computes the same set from the same items.
+pub fn scan(schema: &AsmSchema, items: &[(String, Value)], now_secs: i64) -> Scan {
+    let mut expired = Vec::new();
+    let mut due_secs: Option<i64> = None;
+    for (id, item) in items {
+        match expiry_of(schema, item) {
+            Some(at) if at <= now_secs => expired.push(id.clone()),
+            Some(at) => due_secs = Some(due_secs.map_or(at, |d| d.min(at))),
+            None => {}
         }
     }
-    out
+    Scan { expired, due_secs }
 }
 
 impl Agent {
@@ -365,6 +401,8 @@ impl Agent {
         out.push(Effect::ReaderRegistry(Box::new(reg.clone())));
         self.asm.registry = reg;
         self.asm.registry_heads = heads;
+        // A schema's rules may have changed: scan everything again.
+        self.asm.scanned.clear();
     }
 
     pub(crate) fn on_tool(
@@ -533,27 +571,56 @@ impl Agent {
         }
         self.asm.next_lifecycle_ms = now_ms + self.asm.lifecycle_every_ms;
         self.refresh_registry(out);
+        let now_secs = (now_ms / 1000) as i64;
+        let engine = self.session.engine();
+        let scanned = &self.asm.scanned;
         let schemas: Vec<AsmSchema> = self
             .asm
             .registry
             .list()
             .filter(|s| s.ttl_secs.is_some() || s.retention.is_some())
+            .filter(|s| {
+                let Some(heads) = engine.heads_of(&s.id.full) else {
+                    return false;
+                };
+                scanned.get(&s.id.full).is_none_or(|m| {
+                    m.heads != heads || m.due_secs.is_some_and(|due| due <= now_secs)
+                })
+            })
             .cloned()
             .collect();
         // The scan renders every item: the reader does it, off this loop,
-        // and answers with the expired ids (`on_reader`).
+        // and answers with the expired ids (`on_scanned`).
         if !schemas.is_empty() {
-            out.push(Effect::ReaderScan {
-                schemas,
-                now_secs: (now_ms / 1000) as i64,
-            });
+            out.push(Effect::ReaderScan { schemas, now_secs });
+        }
+    }
+
+    /// The reader scanned `container` as it was at `heads`: remove what
+    /// expired, or remember that nothing is due before `scan.due_secs`.
+    pub(crate) fn on_scanned(
+        &mut self,
+        container: String,
+        heads: Vec<[u8; 32]>,
+        scan: Scan,
+        out: &mut Out,
+    ) {
+        if scan.expired.is_empty() {
+            let mark = ScanMark {
+                heads,
+                due_secs: scan.due_secs,
+            };
+            self.asm.scanned.insert(container, mark);
+        } else {
+            self.asm.scanned.remove(&container);
+            self.on_expired(container, scan.expired, out);
         }
     }
 
     /// The reader found expired items: remove them (a pure function of the
     /// items and the time, so every device agrees; removing an item twice
     /// is a no-op).
-    pub(crate) fn on_expired(&mut self, container: String, ids: Vec<String>, out: &mut Out) {
+    fn on_expired(&mut self, container: String, ids: Vec<String>, out: &mut Out) {
         let Ok(schema) = self.schema(&container) else {
             return;
         };
@@ -796,9 +863,12 @@ mod tests {
 
     // Goal: the lifecycle rule is a pure function of the items and the
     // time: TTL removes old log entries, retention removes only old items
-    // of low importance, and items without a time are never touched.
+    // of low importance, and items without a time are never touched; the
+    // scan says when the next item expires, and nothing expires before.
     #[test]
-    fn expired_ids_follow_ttl_and_retention() {
+    fn scans_follow_ttl_and_retention() {
+        let expired_ids =
+            |s: &AsmSchema, items: &[(String, Value)], now: i64| scan(s, items, now).expired;
         let reg = Registry::with_core();
         let log = reg.get("did:nuwa:core:ConversationLog#v1").unwrap();
         let now = 1_800_000_000i64;
@@ -814,6 +884,15 @@ mod tests {
             ("none".to_owned(), json!({"content": "x"})),
         ];
         assert_eq!(expired_ids(log, &items, now), vec!["old".to_owned()]);
+        // "new" is a day old: it goes 14 days after its time.
+        let due = now - 86_400 + 14 * 86_400 + 1;
+        assert_eq!(scan(log, &items, now).due_secs, Some(due));
+        assert_eq!(expired_ids(log, &items, due - 1), vec!["old".to_owned()]);
+        assert_eq!(
+            expired_ids(log, &items, due),
+            vec!["old".to_owned(), "new".to_owned()]
+        );
+        assert_eq!(scan(log, &items, due).due_secs, None);
 
         let mem = reg.get("did:nuwa:core:MemoryStore#v1").unwrap();
         let items = vec![
@@ -831,8 +910,26 @@ mod tests {
             ),
         ];
         assert_eq!(expired_ids(mem, &items, now), vec!["old_low".to_owned()]);
+        // Only "new_low" can expire later; important items never do.
+        let due = now - 86_400 + 90 * 86_400 + 1;
+        assert_eq!(scan(mem, &items, now).due_secs, Some(due));
+        assert_eq!(
+            expired_ids(mem, &items, due - 1),
+            vec!["old_low".to_owned()]
+        );
+        assert_eq!(
+            expired_ids(mem, &items, due),
+            vec!["old_low".to_owned(), "new_low".to_owned()]
+        );
+        assert_eq!(scan(mem, &items, due).due_secs, None);
         let settings = reg.get("did:nuwa:core:AgentSettings#v1").unwrap();
-        assert!(expired_ids(settings, &items, now).is_empty());
+        assert_eq!(
+            scan(settings, &items, now),
+            Scan {
+                expired: vec![],
+                due_secs: None
+            }
+        );
     }
 
     #[test]

@@ -164,7 +164,10 @@ pub enum Effect {
     /// What app requests are checked against now (admin keys, revoked
     /// capabilities, visibilities): see [`crate::apps`].
     Access(std::sync::Arc<crate::apps::AccessView>),
-    /// Ask the reader which items of these containers have expired.
+    /// Ask the reader to scan these containers ([`crate::asm::scan`]) and
+    /// answer each with [`Input::Scanned`](crate::Input::Scanned). Only
+    /// containers that changed since their last scan, or whose next item
+    /// is due, are asked for.
     ReaderScan {
         schemas: Vec<nuwa_asm::schema::AsmSchema>,
         now_secs: i64,

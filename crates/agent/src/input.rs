@@ -46,8 +46,14 @@ pub enum Input {
         container: String,
         loaded: Result<Option<Box<nuwa_state::Container>>, String>,
     },
-    /// The reader's lifecycle scan found items past their TTL or retention.
-    Expired { container: String, ids: Vec<String> },
+    /// The reader's lifecycle scan of `container` as it was at `heads`
+    /// ([`Effect::ReaderScan`](crate::Effect::ReaderScan)): the items past
+    /// their TTL or retention, and when the next one expires.
+    Scanned {
+        container: String,
+        heads: Vec<[u8; 32]>,
+        scan: crate::asm::Scan,
+    },
 }
 
 /// What the network saw, in the core's terms.

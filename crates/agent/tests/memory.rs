@@ -129,3 +129,112 @@ fn a_device_gives_memory_back_again_once_a_peer_that_joined_is_in_sync() {
         }
     }
 }
+
+const LOG: &str = "did:nuwa:core:ConversationLog#v1";
+
+/// The ids of the entries of the conversation log device `i` holds.
+fn log_ids(s: &Sim, i: usize) -> Vec<String> {
+    let disk = s.devices[i].disk.as_ref().expect("a home");
+    let reg = nuwa_agent::asm_model::registry::Registry::with_core();
+    let layout = &reg.get(LOG).expect("a core model").layout;
+    let log = &disk.load_all()[LOG];
+    nuwa_agent::asm_model::doc::items(log.doc(), layout)
+        .expect("the log renders")
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// When device `i`'s reader scanned the conversation log in `[from, to)`.
+fn log_scans(s: &Sim, i: usize, from: u64, to: u64) -> Vec<u64> {
+    s.devices[i]
+        .scanned
+        .iter()
+        .filter(|(t, c)| c == LOG && (from..to).contains(t))
+        .map(|(t, _)| *t)
+        .collect()
+}
+
+/// Goal: the lifecycle task does not make an idle device's reader load
+/// its containers every 30 s (each load took back memory the device had
+/// given back); it scans a container again only once the container changed
+/// or its next item is due, and still removes an item on every device when
+/// its time comes. Method: the seeded simulator, whose reader scans the
+/// disk with the node's rules; two devices idle for five minutes, then a
+/// log entry 90 s short of its 14-day TTL, then five quiet minutes.
+#[test]
+fn the_lifecycle_scans_a_container_again_only_once_it_changed_or_an_item_is_due() {
+    for seed in seeds() {
+        let mut s = Sim::new(seed, 2, Knobs::default());
+        s.start(0);
+        s.start(1);
+        s.run_for(60_000);
+        let idle = s.now_ms;
+        s.run_for(5 * 60_000);
+        for (i, d) in s.devices.iter().enumerate() {
+            assert!(
+                d.scanned.iter().any(|(t, c)| c == LOG && *t < idle),
+                "seed {seed}: d{i} never scanned the log: {:?}",
+                d.scanned
+            );
+            let again: Vec<_> = d.scanned.iter().filter(|(t, _)| *t >= idle).collect();
+            assert!(
+                again.is_empty(),
+                "seed {seed}: d{i} scanned while idle: {again:?}"
+            );
+        }
+
+        let created = s.now_ms;
+        let ttl_secs = 14 * 86_400;
+        let stamp = (created / 1000) as i64 - ttl_secs + 90;
+        let timestamp = time::OffsetDateTime::from_unix_timestamp(stamp)
+            .unwrap()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap();
+        let id = "00000000-0000-4000-8000-000000000001";
+        let entry =
+            serde_json::json!({"id": id, "role": "user", "content": "hi", "timestamp": timestamp});
+        s.create(0, LOG, entry);
+        // The first second at which the TTL removes it.
+        let due_ms = ((stamp + ttl_secs + 1) * 1000) as u64;
+        s.run_for(60_000);
+        for i in 0..2 {
+            assert_eq!(log_ids(&s, i), vec![id.to_owned()], "seed {seed}: d{i}");
+            assert!(
+                !log_scans(&s, i, created, created + 60_000).is_empty(),
+                "seed {seed}: d{i} did not scan the log once it changed"
+            );
+        }
+        let before_due = s.now_ms;
+        s.run_for(due_ms - before_due - 1_000);
+        for i in 0..2 {
+            let early = log_scans(&s, i, before_due, due_ms);
+            assert!(
+                early.is_empty(),
+                "seed {seed}: d{i} scanned before the entry was due: {early:?}"
+            );
+        }
+        // Due: removed at the next tick of the task, on both devices.
+        s.run_for(31_000);
+        for i in 0..2 {
+            assert!(
+                log_ids(&s, i).is_empty(),
+                "seed {seed}: d{i} kept the expired entry\n{}",
+                s.trace_tail()
+            );
+        }
+        // Both removals synced, each device scanned what it then held;
+        // then quiet again.
+        s.run_for(2 * 60_000);
+        let quiet = s.now_ms;
+        s.run_for(5 * 60_000);
+        for (i, d) in s.devices.iter().enumerate() {
+            let again: Vec<_> = d.scanned.iter().filter(|(t, _)| *t >= quiet).collect();
+            assert!(
+                again.is_empty(),
+                "seed {seed}: d{i} scanned while idle: {again:?}"
+            );
+        }
+        s.check_converged();
+    }
+}

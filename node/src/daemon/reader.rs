@@ -66,8 +66,12 @@ const REPLICA_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the reader tells the loop.
 pub(in crate::daemon) enum ReaderEvent {
-    /// Items of `container` past their TTL or retention.
-    Expired { container: String, ids: Vec<String> },
+    /// The lifecycle scan of `container` as it was at `heads`.
+    Scanned {
+        container: String,
+        heads: Vec<[u8; 32]>,
+        scan: asm::Scan,
+    },
 }
 
 /// The loop's and the API's side of the reader.
@@ -386,13 +390,12 @@ impl Reader {
             let Ok(items) = nuwa_agent::asm_model::doc::items(c.doc(), &schema.layout) else {
                 continue;
             };
-            let ids = asm::expired_ids(&schema, &items, now_secs);
-            if !ids.is_empty() {
-                let _ = self.events.try_send(ReaderEvent::Expired {
-                    container: name,
-                    ids,
-                });
-            }
+            let scan = asm::scan(&schema, &items, now_secs);
+            let _ = self.events.try_send(ReaderEvent::Scanned {
+                container: name,
+                heads: c.heads(),
+                scan,
+            });
         }
     }
 }

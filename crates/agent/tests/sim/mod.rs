@@ -140,6 +140,8 @@ pub struct Device {
     pub replies: Vec<(RequestId, Result<String, String>)>,
     /// When the agent asked to give memory back (`Effect::ReleaseMemory`).
     pub released_ms: Vec<u64>,
+    /// Each container the reader scanned for the lifecycle task, and when.
+    pub scanned: Vec<(u64, String)>,
     /// `sync --once` ended: when, converged or not, and the kind of input
     /// whose handle ended it.
     pub finished: Option<(u64, bool, &'static str)>,
@@ -186,6 +188,12 @@ enum Delivery {
     /// An evicted container to read from the disk as it is then (a worker
     /// reading the store).
     Load(String),
+    /// The reader's lifecycle scan of these containers, from the disk as
+    /// it is then.
+    Scan {
+        schemas: Vec<nuwa_agent::asm_model::schema::AsmSchema>,
+        now_secs: i64,
+    },
     KeeperRequest {
         from: usize,
         frame: Vec<u8>,
@@ -383,6 +391,7 @@ impl Sim {
             waiting: BTreeMap::new(),
             replies: Vec::new(),
             released_ms: Vec::new(),
+            scanned: Vec::new(),
             finished: None,
         });
         self.devices.len() - 1
@@ -911,6 +920,9 @@ impl Sim {
                 self.send_later(i, Delivery::CaughtUp(Box::new(done)));
             }
             Effect::ReleaseMemory => self.devices[i].released_ms.push(self.now_ms),
+            Effect::ReaderScan { schemas, now_secs } => {
+                self.send_later(i, Delivery::Scan { schemas, now_secs });
+            }
             Effect::Load(container) => {
                 self.count("loads off the loop");
                 self.send_later(i, Delivery::Load(container));
@@ -948,6 +960,42 @@ impl Sim {
                 addrs: vec![sa],
             };
             self.send_later(j, Delivery::Mdns(ev));
+        }
+    }
+
+    /// The reader's lifecycle scan on device `i`: each container as the
+    /// disk holds it, through the rules the node's reader applies.
+    fn scan(
+        &mut self,
+        i: usize,
+        schemas: Vec<nuwa_agent::asm_model::schema::AsmSchema>,
+        now_secs: i64,
+    ) {
+        let Some(disk) = self.devices[i].disk.clone() else {
+            return;
+        };
+        let actor = DeviceKey::from_seed(&disk.device_seed).public().to_vec();
+        for schema in schemas {
+            let container = schema.id.full.clone();
+            let Some(changes) = disk.containers.lock().unwrap().get(&container).cloned() else {
+                continue;
+            };
+            let c = Container::load(&actor, None, changes).expect("stored changes load");
+            let items = nuwa_agent::asm_model::doc::items(c.doc(), &schema.layout)
+                .expect("a core container renders");
+            let scan = nuwa_agent::asm::scan(&schema, &items, now_secs);
+            self.devices[i]
+                .scanned
+                .push((self.now_ms, container.clone()));
+            let heads = c.heads();
+            self.handle(
+                i,
+                Input::Scanned {
+                    container,
+                    heads,
+                    scan,
+                },
+            );
         }
     }
 
@@ -1054,6 +1102,7 @@ impl Sim {
                 };
                 self.handle(to, Input::Loaded { container, loaded });
             }
+            Delivery::Scan { schemas, now_secs } => self.scan(to, schemas, now_secs),
             Delivery::Pairing { from, frame } => {
                 let now = self.now_ms;
                 let Some(flow) = self.devices[to].joining.as_mut() else {
@@ -1129,6 +1178,18 @@ impl Sim {
             value,
         };
         self.request(i, req, what);
+    }
+
+    /// `state.create` of `object` in the container of `schema_uri` on
+    /// device `i`.
+    pub fn create(&mut self, i: usize, schema_uri: &str, object: serde_json::Value) -> RequestId {
+        self.note(format!("d{i} creates an item of {schema_uri}"));
+        let req = Request::Tool(nuwa_agent::api::Tool::Create {
+            schema_uri: schema_uri.to_owned(),
+            object,
+            id: None,
+        });
+        self.request(i, req, Request2::Other("create"))
     }
 
     /// `device revoke` of `target` on admin `admin`.
