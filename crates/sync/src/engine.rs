@@ -299,6 +299,18 @@ impl CaughtUp {
         self.whole > 0
     }
 
+    /// The whole document that came into the empty container, as it came
+    /// (`None` unless [`CaughtUp::is_whole`]): the caught-up document is
+    /// exactly what these bytes load to, so they can be stored as its
+    /// snapshot without saving it again (see
+    /// [`Container::catch_up_whole`]).
+    pub fn whole_document(&self) -> Option<Vec<u8>> {
+        if self.whole == 0 {
+            return None;
+        }
+        self.message.as_ref().map(nuwa_state::whole_document)
+    }
+
     /// Bytes of those changes.
     pub fn new_change_bytes(&self) -> usize {
         self.carried.1

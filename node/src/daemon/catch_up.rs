@@ -156,13 +156,14 @@ impl CatchUps {
 
 fn run(job: CatchUp, compression: Option<nuwa_agent::asm_model::model::Compression>) -> Finished {
     let done = job.run();
-    // A whole document is always persisted as a snapshot: made here, so
-    // that the loop does not save it.
+    // A whole document is always persisted as a snapshot: the document as
+    // it came (it loaded strictly, as a snapshot loads), else saved here,
+    // so that the loop does not save it.
     let snapshot = if done.is_whole()
         || done.new_changes() as u64 >= COMPACT_AFTER_CHANGES
         || done.new_change_bytes() >= SNAPSHOT_AFTER_BYTES
     {
-        let saved = done.doc().save();
+        let saved = done.whole_document().unwrap_or_else(|| done.doc().save());
         match compression {
             None => Some(saved),
             Some(c) => match nuwa_agent::asm_model::snapshot::compress(&saved, c) {
