@@ -530,10 +530,22 @@ fn check_blooms(msg: &automerge::sync::Message) -> Result<(), StateError> {
     Ok(())
 }
 
-/// The document a sync message carries for a device that has nothing
-/// (its chunks, concatenated): what [`Container::catch_up_whole`] loads.
-pub fn whole_document(inbound: &SyncInbound) -> Vec<u8> {
-    inbound.msg.changes.iter().collect::<Vec<_>>().concat()
+/// The first bytes of every Automerge storage chunk.
+const CHUNK_MAGIC: [u8; 4] = [0x85, 0x6f, 0x4a, 0x83];
+
+/// The document a sync message carries for a device that has nothing,
+/// when it is one: its chunks concatenated, the first a document chunk
+/// (Automerge's answer to a peer with no heads). [`Container::catch_up_whole`]
+/// loads exactly these bytes as a snapshot loads at open. `None` for loose
+/// changes.
+pub fn whole_document(inbound: &SyncInbound) -> Option<Vec<u8>> {
+    let bytes = inbound.msg.changes.iter().collect::<Vec<_>>().concat();
+    starts_with_document(&bytes).then_some(bytes)
+}
+
+/// Whether `bytes` start with a document chunk (magic, checksum, type 0).
+fn starts_with_document(bytes: &[u8]) -> bool {
+    bytes.len() > 8 && bytes[..4] == CHUNK_MAGIC && bytes[8] == 0
 }
 
 /// Checks the change chunks a sync message carries the way
@@ -545,13 +557,12 @@ pub fn whole_document(inbound: &SyncInbound) -> Vec<u8> {
 /// one change and be canonical. Document chunks (a peer sending its whole
 /// document) are verified by Automerge itself against their heads.
 fn check_sync_changes(msg: &automerge::sync::Message) -> Result<(), StateError> {
-    const MAGIC: [u8; 4] = [0x85, 0x6f, 0x4a, 0x83];
     const HEADER: usize = 9; // magic (4) + checksum (4) + chunk type (1)
     for element in msg.changes.iter() {
         let mut rest = element;
         while !rest.is_empty() {
             let bad = |why: &str| StateError::BadSyncMessage(format!("change chunk: {why}"));
-            if rest.len() < HEADER || rest[..4] != MAGIC {
+            if rest.len() < HEADER || rest[..4] != CHUNK_MAGIC {
                 return Err(bad("missing chunk header"));
             }
             let kind = rest[8];
@@ -913,20 +924,21 @@ impl Container {
     /// cold sync): the same checks, but only the number of changes that
     /// came is returned, without rebuilding each of them (150 ms at
     /// 100,000 changes); the caller persists the whole document as one
-    /// snapshot. Into an empty document the bytes ([`whole_document`])
-    /// load exactly as [`Container::load`] loads a snapshot (a trailing
-    /// partial chunk is refused, not skipped), so that they can be stored
-    /// as that snapshot as they came, without saving the document again.
+    /// snapshot. A document ([`whole_document`]) into an empty document
+    /// loads exactly as [`Container::load`] loads a snapshot (strictly),
+    /// so that its bytes can be stored as that snapshot as they came,
+    /// without saving the document again; loose changes load as before
+    /// (those whose dependencies are missing wait in Automerge's queue).
     pub fn catch_up_whole(&mut self, inbound: &SyncInbound) -> Result<usize, StateError> {
         check_sync_changes(&inbound.msg)?;
         if inbound.msg.changes.is_empty() {
             return Ok(0);
         }
-        let bytes = whole_document(inbound);
+        let bytes = inbound.msg.changes.iter().collect::<Vec<_>>().concat();
         let had = self.changes;
         let result = self.guarded(|doc| {
             let before = doc.get_heads();
-            if before.is_empty() {
+            if before.is_empty() && starts_with_document(&bytes) {
                 let actor = doc.get_actor().clone();
                 *doc = Automerge::load(&bytes)?.with_actor(actor);
             } else {
@@ -1170,7 +1182,8 @@ mod tests {
         let inbound = SyncInbound::decode(&whole).unwrap();
         let mut caught = fresh.fork();
         assert_eq!(caught.catch_up_whole(&inbound).unwrap(), 50);
-        let stored = Container::load(&[2; 16], Some(&whole_document(&inbound)), []).unwrap();
+        let bytes = whole_document(&inbound).expect("a document chunk");
+        let stored = Container::load(&[2; 16], Some(&bytes), []).unwrap();
         assert_eq!(stored.heads(), a.heads());
         assert_eq!(stored.heads(), caught.heads());
         assert_eq!(stored.to_json(), caught.to_json());
@@ -1186,6 +1199,17 @@ mod tests {
         let mut refused = fresh.fork();
         assert!(refused.catch_up_whole(&torn).is_err());
         assert!(refused.heads().is_empty());
+
+        // Loose changes are no document: they load as before (one whose
+        // dependency is missing waits in Automerge's queue), and are not
+        // stored as a snapshot.
+        let mut msg = inbound.msg.clone();
+        msg.changes = automerge::sync::ChunkList::from(vec![extra]);
+        let loose = SyncInbound { msg };
+        assert_eq!(whole_document(&loose), None);
+        let mut waiting = fresh.fork();
+        assert_eq!(waiting.catch_up_whole(&loose).unwrap(), 0);
+        assert!(waiting.heads().is_empty());
     }
 
     // Goal: the renderer behind `get` and `to_json` gives exactly what

@@ -300,15 +300,15 @@ impl CaughtUp {
     }
 
     /// The whole document that came into the empty container, as it came
-    /// (`None` unless [`CaughtUp::is_whole`]): the caught-up document is
-    /// exactly what these bytes load to, so they can be stored as its
-    /// snapshot without saving it again (see
-    /// [`Container::catch_up_whole`]).
+    /// (`None` unless [`CaughtUp::is_whole`] and it came as a document, not
+    /// as loose changes): the caught-up document is exactly what these
+    /// bytes load to, so they can be stored as its snapshot without saving
+    /// it again (see [`Container::catch_up_whole`]).
     pub fn whole_document(&self) -> Option<Vec<u8>> {
         if self.whole == 0 {
             return None;
         }
-        self.message.as_ref().map(nuwa_state::whole_document)
+        self.message.as_ref().and_then(nuwa_state::whole_document)
     }
 
     /// Bytes of those changes.
