@@ -137,7 +137,7 @@ fn log_ids(s: &Sim, i: usize) -> Vec<String> {
     let disk = s.devices[i].disk.as_ref().expect("a home");
     let reg = nuwa_agent::asm_model::registry::Registry::with_core();
     let layout = &reg.get(LOG).expect("a core model").layout;
-    let log = &disk.load_all()[LOG];
+    let log = disk.load(LOG).expect("the log is stored");
     nuwa_agent::asm_model::doc::items(log.doc(), layout)
         .expect("the log renders")
         .into_iter()

@@ -52,15 +52,18 @@ pub struct Disk {
 impl Disk {
     /// Every container as the store holds it.
     pub fn load_all(&self) -> BTreeMap<String, Container> {
-        let actor = DeviceKey::from_seed(&self.device_seed).public().to_vec();
-        let stored = self.containers.lock().unwrap().clone();
-        stored
+        let names: Vec<String> = self.containers.lock().unwrap().keys().cloned().collect();
+        names
             .into_iter()
-            .map(|(name, changes)| {
-                let c = Container::load(&actor, None, changes).expect("stored changes load");
-                (name, c)
-            })
+            .filter_map(|name| Some((name.clone(), self.load(&name)?)))
             .collect()
+    }
+
+    /// One container as the store holds it (`None`: nothing of it).
+    pub fn load(&self, name: &str) -> Option<Container> {
+        let changes = self.containers.lock().unwrap().get(name).cloned()?;
+        let actor = DeviceKey::from_seed(&self.device_seed).public().to_vec();
+        Some(Container::load(&actor, None, changes).expect("stored changes load"))
     }
 
     /// A copy that shares nothing with this one (a backup of the home).
@@ -974,13 +977,11 @@ impl Sim {
         let Some(disk) = self.devices[i].disk.clone() else {
             return;
         };
-        let actor = DeviceKey::from_seed(&disk.device_seed).public().to_vec();
         for schema in schemas {
             let container = schema.id.full.clone();
-            let Some(changes) = disk.containers.lock().unwrap().get(&container).cloned() else {
+            let Some(c) = disk.load(&container) else {
                 continue;
             };
-            let c = Container::load(&actor, None, changes).expect("stored changes load");
             let items = nuwa_agent::asm_model::doc::items(c.doc(), &schema.layout)
                 .expect("a core container renders");
             let scan = nuwa_agent::asm::scan(&schema, &items, now_secs);
