@@ -1200,6 +1200,16 @@ mod tests {
         assert!(refused.catch_up_whole(&torn).is_err());
         assert!(refused.heads().is_empty());
 
+        // A document with a flipped byte in its body is refused too.
+        let mut chunks: Vec<Vec<u8>> = inbound.msg.changes.iter().map(|c| c.to_vec()).collect();
+        let last = chunks[0].len() - 1;
+        chunks[0][last] ^= 0xff;
+        let mut msg = inbound.msg.clone();
+        msg.changes = automerge::sync::ChunkList::from(chunks);
+        let mut refused = fresh.fork();
+        assert!(refused.catch_up_whole(&SyncInbound { msg }).is_err());
+        assert!(refused.heads().is_empty());
+
         // Loose changes are no document: they load as before (one whose
         // dependency is missing waits in Automerge's queue), and are not
         // stored as a snapshot.
