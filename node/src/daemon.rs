@@ -29,7 +29,6 @@ use crate::home::{self, Home};
 
 mod catch_up;
 mod exec;
-mod heads_record;
 mod inputs;
 mod meta;
 pub(crate) mod reader;

@@ -29,6 +29,7 @@ nuwa_counters::table! {
         ContainersQuarantined => "containers_quarantined", "Containers moved aside at start because their records could not be read";
         ContainersLoaded => "containers_loaded", "Evicted containers loaded back into memory on use";
         ContainersLoadedOffLoop => "containers_loaded_off_loop", "Evicted containers that a peer's input needed, read back on a worker thread instead of the daemon loop (also counted in containers_loaded)";
+        CompactionsOffLoop => "compactions_off_loop", "Containers compacted on a low-priority thread because their log weighed half their snapshot or more (the loop only copies the document)";
         CatchUpsOffLoop => "catch_ups_off_loop", "Big sync messages (a whole document, a long partition) applied on a worker thread instead of the daemon loop";
         ApiConnectionsEvicted => "api_connections_evicted", "Idle API connections closed to make room at the connection cap";
         ApiConnectionsRefused => "api_connections_refused", "API connections refused at the cap because every open one was busy";

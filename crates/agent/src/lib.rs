@@ -25,6 +25,8 @@
 //!   revoked device's local changes will never sync ([`stranded`]);
 //! - [`read`]: what `state get` and `state export` answer, through the
 //!   daemon or on the home's store with none running;
+//! - [`storage`]: when a container's log is folded into a snapshot, and
+//!   the record that lets start-up skip loading documents;
 //! - [`infra`]: the infrastructure node's own decisions (which DHT records
 //!   it stores, what may wait for its keeper, when the keeper prunes).
 //!
@@ -64,6 +66,7 @@ pub mod read;
 mod report;
 mod standing;
 pub mod status;
+pub mod storage;
 pub mod stranded;
 
 pub use agent::{Agent, Boot, Config};

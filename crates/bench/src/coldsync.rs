@@ -46,6 +46,9 @@ pub struct ColdSyncRun {
     /// (the `big` fill restarts it before the sync, as a device that was
     /// off; NaN for the other fill).
     pub serve_longest_turn_ms: f64,
+    /// The longest turn of the writing device's loop during the fill (its
+    /// compactions must not hold it).
+    pub fill_longest_turn_ms: f64,
 }
 
 /// How node 0's log is filled.
@@ -97,6 +100,7 @@ pub async fn run(bin: &NodeBin, dir: &Path, entries: usize, fill: Fill) -> Resul
         }
     }
     let fill_ms = fill_start.elapsed().as_secs_f64() * 1e3;
+    let fill_longest_turn_ms = n0.api.longest_turn_ms().await?;
     let want = n0.api.status().await?.changes(CONTAINER);
     let expected = match fill {
         Fill::Puts => entries,
@@ -162,5 +166,6 @@ pub async fn run(bin: &NodeBin, dir: &Path, entries: usize, fill: Fill) -> Resul
         sync_peak_rss_mb: once.peak_rss_mb,
         sync_longest_turn_ms: once.longest_turn_ms,
         serve_longest_turn_ms,
+        fill_longest_turn_ms,
     })
 }

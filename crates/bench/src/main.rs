@@ -754,7 +754,8 @@ impl Bench<'_> {
             eprintln!(
                 "big rep {}/{}: cold sync of {} entries {} ms, local load {} ms (ratio {}); \
                  peak RSS of the syncing device {} MB, its longest loop turn {} ms; \
-                 the serving device's (restarted first) {} ms",
+                 the serving device's (restarted first) {} ms, the writing device's during the \
+                 fill {} ms",
                 rep + 1,
                 p.reps,
                 p.big_entries,
@@ -764,6 +765,7 @@ impl Bench<'_> {
                 report::num(r.sync_peak_rss_mb),
                 report::num(r.sync_longest_turn_ms),
                 report::num(r.serve_longest_turn_ms),
+                report::num(r.fill_longest_turn_ms),
             );
             big.push(r);
         }
@@ -1092,6 +1094,11 @@ fn big_json(p: &Params, big: &[coldsync::ColdSyncRun]) -> Option<Value> {
         &mut m,
         "serve_longest_turn_ms",
         stat_of(big, |r| r.serve_longest_turn_ms),
+    );
+    insert(
+        &mut m,
+        "fill_longest_turn_ms",
+        stat_of(big, |r| r.fill_longest_turn_ms),
     );
     insert(&mut m, "fill_ms", stat_of(big, |r| r.fill_ms));
     Some(Value::Object(m))

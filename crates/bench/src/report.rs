@@ -310,7 +310,7 @@ fn batch_rows() -> [Row; 3] {
 }
 
 /// The `big` workload.
-fn big_log_rows() -> [Row; 6] {
+fn big_log_rows() -> [Row; 7] {
     use Better::Lower;
     [
         row(
@@ -351,6 +351,13 @@ fn big_log_rows() -> [Row; 6] {
         row(
             "big log: longest loop turn of the serving device (restarted first)",
             &["big", "serve_longest_turn_ms"],
+            "ms",
+            Lower,
+            Some(Target::AtMost(50.0)),
+        ),
+        row(
+            "big log: longest loop turn of the writing device during the fill",
+            &["big", "fill_longest_turn_ms"],
             "ms",
             Lower,
             Some(Target::AtMost(50.0)),

@@ -16,18 +16,12 @@ use nuwa_store::Storage;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::exec::COMPACT_AFTER_CHANGES;
 use crate::metrics::{Event, Metrics};
 use nuwa_agent::{Agent, Input};
 
 /// Catch-ups whose results may wait in the channel at once; a worker
 /// blocks when it is full (the loop drains it every turn).
 const FINISHED_MAX: usize = 16;
-/// A catch-up that brings this many bytes of changes (over all its
-/// rounds) is persisted as a snapshot saved by its worker (smaller than the
-/// changes, and written in one piece), as one of [`COMPACT_AFTER_CHANGES`]
-/// changes is.
-const SNAPSHOT_AFTER_BYTES: usize = 1024 * 1024;
 
 /// What a worker hands back to the loop.
 pub(super) enum Back {
@@ -159,10 +153,13 @@ fn run(job: CatchUp, compression: Option<nuwa_agent::asm_model::model::Compressi
     // A whole document is always persisted as a snapshot: the document as
     // it came (it loaded strictly, as a snapshot loads), else saved here,
     // so that the loop does not save it.
-    let snapshot = if done.is_whole()
-        || done.new_changes() as u64 >= COMPACT_AFTER_CHANGES
-        || done.new_change_bytes() >= SNAPSHOT_AFTER_BYTES
-    {
+    // So is one that brought as much as a log due for compaction holds
+    // (smaller than the changes, and written in one piece).
+    let brought = nuwa_agent::storage::Logged {
+        changes: done.new_changes() as u64,
+        bytes: done.new_change_bytes() as u64,
+    };
+    let snapshot = if done.is_whole() || nuwa_agent::storage::compaction_due(brought, 0) {
         let saved = done.whole_document().unwrap_or_else(|| done.doc().save());
         match compression {
             None => Some(saved),

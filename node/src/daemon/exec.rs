@@ -35,7 +35,6 @@ use tracing::{debug, trace, warn};
 use super::catch_up::CatchUps;
 use super::meta::MetaWriter;
 use super::reader::ReaderHandle;
-pub(super) use ledger::COMPACT_AFTER_CHANGES;
 use ledger::Ledger;
 use replies::Replies;
 pub(super) use replies::Waiting;
@@ -338,6 +337,7 @@ impl Executor {
             events: &self.feeds.events,
             catch_ups: &mut self.catch_ups,
             agent,
+            metrics: &self.metrics,
         }
     }
 
@@ -473,8 +473,10 @@ impl Executor {
         }
     }
 
-    /// At shutdown: the last metadata records, then one more flush.
-    pub(super) async fn close(self) -> Result<()> {
+    /// At shutdown: compactions running off the loop, the last metadata
+    /// records, then one more flush.
+    pub(super) async fn close(mut self) -> Result<()> {
+        self.ledger.settle(None).await?;
         if let Some(m) = self.mdns {
             if let Err(e) = m.shutdown() {
                 debug!(error = %e, "mDNS shutdown");
@@ -571,6 +573,10 @@ mod tests {
         persisted: Mutex<Vec<String>>,
         /// Makes every change append this slow (a busy disk).
         append_delay_ms: std::sync::atomic::AtomicU64,
+        /// When set, a snapshot write waits for a message on it first.
+        snapshot_gate: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+        /// Snapshot writes begun.
+        snapshots_begun: std::sync::atomic::AtomicU64,
     }
 
     impl CheckingStore {
@@ -592,6 +598,10 @@ mod tests {
             self.inner.append_changes(c, changes)
         }
         fn save_snapshot(&self, c: &str, s: &[u8], covers: u64) -> Result<(), StoreError> {
+            (self.snapshots_begun).fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if let Some(gate) = self.snapshot_gate.lock().unwrap().as_ref() {
+                gate.recv().unwrap();
+            }
             self.before_write(c);
             self.inner.save_snapshot(c, s, covers)
         }
@@ -636,6 +646,8 @@ mod tests {
             check: Mutex::new(None),
             persisted: Mutex::new(Vec::new()),
             append_delay_ms: Default::default(),
+            snapshot_gate: Mutex::new(None),
+            snapshots_begun: Default::default(),
         });
         let a_peer = nuwa_agent::peer::id_of(&a.device.public()).unwrap();
         let net = nuwa_net::NetHandle::detached(a_peer);
@@ -871,6 +883,105 @@ mod tests {
         assert!(
             at("notes").is_some() && at("notes") < at("meta:cursor"),
             "the cursor was durable before the changes: {persisted:?}"
+        );
+    }
+
+    /// A put of `value` under `key` in `container`, executed; its reply.
+    async fn put(
+        s: &mut Setup,
+        container: &str,
+        key: &str,
+        value: serde_json::Value,
+    ) -> nuwa_agent::api::PutReply {
+        let (tx, rx) = oneshot::channel();
+        let id = s.exec.replies.wait(Waiting::Put(tx));
+        let put = Request::Put(PutBody {
+            container: container.into(),
+            key: key.into(),
+            value,
+        });
+        let effects = s.agent.handle(Input::Api(vec![(id, put)]), s.now);
+        let done = s.exec.execute(&s.agent, effects);
+        tokio::time::timeout(std::time::Duration::from_secs(20), done)
+            .await
+            .expect("the turn held the loop");
+        assert!(s.exec.take_fatal().is_none());
+        rx.await.unwrap().unwrap()
+    }
+
+    // Goal: a container whose log is due for compaction is compacted off
+    // the loop. The turn that makes it due returns while the snapshot is
+    // still being written, writes go on meanwhile, the snapshot covers
+    // only what was logged when it began (nothing written meanwhile is
+    // dropped from the log), and shutdown waits for it. Method: puts of
+    // 40 kB of incompressible text until a snapshot write begins, on a
+    // store whose snapshot writes wait for the test's signal.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_due_compaction_runs_off_the_loop_and_loses_nothing_written_meanwhile() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut s = start_a().await;
+        let (release, gate) = std::sync::mpsc::channel();
+        *s.store.snapshot_gate.lock().unwrap() = Some(gate);
+        let value = |i: usize| {
+            let mut rng = fastrand::Rng::with_seed(i as u64);
+            serde_json::json!((0..40_000).map(|_| rng.alphanumeric()).collect::<String>())
+        };
+        let mut written = 0;
+        while s.store.snapshots_begun.load(SeqCst) == 0 {
+            assert!(written < 60, "no compaction after {written} puts of 40 kB");
+            put(&mut s, "notes", &format!("k{written}"), value(written)).await;
+            written += 1;
+        }
+        for i in written..written + 3 {
+            put(&mut s, "notes", &format!("k{i}"), value(i)).await;
+        }
+        let rec = s.store.inner.load_container("notes").unwrap().unwrap();
+        assert_eq!((rec.snapshot_covers, rec.changes.len()), (0, written + 3));
+        release.send(()).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let rec = loop {
+            let rec = s.store.inner.load_container("notes").unwrap().unwrap();
+            if rec.snapshot.is_some() {
+                break rec;
+            }
+            assert!(std::time::Instant::now() < deadline, "no snapshot written");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        };
+        // A megabyte of changes made the log due (Automerge deflates each
+        // 40 kB put to about 26 kB), not 2,048 of them; the snapshot
+        // covers what was logged then, and what came after stays logged.
+        let covers = rec.snapshot_covers as usize;
+        assert!((20..=50).contains(&covers), "compacted after {covers} puts");
+        assert_eq!(rec.changes.len(), written + 3 - covers);
+        let loaded = super::open::load_container(s.store.as_ref(), b"reader", "notes")
+            .unwrap()
+            .unwrap();
+        for i in 0..written + 3 {
+            assert_eq!(loaded.container.get(&format!("k{i}")), Some(value(i)));
+        }
+        // The next one is due only once the log weighs half the snapshot;
+        // one at shutdown is waited for.
+        let begun = s.store.snapshots_begun.load(SeqCst);
+        put(&mut s, "notes", "last", value(999)).await;
+        assert_eq!(s.store.snapshots_begun.load(SeqCst), begun);
+        let (release, gate) = std::sync::mpsc::channel();
+        *s.store.snapshot_gate.lock().unwrap() = Some(gate);
+        let mut i = 1000;
+        while s.store.snapshots_begun.load(SeqCst) == begun {
+            assert!(i < 1100, "no second compaction");
+            put(&mut s, "notes", &format!("k{i}"), value(i)).await;
+            i += 1;
+        }
+        release.send(()).unwrap();
+        s.exec.close().await.unwrap();
+        let rec = s.store.inner.load_container("notes").unwrap().unwrap();
+        assert!(rec.snapshot_covers > covers as u64, "the second one landed");
+        let loaded = super::open::load_container(s.store.as_ref(), b"reader", "notes")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            loaded.container.get(&format!("k{}", i - 1)),
+            Some(value(i - 1))
         );
     }
 }

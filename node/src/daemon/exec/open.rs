@@ -7,11 +7,11 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use nuwa_agent::state::Container;
 use nuwa_agent::status::QuarantineStatus;
+use nuwa_agent::storage::{Logged, heads};
 use nuwa_agent::sync::Engine;
 use nuwa_store::Storage;
 use tracing::{debug, info, warn};
 
-use super::super::heads_record;
 use super::ledger::Ledger;
 use crate::home::Home;
 use crate::metrics::{Event, Metrics};
@@ -32,8 +32,10 @@ pub(crate) struct LoadedContainer {
     pub container: Container,
     /// Sequence number of the last logged change.
     pub last_seq: u64,
-    /// Changes logged after the snapshot.
-    pub logged: u64,
+    /// What was logged after the snapshot.
+    pub logged: Logged,
+    /// The snapshot's stored size (0: none).
+    pub snapshot_bytes: u64,
 }
 
 pub(crate) fn load_container(
@@ -44,7 +46,11 @@ pub(crate) fn load_container(
     let Some(rec) = store.load_container(name)? else {
         return Ok(None);
     };
-    let logged = rec.changes.len() as u64;
+    let logged = Logged {
+        changes: rec.changes.len() as u64,
+        bytes: rec.changes.iter().map(|c| c.len() as u64).sum(),
+    };
+    let snapshot_bytes = rec.snapshot.as_ref().map_or(0, |s| s.len() as u64);
     let snapshot = match rec.snapshot.as_deref() {
         Some(s) => Some(
             nuwa_agent::asm_model::snapshot::decompress(s)
@@ -58,17 +64,19 @@ pub(crate) fn load_container(
         container,
         last_seq: rec.last_seq,
         logged,
+        snapshot_bytes,
     }))
 }
 
 /// A container kept out of memory at start: its heads (in the flat buffer
-/// of all of them), change count and ledger entries.
+/// of all of them), change count and ledger entries (the heads record
+/// does not know bytes: the first compaction after start counts from 0).
 struct Cold {
     name: String,
     heads: usize,
     changes: usize,
     last_seq: u64,
-    logged: u64,
+    logged: Logged,
 }
 
 /// The engine over what the store holds. One unreadable container must not
@@ -122,7 +130,10 @@ pub(super) fn open_engine(
                     heads: r.heads.len(),
                     changes: r.changes as usize,
                     last_seq: r.last_seq,
-                    logged: r.logged,
+                    logged: Logged {
+                        changes: r.logged,
+                        bytes: 0,
+                    },
                 });
                 continue;
             }
@@ -181,12 +192,12 @@ pub(super) fn open_engine(
     })
 }
 
-fn heads_record_of(store: &dyn Storage, name: &str) -> Option<heads_record::HeadsRecord> {
+fn heads_record_of(store: &dyn Storage, name: &str) -> Option<heads::HeadsRecord> {
     store
-        .get_meta(&heads_record::key(name))
+        .get_meta(&heads::key(name))
         .ok()
         .flatten()
-        .and_then(|b| heads_record::HeadsRecord::decode(&b))
+        .and_then(|b| heads::HeadsRecord::decode(&b))
 }
 
 /// Moves an unreadable container aside.

@@ -8,7 +8,7 @@
 //! the container's digest then differs from its peers', reconciliation
 //! loads it, and the load brings the newer heads.
 
-use nuwa_agent::state::Hash;
+use nuwa_state::Hash;
 use sha2::{Digest as _, Sha256};
 
 const VERSION: u8 = 1;
@@ -18,13 +18,13 @@ const MAX_HEADS: usize = 256;
 
 /// The metadata key of `container`'s record (names can be 256 bytes, keys
 /// at most 256, so the name is hashed).
-pub(super) fn key(container: &str) -> String {
+pub fn key(container: &str) -> String {
     let digest = Sha256::digest(container.as_bytes());
     format!("heads/{}", hex::encode(&digest[..16]))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct HeadsRecord {
+pub struct HeadsRecord {
     pub heads: Vec<Hash>,
     pub changes: u64,
     pub last_seq: u64,
@@ -32,7 +32,7 @@ pub(super) struct HeadsRecord {
 }
 
 impl HeadsRecord {
-    pub(super) fn encode(&self) -> Option<Vec<u8>> {
+    pub fn encode(&self) -> Option<Vec<u8>> {
         if self.heads.len() > MAX_HEADS {
             return None;
         }
@@ -49,7 +49,7 @@ impl HeadsRecord {
     }
 
     /// `None` for anything that is not a record of this version.
-    pub(super) fn decode(bytes: &[u8]) -> Option<HeadsRecord> {
+    pub fn decode(bytes: &[u8]) -> Option<HeadsRecord> {
         let (&version, rest) = bytes.split_first()?;
         if version != VERSION {
             return None;
@@ -112,7 +112,10 @@ mod tests {
             ..r
         };
         assert_eq!(many.encode(), None);
-        assert!(key(&"x".repeat(256)).len() <= nuwa_store::MAX_META_KEY_BYTES);
+        assert!(
+            key(&"x".repeat(256)).len() <= 256,
+            "the store's longest metadata key"
+        );
         assert_ne!(key("a"), key("b"));
     }
 }
