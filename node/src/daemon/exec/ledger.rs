@@ -32,8 +32,7 @@ pub(in crate::daemon) struct Ledger {
     pub(in crate::daemon) last_seq: BTreeMap<String, u64>,
     pub(in crate::daemon) logged: BTreeMap<String, Logged>,
     pub(in crate::daemon) snapshot_bytes: BTreeMap<String, u64>,
-    /// Compactions running on threads of their own (at most one per
-    /// container), each giving the size of the snapshot it wrote.
+    /// Compactions off the loop (one per container): their snapshot's size.
     compacting: BTreeMap<String, oneshot::Receiver<Result<u64>>>,
 }
 
@@ -136,9 +135,11 @@ impl Ledger {
         debug!(container, covers, "compacting off the loop");
         io.metrics.add(Event::CompactionsOffLoop, 1);
         let compact = move || -> Result<u64> {
-            // SAFETY: setpriority has no preconditions; on Linux, `0` is
-            // the calling thread only.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+            #[cfg(target_os = "linux")]
+            // SAFETY: no preconditions. Linux only: there `0` is this thread.
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, 0, 19)
+            };
             let mut snapshot = doc.save();
             drop(doc);
             if let Some(c) = compression {

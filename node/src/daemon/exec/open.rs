@@ -69,8 +69,7 @@ pub(crate) fn load_container(
 }
 
 /// A container kept out of memory at start: its heads (in the flat buffer
-/// of all of them), change count and ledger entries (the heads record
-/// does not know bytes: the first compaction after start counts from 0).
+/// of all of them), change count and ledger entries (bytes logged: 0).
 struct Cold {
     name: String,
     heads: usize,
