@@ -73,7 +73,7 @@ struct Cli {
     #[arg(long, value_name = "R")]
     reps: Option<usize>,
     /// Shrink everything for a smoke run: N=3 only, 20 samples, 500 writes,
-    /// 2000 log entries, 1 repetition (explicit options still win).
+    /// 20000 log entries, 1 repetition (explicit options still win).
     #[arg(long)]
     quick: bool,
     /// After the run, hold a few figures to wide limits (a jump, not a
@@ -187,7 +187,7 @@ impl Params {
             samples: cli.samples.unwrap_or(if q { 20 } else { 100 }),
             writes: cli.writes.unwrap_or(if q { 500 } else { 5000 }),
             in_flight: cli.in_flight,
-            log_entries: cli.log_entries.unwrap_or(if q { 2000 } else { 100_000 }),
+            log_entries: cli.log_entries.unwrap_or(if q { 20_000 } else { 100_000 }),
             read_keys: cli.read_keys.unwrap_or(if q { 10_000 } else { 100_000 }),
             gets: cli.gets.unwrap_or(if q { 300 } else { 2000 }),
             batch_items: cli.batch_items.unwrap_or(if q { 2000 } else { 20_000 }),
@@ -1334,7 +1334,7 @@ mod tests {
                 "--in-flight",
                 "32",
                 "--log-entries",
-                "2000",
+                "20000",
                 "--json-out",
                 "/o/x.json"
             ]
