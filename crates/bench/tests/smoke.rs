@@ -110,7 +110,7 @@ fn quick_run_reports_every_figure() {
         Some(20),
         "20 latency samples in quick mode"
     );
-    assert_eq!(doc["cold_sync"]["entries"], 2000);
+    assert_eq!(doc["cold_sync"]["entries"], 20_000);
     assert_eq!(doc["reads"]["keys"], 10_000);
 
     for png in ["latency.png", "throughput.png"] {
