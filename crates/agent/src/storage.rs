@@ -36,10 +36,18 @@ pub struct Logged {
 }
 
 impl Logged {
-    /// `changes` more changes of `bytes` in all were logged.
-    pub fn add(&mut self, changes: u64, bytes: u64) {
-        self.changes = self.changes.saturating_add(changes);
-        self.bytes = self.bytes.saturating_add(bytes);
+    /// What logging `changes` adds.
+    pub fn of<C: AsRef<[u8]>>(changes: &[C]) -> Logged {
+        Logged {
+            changes: changes.len() as u64,
+            bytes: changes.iter().map(|c| c.as_ref().len() as u64).sum(),
+        }
+    }
+
+    /// `more` was logged.
+    pub fn add(&mut self, more: Logged) {
+        self.changes = self.changes.saturating_add(more.changes);
+        self.bytes = self.bytes.saturating_add(more.bytes);
     }
 
     fn weight(self) -> u64 {
@@ -96,7 +104,10 @@ mod tests {
         let (mut saved, mut total, mut stored) = (0u64, 0u64, 0u64);
         let mut log = Logged::default();
         for _ in 0..2_000 {
-            log.add(1, 100_000);
+            log.add(Logged {
+                changes: 1,
+                bytes: 100_000,
+            });
             if compaction_due(log, stored) {
                 stored += log.bytes;
                 total += stored;
@@ -109,11 +120,36 @@ mod tests {
         assert!(log.weight() < stored / 2 + COMPACT_FLOOR);
     }
 
+    // Goal: a log's weight counts every change and every byte it adds.
+    #[test]
+    fn logging_adds_its_changes_and_their_bytes() {
+        let mut log = Logged::of(&[vec![0u8; 3], vec![0u8; 5]]);
+        assert_eq!(
+            log,
+            Logged {
+                changes: 2,
+                bytes: 8
+            }
+        );
+        log.add(Logged::of(&[b"abcd"]));
+        assert_eq!(
+            log,
+            Logged {
+                changes: 3,
+                bytes: 12
+            }
+        );
+        assert_eq!(Logged::of::<Vec<u8>>(&[]), Logged::default());
+    }
+
     // Goal: counters that overflow saturate and still compact.
     #[test]
     fn saturated_counts_still_compact() {
         let mut l = logged(u64::MAX - 1, u64::MAX - 1);
-        l.add(10, 10);
+        l.add(Logged {
+            changes: 10,
+            bytes: 10,
+        });
         assert_eq!(l, logged(u64::MAX, u64::MAX));
         assert!(compaction_due(l, u64::MAX));
     }

@@ -31,7 +31,7 @@ use crate::metrics::{Event, Metrics};
 pub(in crate::daemon) struct Ledger {
     pub(in crate::daemon) last_seq: BTreeMap<String, u64>,
     pub(in crate::daemon) logged: BTreeMap<String, Logged>,
-    pub(in crate::daemon) snapshot_bytes: BTreeMap<String, u64>,
+    snapshot_bytes: BTreeMap<String, u64>,
     /// Compactions off the loop (one per container): their snapshot's size.
     compacting: BTreeMap<String, oneshot::Receiver<Result<u64>>>,
 }
@@ -110,7 +110,7 @@ impl Ledger {
             self.last_seq.insert(container.clone(), seq);
             emit_change_event(&io, &container, n as usize, origin);
             let log = self.logged.entry(container.clone()).or_default();
-            log.add(n, changes.iter().map(|c| c.len() as u64).sum());
+            log.add(Logged::of(&changes));
             let snapshot = self.snapshot_bytes.get(&container).copied().unwrap_or(0);
             if compaction_due(*log, snapshot) && !self.compacting.contains_key(&container) {
                 self.compact_off_loop(&io, &container)?;

@@ -46,10 +46,7 @@ pub(crate) fn load_container(
     let Some(rec) = store.load_container(name)? else {
         return Ok(None);
     };
-    let logged = Logged {
-        changes: rec.changes.len() as u64,
-        bytes: rec.changes.iter().map(|c| c.len() as u64).sum(),
-    };
+    let logged = Logged::of(&rec.changes);
     let snapshot_bytes = rec.snapshot.as_ref().map_or(0, |s| s.len() as u64);
     let snapshot = match rec.snapshot.as_deref() {
         Some(s) => Some(
