@@ -608,8 +608,10 @@ impl Agent {
         }
     }
 
-    /// A page pulled from a keeper: each envelope is applied like a peer's
-    /// (persisted in this handle's effects) before the cursor moves past it.
+    /// A page pulled from a keeper: its envelopes are opened one by one and
+    /// applied together, one Automerge call per container (network runs
+    /// defer gossip), and persisted in this handle's effects before the
+    /// cursor that moves past them.
     fn on_pulled(
         &mut self,
         peer: PeerId,
@@ -637,6 +639,9 @@ impl Agent {
             }
             cursor = seq;
         }
+        // Applied (and their persistence emitted) before the cursor is saved.
+        let effects = self.session.apply_queued();
+        self.absorb(effects, now_ms, out);
         debug!(%peer, entries = n, next, more, "pulled from the keeper");
         let Some(link) = self.keepers.links.get_mut(&peer) else {
             return;

@@ -1068,40 +1068,48 @@ impl Session {
                 return (false, out);
             }
         };
-        if self.defer_gossip {
-            // Authenticated and decoded: forwarded now, applied with the
-            // rest of the run by `apply_queued`.
-            return match self.engine.queue_gossip(payload) {
-                Ok(()) => {
-                    out.push(Effect::Count(Count::GossipDeltasApplied));
-                    self.queued_sealed_at = Some(
-                        self.queued_sealed_at
-                            .map_or(env.timestamp_ms, |t| t.min(env.timestamp_ms)),
-                    );
-                    (true, out)
-                }
-                Err(e) => {
-                    self.engine_error(e, &mut out);
-                    (false, out)
-                }
-            };
+        // Authenticated and decoded: forwarded now, applied now or (in a
+        // run) with the rest of the run by `apply_queued`.
+        let taken = self.take_delta(payload, env.timestamp_ms, &mut out);
+        if taken {
+            out.push(Effect::Count(Count::GossipDeltasApplied));
         }
-        match self.engine.handle_gossip(payload) {
+        (taken, out)
+    }
+
+    /// Takes an opened delta sealed at `sealed_ms`: queued for
+    /// [`Session::apply_queued`] while gossip is deferred, applied now
+    /// otherwise. False when the engine refused it.
+    fn take_delta(&mut self, payload: SyncPayload, sealed_ms: u64, out: &mut Vec<Effect>) -> bool {
+        let taken = if self.defer_gossip {
+            self.engine.queue_gossip(payload).map(|()| {
+                self.queued_sealed_at = Some(
+                    self.queued_sealed_at
+                        .map_or(sealed_ms, |t| t.min(sealed_ms)),
+                );
+                Vec::new()
+            })
+        } else {
+            self.engine.handle_gossip(payload)
+        };
+        match taken {
             Ok(actions) => {
-                out.push(Effect::Count(Count::GossipDeltasApplied));
-                self.engine_actions_sealed(actions, Some(env.timestamp_ms), &mut out);
-                (true, out)
+                self.engine_actions_sealed(actions, Some(sealed_ms), out);
+                true
             }
             Err(e) => {
-                self.engine_error(e, &mut out);
-                (false, out)
+                self.engine_error(e, out);
+                false
             }
         }
     }
 
     /// An envelope pulled from a keeper. The sender must be an active
     /// device of the current document, the envelope must open under a key
-    /// we hold, and it must carry a delta; then it is applied like a peer's.
+    /// we hold, and it must carry a delta; then it is taken like a gossiped
+    /// one: queued while gossip is deferred (a page of a keeper's envelopes
+    /// then costs one Automerge apply per container, at
+    /// [`Session::apply_queued`]), applied at once otherwise.
     pub fn on_stored(&mut self, env: Envelope, now_ms: u64) -> (Stored, Vec<Effect>) {
         let mut out = Vec::new();
         if env.sender == self.membership.context_id() {
@@ -1133,15 +1141,10 @@ impl Session {
                 return (Stored::Refused, out);
             }
         };
-        match self.engine.handle_gossip(payload) {
-            Ok(actions) => {
-                self.engine_actions_sealed(actions, Some(env.timestamp_ms), &mut out);
-                (Stored::Applied, out)
-            }
-            Err(e) => {
-                self.engine_error(e, &mut out);
-                (Stored::Refused, out)
-            }
+        if self.take_delta(payload, env.timestamp_ms, &mut out) {
+            (Stored::Applied, out)
+        } else {
+            (Stored::Refused, out)
         }
     }
 

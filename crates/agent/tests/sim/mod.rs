@@ -148,6 +148,8 @@ pub struct Device {
     /// `sync --once` ended: when, converged or not, and the kind of input
     /// whose handle ended it.
     pub finished: Option<(u64, bool, &'static str)>,
+    /// The most `Persist` effects one handle gave for one container.
+    pub most_persists_in_a_handle: usize,
 }
 
 /// What a request was, to make sense of its reply.
@@ -396,6 +398,7 @@ impl Sim {
             released_ms: Vec::new(),
             scanned: Vec::new(),
             finished: None,
+            most_persists_in_a_handle: 0,
         });
         self.devices.len() - 1
     }
@@ -678,11 +681,17 @@ impl Sim {
             _ => "other",
         };
         let effects = span.in_scope(|| agent.handle(input, now));
+        let mut persists: BTreeMap<&str, usize> = BTreeMap::new();
         for e in &effects {
-            if let Effect::Finished(r) = e {
-                self.devices[i].finished = Some((now, r.converged, kind));
+            match e {
+                Effect::Finished(r) => self.devices[i].finished = Some((now, r.converged, kind)),
+                Effect::Persist { container, .. } => *persists.entry(container).or_default() += 1,
+                _ => {}
             }
         }
+        let most = persists.into_values().max().unwrap_or(0);
+        let d = &mut self.devices[i];
+        d.most_persists_in_a_handle = d.most_persists_in_a_handle.max(most);
         self.perform(i, effects);
         self.check_device(i);
     }
