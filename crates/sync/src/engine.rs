@@ -571,6 +571,8 @@ pub struct Engine {
     dirty: BTreeSet<String>,
     /// Gossiped changes waiting for [`Engine::apply_queued`], per container.
     queued: BTreeMap<String, Vec<Vec<u8>>>,
+    /// The bytes of the changes in `queued`.
+    queued_bytes: usize,
     /// Evicted containers: in storage, not in memory (see
     /// [`Engine::evict`]); loaded again through the loader on first use.
     cold: BTreeMap<String, Cold>,
@@ -631,6 +633,7 @@ impl Engine {
             fingerprints: FingerprintSet::default(),
             dirty: BTreeSet::new(),
             queued: BTreeMap::new(),
+            queued_bytes: 0,
             cold: BTreeMap::new(),
             loader: None,
             last_use: BTreeMap::new(),
@@ -1126,9 +1129,17 @@ impl Engine {
             }
         }
         for (container, changes) in list {
+            self.queued_bytes += changes.iter().map(Vec::len).sum::<usize>();
             self.queued.entry(container).or_default().extend(changes);
         }
         Ok(())
+    }
+
+    /// The bytes of the changes queued for [`Engine::apply_queued`].
+    /// Automerge's apply of one batch holds temporary memory in proportion
+    /// to it (about 12 times the changes' bytes), so the caller bounds it.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes
     }
 
     /// Applies every queued delta, one Automerge call per container.
@@ -1137,6 +1148,7 @@ impl Engine {
     pub fn apply_queued(&mut self) -> (Vec<Action>, Vec<EngineError>) {
         let mut out = Vec::new();
         let mut errors = Vec::new();
+        self.queued_bytes = 0;
         for (container, changes) in std::mem::take(&mut self.queued) {
             if let Err(e) = self.apply_delta(&container, changes, &mut out) {
                 errors.push(e);

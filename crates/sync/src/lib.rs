@@ -29,4 +29,6 @@ pub use engine::{
 };
 pub use membership::{Membership, Rejection, VerifiedPeer};
 pub use secure::{OpenError, SecureChannel};
-pub use session::{Count, Door, Effect, Origin, PeerState, Session, SessionConfig, Stored};
+pub use session::{
+    APPLY_QUEUED_BYTES, Count, Door, Effect, Origin, PeerState, Session, SessionConfig, Stored,
+};

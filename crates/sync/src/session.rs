@@ -110,6 +110,15 @@ impl Door {
     }
 }
 
+/// Deferred deltas are applied once they hold this many bytes of changes,
+/// whatever is still to come in the run: one envelope's worth (512 KiB, the
+/// agent's `ENVELOPE_BYTES`). Automerge's apply of one batch holds about 12
+/// times the changes' bytes of temporary memory (a 4 MiB keeper page in one
+/// call: about 50 MB more at its peak), while batching more than this
+/// saves little (the cost of an apply that grows with the document is paid
+/// once per 512 KiB).
+pub const APPLY_QUEUED_BYTES: usize = 512 * 1024;
+
 /// What became of an envelope pulled from a keeper.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stored {
@@ -1080,28 +1089,32 @@ impl Session {
     /// Takes an opened delta sealed at `sealed_ms`: queued for
     /// [`Session::apply_queued`] while gossip is deferred, applied now
     /// otherwise. False when the engine refused it.
+    /// The queue is applied early once it holds [`APPLY_QUEUED_BYTES`].
     fn take_delta(&mut self, payload: SyncPayload, sealed_ms: u64, out: &mut Vec<Effect>) -> bool {
-        let taken = if self.defer_gossip {
-            self.engine.queue_gossip(payload).map(|()| {
-                self.queued_sealed_at = Some(
-                    self.queued_sealed_at
-                        .map_or(sealed_ms, |t| t.min(sealed_ms)),
-                );
-                Vec::new()
-            })
-        } else {
-            self.engine.handle_gossip(payload)
-        };
-        match taken {
-            Ok(actions) => {
-                self.engine_actions_sealed(actions, Some(sealed_ms), out);
-                true
-            }
-            Err(e) => {
-                self.engine_error(e, out);
-                false
-            }
+        if !self.defer_gossip {
+            return match self.engine.handle_gossip(payload) {
+                Ok(actions) => {
+                    self.engine_actions_sealed(actions, Some(sealed_ms), out);
+                    true
+                }
+                Err(e) => {
+                    self.engine_error(e, out);
+                    false
+                }
+            };
         }
+        if let Err(e) = self.engine.queue_gossip(payload) {
+            self.engine_error(e, out);
+            return false;
+        }
+        self.queued_sealed_at = Some(
+            self.queued_sealed_at
+                .map_or(sealed_ms, |t| t.min(sealed_ms)),
+        );
+        if self.engine.queued_bytes() >= APPLY_QUEUED_BYTES {
+            out.extend(self.apply_queued());
+        }
+        true
     }
 
     /// An envelope pulled from a keeper. The sender must be an active
