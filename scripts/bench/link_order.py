@@ -24,8 +24,10 @@ linker no longer finds is skipped (the binary is correct, idle memory grows;
 the figure is in docs/performance.md). The names are those of
 `cargo build --release -p nuwa-node` (and `cargo install --path node`):
 built together with another package, nuwa-node's dependencies get that
-package's features too and other names. Local functions' `.llvm.` suffixes
-(about 13%) depend on the checkout's path; the rest do not.
+package's features too and other names. The release profile's single
+codegen unit per crate (Cargo.toml) leaves local functions without the
+`.llvm.` suffixes that followed each module's content and the checkout's
+path: the names then survive other checkouts and unrelated changes.
 """
 
 import argparse
