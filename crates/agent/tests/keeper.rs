@@ -7,8 +7,7 @@ use sim::{Knobs, Sim};
 /// Goal: a device that meets only the keeper applies a page of the keeper's
 /// envelopes in one Automerge call per container, and persists them once
 /// in that handle, not once per envelope (each apply costs in proportion to
-/// the document: in the NAT lab's keeper case, 1,000 envelopes applied one
-/// by one held a loop turn 54 ms in a debug build). Method: d1 writes to one
+/// the document, and a page holds up to 4 MiB of envelopes). Method: d1 writes to one
 /// container, a few writes per keeper push, while d2 is down; d1 stops; d2
 /// starts with only the keeper. It must hold every write, and no handle of
 /// d2 may persist the container more than once.
