@@ -183,8 +183,11 @@ fn device_config(advertise: Vec<Scope>) -> NetConfig {
 // Method: three swarms on loopback: an infrastructure node (relay and
 // AutoNAT server), device a that vouches for no scope and reserves a
 // circuit, and device b that dials a only through the circuit. b queues
-// a 100 KiB frame at once: it must be counted as deferred, then arrive
-// after a hole punch, sent over a direct connection.
+// a 100 KiB frame before it dials, so that the frame meets the relayed
+// connection first (queued once it was up, the frame raced the hole punch:
+// a direct connection that won took it undeferred, a CI failure on a
+// busy machine): it must be counted as deferred, then arrive after a hole
+// punch, sent over a direct connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relayed_first_then_direct_by_hole_punch() {
     let _ = tracing_subscriber::fmt()
@@ -228,6 +231,8 @@ async fn relayed_first_then_direct_by_hole_punch() {
         .with(Protocol::P2p(infra_id))
         .with(Protocol::P2pCircuit)
         .with(Protocol::P2p(a.local_peer_id()));
+    let big = vec![7u8; 100 * 1024];
+    b.try_send(a.local_peer_id(), big.clone()).unwrap();
     b.dial(Some(a.local_peer_id()), vec![circuit])
         .await
         .unwrap();
@@ -237,8 +242,6 @@ async fn relayed_first_then_direct_by_hole_punch() {
     })
     .await;
     assert!(path_of(&remote).relayed, "first over the relay: {remote}");
-    let big = vec![7u8; 100 * 1024];
-    b.try_send(a.local_peer_id(), big.clone()).unwrap();
     wait_until("the big frame is deferred", || {
         b.counters().get(NetCount::FramesDeferredForDirect) == 1
     })
