@@ -4,9 +4,10 @@
 //! Why: an idle daemon's resident memory is mostly the binary's code that
 //! its ticks, heartbeats and digests fault back in after the core gives
 //! memory back, and a fault maps the 64 KiB around it. Idle touches 3-4 MB
-//! of the 28 MB text; spread over all of it, 12 MB of text stayed resident
-//! and an idle daemon settled at 20 MB; laid out together, at 13 MB
-//! (docs/performance.md, "Issue 26, fourth session").
+//! of the 28 MB text (25 MB since one codegen unit per crate); spread over
+//! all of it, 12 MB of text stayed resident and an idle daemon settled at
+//! 20 MB; laid out together, at 13 MB (docs/performance.md, "Issue 26,
+//! fourth session").
 //!
 //! `link/idle-order.txt` lists the functions an idle cluster touched, in the
 //! order it touched them (made by `scripts/bench/link_order.py`). The linker

@@ -41,7 +41,7 @@ nuwa_counters::table! {
         PairingApprovalsFailed => "pairing_approvals_failed", "Approvals that failed";
         PairingFramesUnexpected => "pairing_frames_unexpected", "Pairing frames outside an approval";
         KeeperPushes => "keeper_pushes", "Pushes a keeper acknowledged (durable there)";
-        KeeperEnvelopesApplied => "keeper_envelopes_applied", "Envelopes pulled from a keeper and applied (or already held)";
+        KeeperEnvelopesApplied => "keeper_envelopes_applied", "Envelopes pulled from a keeper that verified and opened, applied with their page (or already held)";
         KeeperEnvelopesRefused => "keeper_envelopes_refused", "Envelopes pulled from a keeper that did not verify or open";
         KeeperRefusals => "keeper_refusals", "Requests a keeper refused";
         KeeperCompactionsTooBig => "keeper_compactions_too_big", "Snapshots not pushed because the history exceeds one push";

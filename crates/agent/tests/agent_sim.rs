@@ -590,22 +590,14 @@ fn keeper_across_epoch(s: &mut Sim, r: &mut Roles) {
     s.move_to(b, 4);
     s.start(b);
     s.run_for(8_000);
-    let held = s.devices[b]
-        .disk
-        .as_ref()
-        .map(|d| d.load_all())
-        .unwrap_or_default();
-    for w in &writes {
-        let got = held.get(&w.container).and_then(|c| c.get(&w.key));
-        assert_eq!(
-            got.as_ref(),
-            Some(&w.value),
-            "seed {}: d{b}, meeting only the keeper, lacks {} written after the revocation of d{v}\n{}",
-            s.seed,
-            w.key,
-            s.trace_tail()
-        );
-    }
+    let lacking = s.first_lacking(b, &writes);
+    assert!(
+        lacking.is_none(),
+        "seed {}: d{b}, meeting only the keeper, lacks {:?} written after the revocation of d{v}\n{}",
+        s.seed,
+        lacking.map(|w| &w.key),
+        s.trace_tail()
+    );
     if !writes.is_empty() {
         s.count("keeper epoch handoffs");
     }

@@ -42,21 +42,13 @@ fn a_keeper_page_is_applied_once_per_container() {
         );
         s.start(b);
         s.run_for(10_000);
-        let held = s.devices[b]
-            .disk
-            .as_ref()
-            .map(|d| d.load_all())
-            .unwrap_or_default();
-        for w in &writes {
-            let got = held.get(&w.container).and_then(|c| c.get(&w.key));
-            assert_eq!(
-                got.as_ref(),
-                Some(&w.value),
-                "seed {seed}: d{b}, meeting only the keeper, lacks {}\n{}",
-                w.key,
-                s.trace_tail()
-            );
-        }
+        let lacking = s.first_lacking(b, &writes);
+        assert!(
+            lacking.is_none(),
+            "seed {seed}: d{b}, meeting only the keeper, lacks {:?}\n{}",
+            lacking.map(|w| &w.key),
+            s.trace_tail()
+        );
         assert_eq!(
             s.devices[b].most_persists_in_a_handle,
             1,

@@ -1149,6 +1149,19 @@ impl Sim {
         self.send_later(from, Delivery::Net(ev));
     }
 
+    /// The first of `writes` that device `i`'s disk does not hold (with its
+    /// value), if any.
+    pub fn first_lacking<'a>(&self, i: usize, writes: &'a [Acked]) -> Option<&'a Acked> {
+        let held = self.devices[i]
+            .disk
+            .as_ref()
+            .map(|d| d.load_all())
+            .unwrap_or_default();
+        writes
+            .iter()
+            .find(|w| held.get(&w.container).and_then(|c| c.get(&w.key)).as_ref() != Some(&w.value))
+    }
+
     /// Runs for `ms` of virtual time.
     pub fn run_for(&mut self, ms: u64) {
         let until = self.now_ms + ms;
