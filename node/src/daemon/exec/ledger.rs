@@ -40,7 +40,7 @@ pub(in crate::daemon) struct Ledger {
 pub(super) struct StoreIo<'a> {
     pub store: &'a Arc<dyn Storage>,
     pub reader: &'a ReaderHandle,
-    pub events: &'a tokio::sync::broadcast::Sender<nuwa_agent::api::ChangeEvent>,
+    pub events: &'a crate::api::ChangeEvents,
     pub catch_ups: &'a mut CatchUps,
     pub agent: &'a Agent,
     pub metrics: &'a Metrics,
@@ -294,12 +294,12 @@ fn emit_change_event(io: &StoreIo<'_>, container: &str, n: usize, origin: Origin
             .heads_of(container)
             .map(|h| h.iter().map(hex::encode).collect())
             .unwrap_or_default();
-        let _ = io.events.send(nuwa_agent::api::ChangeEvent {
+        let _ = io.events.send(Arc::new(nuwa_agent::api::ChangeEvent {
             container: container.to_owned(),
             changes: n,
             heads,
             origin: origin.as_str(),
             at_unix_ms: home::now_ms(),
-        });
+        }));
     }
 }
