@@ -80,7 +80,14 @@ def main() -> None:
     args = p.parse_args()
     if args.rounds < 1 or args.samples < 1:
         p.error("--rounds and --samples must be at least 1")
-    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    # Checked here, before a build of minutes; the JSON keys are the sizes as written.
+    try:
+        sizes = [str(int(s)) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--sizes takes cluster sizes such as 3,5,10, not {args.sizes!r}")
+    if not sizes or any(int(n) < 2 for n in sizes):
+        p.error("--sizes needs at least one cluster size, each of 2 or more")
+    args.sizes = ",".join(sizes)
     node, bench = build()
     work = Path(tempfile.mkdtemp(prefix="nuwa-alternate-"))
     rounds = []
