@@ -209,6 +209,9 @@ pub enum KeeperResponse {
         /// The cursor to ask from next.
         next: u64,
         more: bool,
+        /// The newest sequence number the keeper holds for the agent (0:
+        /// none); `None` from a keeper that does not say.
+        newest: Option<u64>,
         /// The keeper's chain when its head is not the puller's, and the
         /// grants of epochs newer than the puller's.
         membership: Membership,
@@ -352,9 +355,11 @@ pub(crate) fn response_to_pb(r: &KeeperResponse) -> pb::KeeperResponse {
             entries,
             next,
             more,
+            newest,
             membership,
             ..
         } => pb::keeper_response::Kind::Batch(pb::KeeperBatch {
+            newest: *newest,
             membership: membership.to_pb(),
             entries: entries
                 .iter()
@@ -410,6 +415,7 @@ pub(crate) fn response_from_pb(r: pb::KeeperResponse) -> Result<KeeperResponse, 
                 entries,
                 next: b.next,
                 more: b.more,
+                newest: b.newest,
                 membership: Membership::from_pb(b.membership)?,
             }
         }

@@ -44,6 +44,7 @@ nuwa_counters::table! {
         KeeperEnvelopesApplied => "keeper_envelopes_applied", "Envelopes pulled from a keeper that verified and opened, applied with their page (or already held)";
         KeeperEnvelopesRefused => "keeper_envelopes_refused", "Envelopes pulled from a keeper that did not verify or open";
         KeeperRefusals => "keeper_refusals", "Requests a keeper refused";
+        KeeperRollbacks => "keeper_rollbacks", "Times a keeper held less than it was seen to hold (a store rolled back)";
         KeeperCompactionsTooBig => "keeper_compactions_too_big", "Snapshots not pushed because the history exceeds one push";
         KeeperResponsesUnexpected => "keeper_responses_unexpected", "Keeper responses nobody asked for (dropped)";
     }

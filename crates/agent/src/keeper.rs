@@ -23,6 +23,14 @@
 //!   (at most 6 MiB), so the replacement is atomic and frees the room it
 //!   needs; a bigger history is not compacted (logged and counted).
 //!
+//! - **Rollback.** The highest sequence number a keeper was seen to hold
+//!   (acknowledged to us, served to us, or said to be its newest) is
+//!   stored. A keeper that later holds less (its store was rolled back to
+//!   an older copy) is reported ([`crate::status::KeeperRollback`], a
+//!   warning, a counter), does not count as pulled for `sync --once` in
+//!   this run, and is given everything again: what it acknowledged is
+//!   forgotten, so the next push carries every change this device holds.
+//!
 //! The keeper is untrusted: what it returns is checked like anything from
 //! the network (signature by an active device, an epoch we hold).
 
@@ -54,6 +62,12 @@ struct Persisted {
     cursor: u64,
     /// Heads the keeper acknowledged, per container (hex).
     pushed: BTreeMap<String, Vec<String>>,
+    /// The highest sequence number the keeper was seen to hold.
+    #[serde(default)]
+    seen: u64,
+    /// The last time it was seen holding less than that.
+    #[serde(default)]
+    rollback: Option<crate::status::KeeperRollback>,
 }
 
 /// A push waiting for its answer: request id, when, and the heads it
@@ -85,6 +99,8 @@ struct Link {
     caught_up: bool,
     /// The keeper asked for room (quota nearly used, or a push refused).
     compact: bool,
+    /// It was seen rolled back during this run.
+    rolled_back: bool,
     /// Snapshots are tried at most this often (each seals everything).
     next_compact_ms: u64,
 }
@@ -132,7 +148,20 @@ impl Keepers {
         !connected.is_empty()
             && connected
                 .iter()
-                .all(|l| l.caught_up && l.push_in_flight.is_none())
+                .all(|l| l.caught_up && l.push_in_flight.is_none() && !l.rolled_back)
+    }
+
+    /// A connected keeper seen rolled back during this run, with what it
+    /// held and served (for `sync --once`'s failure).
+    pub(crate) fn rolled_back(&self) -> Option<(PeerId, crate::status::KeeperRollback)> {
+        self.links.iter().find_map(|(p, l)| {
+            let r = l
+                .state
+                .rollback
+                .as_ref()
+                .filter(|_| l.rolled_back && l.connected)?;
+            Some((*p, r.clone()))
+        })
     }
 
     pub(crate) fn connected(&mut self, peer: PeerId) {
@@ -210,6 +239,7 @@ impl Agent {
                     pushed_all,
                     pulled_all: l.caught_up,
                     cursor: l.state.cursor,
+                    rollback: l.state.rollback.clone(),
                 }
             })
             .collect()
@@ -564,7 +594,11 @@ impl Agent {
                 last_seq,
                 ..
             } => {
-                if let Some((_, _, covered)) = link.push_in_flight.take() {
+                let covered = link.push_in_flight.take();
+                // `last_seq` is the keeper's newest after the push, ours or not.
+                if observe_newest(link, &peer, last_seq, now_ms) {
+                    out.count(Count::KeeperRollbacks);
+                } else if let Some((_, _, covered)) = covered {
                     link.state.pushed.extend(covered);
                 }
                 link.knows_log = true;
@@ -583,10 +617,19 @@ impl Agent {
                 entries,
                 next,
                 more,
+                newest,
                 membership,
                 ..
             } => {
                 link.pull_in_flight = None;
+                let served = entries.last().map(|(seq, _)| *seq);
+                let newest = newest.into_iter().chain(served).max();
+                if newest.is_some_and(|n| observe_newest(link, &peer, n, now_ms)) {
+                    out.count(Count::KeeperRollbacks);
+                    self.save_keeper(&peer, out);
+                    // The cursor went back to what it holds: pull from there.
+                    return;
+                }
                 if !membership.is_empty() {
                     // Before the envelopes: they may be sealed under a
                     // grant it carries, by a device its chain lists.
@@ -659,7 +702,6 @@ impl Agent {
     }
 }
 
-/// What a refusal changes on the link.
 /// What a keeper link pushes next, if anything is due.
 #[derive(Debug, PartialEq, Eq)]
 enum PushKind {
@@ -690,6 +732,40 @@ fn next_push(l: &Link, now_ms: u64) -> Option<PushKind> {
     }
 }
 
+/// The keeper says (or shows) it holds up to `newest`. Below what it was
+/// seen to hold, it rolled back: reported, the cursor moved back to what
+/// it holds (what it numbers from there is new), and everything it had
+/// acknowledged forgotten, so the next push gives it all again. Returns
+/// whether it rolled back.
+fn observe_newest(link: &mut Link, peer: &PeerId, newest: u64, now_ms: u64) -> bool {
+    let seen = link.state.seen.max(link.state.cursor);
+    if newest >= seen {
+        link.state.seen = newest;
+        return false;
+    }
+    warn!(
+        %peer,
+        held = seen,
+        serves = newest,
+        "the keeper holds less than it did (its store was rolled back to an older copy?); \
+         pushing everything to it again, and not trusting it as pulled in this run"
+    );
+    link.state.rollback = Some(crate::status::KeeperRollback {
+        held_seq: seen,
+        served_seq: newest,
+        detected_unix_ms: now_ms,
+    });
+    link.state.seen = newest;
+    link.state.cursor = link.state.cursor.min(newest);
+    link.state.pushed.clear();
+    link.rolled_back = true;
+    link.caught_up = false;
+    link.next_pull_ms = 0;
+    link.next_push_ms = 0;
+    true
+}
+
+/// What a refusal changes on the link.
 fn on_refused(link: &mut Link, code: RefusalCode, is_push: bool, now_ms: u64) {
     if is_push {
         link.push_in_flight = None;

@@ -432,6 +432,14 @@ impl Agent {
     }
 
     fn once_failure(&self, verified: usize, in_sync: usize) -> String {
+        if let Some((peer, r)) = self.keepers.rolled_back().filter(|_| verified == 0) {
+            return format!(
+                "not converged: the keeper {peer} rolled back (it held entries up to #{}, now \
+                 only up to #{}), so what it serves may lack acknowledged writes; this device \
+                 pushed its copy to it again. Sync with another device, or check the keeper's store",
+                r.held_seq, r.served_seq
+            );
+        }
         if verified > 0 {
             return format!(
                 "not converged before the timeout: {in_sync} of {verified} verified peer(s) in sync"

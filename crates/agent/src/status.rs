@@ -128,6 +128,21 @@ pub struct KeeperStatus {
     pub pulled_all: bool,
     /// The keeper's sequence number this device has applied up to.
     pub cursor: u64,
+    /// The last time the keeper held less than it had been seen to hold.
+    #[serde(default)]
+    pub rollback: Option<KeeperRollback>,
+}
+
+/// A keeper seen holding less than before: its store was rolled back (or
+/// replaced), so writes it had acknowledged may be gone from it. The
+/// device pushed everything it holds to it again.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeeperRollback {
+    /// The highest sequence number it had been seen to hold.
+    pub held_seq: u64,
+    /// The newest it held when seen again.
+    pub served_seq: u64,
+    pub detected_unix_ms: u64,
 }
 
 /// How others reach this device: what it advertises, what AutoNAT found,
@@ -445,6 +460,16 @@ impl Status {
                     ""
                 },
             ));
+            if let Some(r) = &k.rollback {
+                out.push_str(&format!(
+                    "           ROLLED BACK: it held entries up to #{} and later only up to #{} \
+                     (seen {}); writes it had acknowledged may be gone from it, so this device \
+                     pushed everything it holds to it again\n",
+                    r.held_seq,
+                    r.served_seq,
+                    crate::devices::format_unix_ms(r.detected_unix_ms),
+                ));
+            }
         }
     }
 

@@ -764,6 +764,12 @@ impl Keeper {
             next = seq;
             entries.push((seq, env));
         }
+        // What it holds, so that a device that saw more detects a store
+        // rolled back to an older copy (issue 41).
+        let newest = self
+            .store
+            .agent(&hash)
+            .map_or(0, |a| a.next_seq.saturating_sub(1));
         self.stats.pulls += 1;
         self.stats.envelopes_served += entries.len() as u64;
         Ok(KeeperResponse::Batch {
@@ -771,6 +777,7 @@ impl Keeper {
             entries,
             next,
             more: page.more,
+            newest: Some(newest),
             membership,
         })
     }

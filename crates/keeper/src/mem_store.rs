@@ -10,13 +10,14 @@ use crate::store::{
     AgentHash, AgentRecord, AgentState, Entry, KeeperStore, KeeperStoreError, Page, Pushed, Usage,
 };
 
-/// A [`KeeperStore`] in memory.
-#[derive(Debug, Default)]
+/// A [`KeeperStore`] in memory. A clone is a copy of the store as it is
+/// (a backup, for tests that roll a keeper back).
+#[derive(Debug, Default, Clone)]
 pub struct MemKeeperStore {
     agents: BTreeMap<AgentHash, MemAgent>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct MemAgent {
     state: AgentState,
     log: BTreeMap<u64, Entry>,

@@ -227,9 +227,63 @@ impl Default for Knobs {
     }
 }
 
+/// The keeper's in-memory store, shared with the sim so that a test can
+/// copy it and roll the keeper back to the copy.
+#[derive(Clone, Default)]
+struct SharedStore(Arc<Mutex<nuwa_keeper::MemKeeperStore>>);
+
+impl SharedStore {
+    fn get(&self) -> std::sync::MutexGuard<'_, nuwa_keeper::MemKeeperStore> {
+        self.0.lock().expect("keeper store lock")
+    }
+}
+
+type KeeperResult<T> = Result<T, nuwa_keeper::KeeperStoreError>;
+
+impl nuwa_keeper::KeeperStore for SharedStore {
+    fn agent_count(&self) -> usize {
+        self.get().agent_count()
+    }
+    fn agent_hashes(&self) -> Vec<nuwa_keeper::AgentHash> {
+        self.get().agent_hashes()
+    }
+    fn agent(&self, agent: &nuwa_keeper::AgentHash) -> Option<nuwa_keeper::AgentState> {
+        self.get().agent(agent)
+    }
+    fn usage_through(
+        &self,
+        agent: &nuwa_keeper::AgentHash,
+        through: u64,
+    ) -> KeeperResult<nuwa_keeper::Usage> {
+        self.get().usage_through(agent, through)
+    }
+    fn push(
+        &mut self,
+        agent: &nuwa_keeper::AgentHash,
+        record: &nuwa_keeper::AgentRecord,
+        entries: &[nuwa_keeper::Entry],
+        replaces_through: u64,
+    ) -> KeeperResult<nuwa_keeper::Pushed> {
+        self.get().push(agent, record, entries, replaces_through)
+    }
+    fn pull(
+        &self,
+        agent: &nuwa_keeper::AgentHash,
+        since: u64,
+        max_bytes: u64,
+        max_entries: usize,
+    ) -> KeeperResult<nuwa_keeper::Page> {
+        self.get().pull(agent, since, max_bytes, max_entries)
+    }
+    fn prune(&mut self, received_before_ms: u64) -> KeeperResult<u64> {
+        self.get().prune(received_before_ms)
+    }
+}
+
 /// The keeper node: the real keeper logic over its in-memory store.
 struct KeeperNode {
     keeper: nuwa_keeper::Keeper,
+    store: SharedStore,
     peer: PeerId,
     /// Devices connected to it.
     linked: BTreeSet<usize>,
@@ -367,11 +421,13 @@ impl Sim {
         }
         if knobs.keeper {
             let key = DeviceKey::generate().expect("entropy");
+            let store = SharedStore::default();
             sim.keeper = Some(KeeperNode {
                 keeper: nuwa_keeper::Keeper::new(
-                    Box::new(nuwa_keeper::MemKeeperStore::new()),
+                    Box::new(store.clone()),
                     nuwa_keeper::KeeperConfig::default(),
                 ),
+                store,
                 peer: peer::id_of(&key.public()).expect("valid key"),
                 linked: BTreeSet::new(),
             });
@@ -1038,6 +1094,53 @@ impl Sim {
             if self.devices[x].running() {
                 self.handle(x, Input::Net(vec![connected]));
                 self.send_later(x, Delivery::Net(identified));
+            }
+        }
+    }
+
+    /// Device `i`'s `status`, as its API would answer now.
+    pub fn status(&mut self, i: usize) -> nuwa_agent::status::Status {
+        let now = self.now_ms;
+        let agent = self.devices[i].agent.as_mut().expect("a running device");
+        let effects = agent.handle(
+            Input::Api(vec![(RequestId(u64::MAX), Request::Status)]),
+            now,
+        );
+        effects
+            .into_iter()
+            .find_map(|e| match e {
+                Effect::Reply {
+                    result: Ok(nuwa_agent::api::Reply::Status(s)),
+                    ..
+                } => Some(*s),
+                _ => None,
+            })
+            .expect("a status reply")
+    }
+
+    /// A copy of the keeper's store as it is now.
+    pub fn keeper_backup(&self) -> nuwa_keeper::MemKeeperStore {
+        let k = self.keeper.as_ref().expect("a sim with a keeper");
+        k.store.get().clone()
+    }
+
+    /// The keeper restarts on `backup`, an older copy of its store: its
+    /// connections drop, and what it stored since the copy is gone.
+    pub fn keeper_roll_back(&mut self, backup: nuwa_keeper::MemKeeperStore) {
+        let Some(k) = &mut self.keeper else { return };
+        *k.store.get() = backup;
+        k.keeper = nuwa_keeper::Keeper::new(
+            Box::new(k.store.clone()),
+            nuwa_keeper::KeeperConfig::default(),
+        );
+        let peer = k.peer;
+        let linked: Vec<usize> = std::mem::take(&mut k.linked).into_iter().collect();
+        self.flight
+            .retain(|m| !matches!(m.what, Delivery::KeeperRequest { .. }));
+        self.note("keeper rolled back".to_owned());
+        for i in linked {
+            if self.devices[i].running() {
+                self.handle(i, Input::Net(vec![NetEvent::Disconnected { peer }]));
             }
         }
     }
