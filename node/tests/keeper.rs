@@ -24,6 +24,10 @@ impl Drop for Keeper {
 }
 
 fn start_keeper(c: &Cluster, quota_envelopes: &str) -> Keeper {
+    start_keeper_on(c, quota_envelopes, "/ip4/127.0.0.1/tcp/0")
+}
+
+fn start_keeper_on(c: &Cluster, quota_envelopes: &str, listen: &str) -> Keeper {
     let mut child = Command::new(bin())
         .arg("--home")
         .arg(c.home("keeper"))
@@ -33,7 +37,7 @@ fn start_keeper(c: &Cluster, quota_envelopes: &str) -> Keeper {
             "--keeper-quota-envelopes",
             quota_envelopes,
             "--listen",
-            "/ip4/127.0.0.1/tcp/0",
+            listen,
         ])
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
@@ -119,6 +123,93 @@ fn not_online_together_through_a_keeper_that_compacts() {
             "the keeper dropped entries a snapshot covered: {exit}"
         );
     });
+}
+
+// Goal: a keeper restarted on an older copy of its store (a restored
+// backup) is noticed by a device that had seen more of it, and loses no
+// acknowledged write (issue 41: it went unnoticed, and a device meeting
+// only the keeper then lacked the writes made after the copy). Method: a
+// real keeper on a fixed port; A writes 20 keys, the keeper's home is
+// copied while it is stopped, A writes 10 more; the keeper restarts on
+// the copy. A's status must report the rollback and push everything
+// again; B, never online with A, must then get all 30 from the keeper.
+#[test]
+fn a_keeper_rolled_back_to_a_copy_is_noticed_and_refilled() {
+    isolated(
+        "a_keeper_rolled_back_to_a_copy_is_noticed_and_refilled",
+        || {
+            let mut c = Cluster::new();
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let listen = format!("/ip4/127.0.0.1/tcp/{port}");
+            let stop = |mut k: Keeper| {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &k.child.id().to_string()])
+                    .status();
+                let _ = k.child.wait();
+            };
+            let keeper = start_keeper_on(&c, "100000", &listen);
+            let addr = keeper.addr.clone();
+            let a = c.init("a");
+            let b = c.provision(&a, "b");
+            let only_keeper = [
+                "--no-mdns",
+                "--no-dht",
+                "--no-rendezvous",
+                "--no-known-peers",
+                "--keeper",
+                addr.as_str(),
+            ];
+            let pushed = |what: &str| {
+                wait_for(what, Duration::from_secs(30), || {
+                    (keeper_field(&a, "pushed_all")? == serde_json::json!(true)).then_some(())
+                })
+            };
+            let ia = c.start(&a, &only_keeper);
+            put_many(&a, "notes", "before-", 20);
+            pushed("A: the first 20 pushed");
+            stop(keeper);
+            let backup = c.dir.path().join("keeper-backup");
+            copy_home(&c.home("keeper"), &backup);
+            let keeper = start_keeper_on(&c, "100000", &listen);
+            put_many(&a, "notes", "after-", 10);
+            wait_for("A: the keeper again", Duration::from_secs(30), || {
+                (keeper_field(&a, "connected")? == serde_json::json!(true)).then_some(())
+            });
+            pushed("A: all 30 pushed");
+            assert!(keeper_field(&a, "rollback").is_some_and(|r| r.is_null()));
+            stop(keeper);
+            std::fs::remove_dir_all(c.home("keeper")).unwrap();
+            copy_home(&backup, &c.home("keeper"));
+            let keeper = start_keeper_on(&c, "100000", &listen);
+            let rollback = wait_for("A: the rollback reported", Duration::from_secs(30), || {
+                keeper_field(&a, "rollback").filter(|r| !r.is_null())
+            });
+            let (held, served) = (
+                rollback["held_seq"].as_u64(),
+                rollback["served_seq"].as_u64(),
+            );
+            assert!(held > served, "{rollback}");
+            let text = cli_ok(&a, &["status"]);
+            assert!(text.contains("ROLLED BACK"), "{text}");
+            assert!(metric(&a, "nuwa_keeper_rollbacks_total") >= 1.0);
+            pushed("A: everything pushed again");
+            c.stop(ia);
+            let ib = c.start(&b, &only_keeper);
+            wait_for(
+                "B: all 30 keys from the keeper",
+                Duration::from_secs(20),
+                || {
+                    let n = get_json(&b, "notes")?.as_object()?.len();
+                    (n == 30).then_some(())
+                },
+            );
+            c.stop(ib);
+            drop(keeper);
+        },
+    );
 }
 
 // Goal: grants travel through the keeper (issue 24, done-when 4 on
