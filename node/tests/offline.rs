@@ -207,7 +207,7 @@ fn a_revoked_device_lists_what_never_syncs_and_exports_it() {
             let text = cli_ok(&r, &["status"]);
             assert!(text.lines().next().unwrap().contains("REVOKED"), "{text}");
             assert!(
-                text.contains("4 local change(s) made after this device was revoked will never sync: notes (3), todo (1)"),
+                text.contains("4 local change(s) made after this device was revoked are refused by every device that knows of the revocation: notes (3), todo (1)"),
                 "{text}"
             );
             let expected = json!({"before": 1, "x1": "lost", "x2": "lost", "x3": "lost"});

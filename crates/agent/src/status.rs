@@ -86,6 +86,10 @@ pub struct MdnsStatus {
     /// Interfaces mDNS announces and listens on; empty while enabled means
     /// it watches nothing.
     pub interfaces: Vec<String>,
+    /// Why mDNS does not run though it was not switched off (`enabled` is
+    /// false then): devices on the LAN cannot find this one.
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// A configured infrastructure node (rendezvous server).
@@ -280,8 +284,9 @@ impl NeverSyncs {
             .map(|(c, n)| format!("{c} ({n})"))
             .collect();
         format!(
-            "{}{} local change(s) made after this device was revoked will never sync{}{}; \
-             `nuwa-node state export CONTAINER --out FILE` still reads them",
+            "{}{} local change(s) made after this device was revoked are refused by every \
+             device that knows of the revocation{}{}; a device that had not heard of it yet may \
+             have taken some. `nuwa-node state export CONTAINER --out FILE` still reads them",
             if self.complete { "" } else { "at least " },
             self.changes,
             if per.is_empty() {
@@ -404,6 +409,10 @@ impl Status {
                     self.mdns.interfaces.join(", ")
                 ));
             }
+        } else if let Some(reason) = &self.mdns.error {
+            out.push_str(&format!(
+                "mdns       FAILED: {reason} (see `nuwa-node doctor`)\n"
+            ));
         } else {
             out.push_str("mdns       off\n");
         }
@@ -595,5 +604,60 @@ fn human_bytes(n: u64) -> String {
         format!("{:.1} KiB", n as f64 / 1024.0)
     } else {
         format!("{n} B")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Goal: `status` says plainly whether mDNS runs, watches nothing, was
+    //! switched off, or failed and why. Method: one status per case,
+    //! rendered; a status from a daemon without `error` still reads.
+    use super::*;
+
+    fn with_mdns(mdns: serde_json::Value) -> Status {
+        serde_json::from_value(serde_json::json!({
+            "agent_did": "did:key:z", "listen_addrs": [], "api_url": "http://127.0.0.1:1",
+            "peers": [], "rejections": [], "counters": {}, "containers": [],
+            "device": {"context_id": "c", "peer_id": "p", "name": "", "authorised": true,
+                       "did_log_len": 1},
+            "mdns": mdns,
+        }))
+        .expect("a status")
+    }
+
+    #[test]
+    fn the_mdns_line_tells_failed_from_off() {
+        let cases = [
+            (
+                serde_json::json!({"enabled": true, "interfaces": ["eth0", "lo"]}),
+                "mdns       on eth0, lo\n",
+            ),
+            (
+                serde_json::json!({"enabled": true, "interfaces": []}),
+                "mdns       WATCHING NO INTERFACE",
+            ),
+            (
+                serde_json::json!({"enabled": false, "interfaces": []}),
+                "mdns       off\n",
+            ),
+            (
+                serde_json::json!({"enabled": false, "interfaces": [], "error": null}),
+                "mdns       off\n",
+            ),
+            (
+                serde_json::json!({"enabled": false, "interfaces": [],
+                                   "error": "no TCP listener came up"}),
+                "mdns       FAILED: no TCP listener came up (see `nuwa-node doctor`)\n",
+            ),
+        ];
+        for (mdns, line) in cases {
+            let text = with_mdns(mdns.clone()).render();
+            assert!(text.contains(line), "{mdns}: wanted {line:?} in\n{text}");
+            assert_eq!(
+                text.contains("mdns       off"),
+                line.contains(" off"),
+                "{mdns}:\n{text}"
+            );
+        }
     }
 }
