@@ -4,7 +4,7 @@
 `all.sh` runs each tool's workloads to the end before the next tool starts,
 about half an hour apart; on a shared machine whose speed drifts by that
 much, a same-run comparison of the latency rows can say more about the
-machine than about the tools (docs/performance.md, "Issue 26, tenth
+machine than about the tools (docs/bench/history.md, "Issue 26, tenth
 session"). This script runs only the latency workload, one repetition of
 each tool per round, the first tool swapped every round, so that a drift
 lands on both. Each ratio is taken inside one round; the table gives the
