@@ -3,7 +3,7 @@
 //! read every `file.rs::…::name` reference in ARCHITECTURE.md, find the
 //! file (a path, or a unique path suffix such as `layering.rs`), and look
 //! for `fn name` in it or in its test module files (`tests.rs`, or the
-//! `tests/` folder beside it).
+//! `tests/` folder beside it). And the file stays under 700 lines.
 
 use std::path::{Path, PathBuf};
 
@@ -97,5 +97,20 @@ fn every_test_the_architecture_names_exists() {
         missing.is_empty(),
         "ARCHITECTURE.md names tests that do not exist:\n{}",
         missing.join("\n")
+    );
+}
+
+/// The developers' guide: ARCHITECTURE.md holds the map and the rules, and
+/// stays under 700 lines. What grows without bound (why a rule is the way
+/// it is, what was tried, history) belongs in docs/decisions.md.
+#[test]
+fn architecture_md_stays_under_700_lines() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let lines = text.lines().count();
+    assert!(
+        lines < 700,
+        "ARCHITECTURE.md has {lines} lines, the limit is 699: state each rule \
+         as true now with its test, and move reasons, history and alternatives \
+         to docs/decisions.md (figures to docs/performance.md)"
     );
 }
