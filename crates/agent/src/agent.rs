@@ -36,6 +36,8 @@ pub struct Config {
     pub known_peers: bool,
     /// mDNS runs (it announces us, and approvals search it).
     pub mdns: bool,
+    /// Why mDNS does not run though configured to (for `status`, `doctor`).
+    pub mdns_failed: Option<String>,
     pub dht: bool,
     pub bootstrap: Vec<(PeerId, Multiaddr)>,
     pub rendezvous: bool,
@@ -63,6 +65,7 @@ impl Default for Config {
         Config {
             known_peers: true,
             mdns: false,
+            mdns_failed: None,
             dht: false,
             bootstrap: Vec::new(),
             rendezvous: false,

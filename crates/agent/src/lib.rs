@@ -60,6 +60,7 @@ pub mod input;
 pub mod join;
 mod keeper;
 pub mod lifecycle;
+pub mod listen;
 pub mod pairing;
 pub mod peer;
 pub mod read;

@@ -332,6 +332,7 @@ impl Agent {
             mdns: MdnsStatus {
                 enabled: self.discovery.mdns_on(),
                 interfaces: self.book.mdns_watching.clone(),
+                error: self.config().mdns_failed.clone(),
             },
             rendezvous: self.discovery.rendezvous_status(),
             dht_pointer: self.discovery.pointer_bytes.map(|bytes| DhtPointerStatus {

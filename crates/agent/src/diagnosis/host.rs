@@ -38,6 +38,21 @@ pub struct MdnsFacts<'a> {
 /// is the home's display form.
 pub fn check_mdns(h: &str, st: Option<&Status>, facts: MdnsFacts<'_>) -> Check {
     const NAME: &str = "mdns";
+    if let Some(reason) = st.and_then(|st| st.mdns.error.as_deref()) {
+        return Check::fail(
+            NAME,
+            format!(
+                "FAILED in the running daemon, which was not told to switch it off: {reason}; \
+                 no device on the LAN can find this one or be found by it"
+            ),
+            format!(
+                "fix what the reason names (the daemon's log says it too, at start-up), then \
+                 restart the daemon. The default --listen has the TCP address mDNS announces; \
+                 an interface must be up with MULTICAST (`ip link`). No LAN discovery wanted: \
+                 --no-mdns (or mdns = false under [discovery] in {h}/config.toml)"
+            ),
+        );
+    }
     if st.is_some_and(|st| !st.mdns.enabled) {
         return Check::pass(
             NAME,
@@ -161,12 +176,17 @@ mod tests {
 
     /// A daemon's status whose mDNS is `enabled` and watches `interfaces`.
     fn running(enabled: bool, interfaces: &[&str]) -> Status {
+        failed(enabled, interfaces, None)
+    }
+
+    /// The same, with mDNS failed for `error`.
+    fn failed(enabled: bool, interfaces: &[&str], error: Option<&str>) -> Status {
         serde_json::from_value(serde_json::json!({
             "agent_did": "did:key:z", "listen_addrs": [], "api_url": "http://127.0.0.1:1",
             "peers": [], "rejections": [], "counters": {}, "containers": [],
             "device": {"context_id": "c", "peer_id": "p", "name": "", "authorised": true,
                        "did_log_len": 1},
-            "mdns": {"enabled": enabled, "interfaces": interfaces},
+            "mdns": {"enabled": enabled, "interfaces": interfaces, "error": error},
         }))
         .expect("a status")
     }
@@ -198,12 +218,28 @@ mod tests {
         let up = running(true, &["eth0"]);
         let off = running(false, &[]);
         let blind = running(true, &[]);
+        let broken = failed(false, &[], Some("no TCP listener came up"));
         let cases: Vec<(Option<&Status>, MdnsFacts<'_>, Level, &str)> = vec![
             (
                 Some(&off),
                 facts(true, none, 0, Ok((&[], &[]))),
                 Level::Pass,
                 "off in the running daemon",
+            ),
+            // Off but not by configuration: a failure, whatever the
+            // settings and the host say.
+            (
+                Some(&broken),
+                facts(true, none, 0, Ok((&["eth0"], &[]))),
+                Level::Fail,
+                "FAILED in the running daemon, which was not told to switch it off: no TCP \
+                 listener came up",
+            ),
+            (
+                Some(&broken),
+                facts(true, none, 3, Ok((&["eth0"], &[]))),
+                Level::Fail,
+                "no TCP listener came up",
             ),
             (
                 None,
@@ -262,6 +298,25 @@ mod tests {
                 c.fix.is_some(),
                 level == Level::Warn || level == Level::Fail
             );
+        }
+    }
+
+    // Goal: a daemon whose mDNS failed is a FAIL whose fix says how to
+    // mend it and how to switch it off instead. Method: one failed status.
+    #[test]
+    fn a_failed_mdns_is_a_failure_with_its_fix() {
+        let st = failed(false, &[], Some("no TCP listener came up"));
+        let c = check_mdns("/h", Some(&st), facts(true, &[], 0, Ok((&["eth0"], &[]))));
+        assert_eq!(c.status, Level::Fail, "{c:?}");
+        let fix = c.fix.expect("a fix");
+        for part in [
+            "restart the daemon",
+            "--listen",
+            "MULTICAST",
+            "--no-mdns",
+            "/h/config.toml",
+        ] {
+            assert!(fix.contains(part), "fix lacks {part}: {fix}");
         }
     }
 
