@@ -240,7 +240,9 @@ pub fn list_offline(
     let mut rows = list(log, seen.unwrap_or(&Seen::default()), me, now_ms);
     let as_of = seen.and_then(|s| s.saved_ms());
     for r in &mut rows {
-        if r.this_device && r.name.is_empty() {
+        // This device's name is the home's: a rename shows before the
+        // daemon records it.
+        if r.this_device && !my_name.is_empty() {
             r.name = my_name.to_owned();
         }
         r.stored_as_of_unix_ms = as_of;
@@ -304,6 +306,136 @@ pub fn render(entries: &[DeviceEntry], now_ms: u64) -> String {
     out
 }
 
+/// Why a device given on the command line (by context id or by name) is
+/// not one device of the agent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResolveError {
+    #[error(
+        "no device given; name one by its context id or its name (see `nuwa-node device list`)"
+    )]
+    Empty,
+    #[error("no device of this agent has the context id or name {given:?}; it has: {known}")]
+    Unknown { given: String, known: String },
+    #[error(
+        "{n} devices are named {given:?}: {ids}; give the context id of the one you mean, or \
+         rename one (`nuwa-node device rename`)",
+        n = .ids.len(),
+        ids = .ids.join(", ")
+    )]
+    Ambiguous { given: String, ids: Vec<String> },
+}
+
+/// Most devices an [`ResolveError::Unknown`] lists.
+const MAX_LISTED: usize = 16;
+
+/// The context id of the device `given` names, among `entries` (what
+/// `device list` shows). A context id names its device. Otherwise `given`
+/// is a name: the devices with exactly that name, else with that name in
+/// any case; of those, the ones not revoked when there are any (a device
+/// paired again keeps its old row as revoked). One match is the answer;
+/// several are refused with their ids, none with what exists.
+pub fn resolve(entries: &[DeviceEntry], given: &str) -> Result<String, ResolveError> {
+    let given = given.trim();
+    if given.is_empty() {
+        return Err(ResolveError::Empty);
+    }
+    if let Some(e) = entries.iter().find(|e| e.context_id == given) {
+        return Ok(e.context_id.clone());
+    }
+    let exact: Vec<&DeviceEntry> = entries.iter().filter(|e| e.name == given).collect();
+    let mut named = if exact.is_empty() {
+        let folded = given.to_lowercase();
+        entries
+            .iter()
+            .filter(|e| !e.name.is_empty() && e.name.to_lowercase() == folded)
+            .collect()
+    } else {
+        exact
+    };
+    if named.iter().any(|e| e.status != "revoked") {
+        named.retain(|e| e.status != "revoked");
+    }
+    match named.as_slice() {
+        [one] => Ok(one.context_id.clone()),
+        [] => {
+            let mut known: Vec<String> = entries
+                .iter()
+                .take(MAX_LISTED)
+                .map(|e| {
+                    let name = if e.name.is_empty() {
+                        "no name"
+                    } else {
+                        &e.name
+                    };
+                    format!("{} ({name}, {})", e.context_id, e.status)
+                })
+                .collect();
+            if entries.len() > MAX_LISTED {
+                known.push(format!("and {} more", entries.len() - MAX_LISTED));
+            }
+            if known.is_empty() {
+                known.push("no devices".to_owned());
+            }
+            Err(ResolveError::Unknown {
+                given: given.to_owned(),
+                known: known.join(", "),
+            })
+        }
+        many => Err(ResolveError::Ambiguous {
+            given: given.to_owned(),
+            ids: many
+                .iter()
+                .map(|e| format!("{} ({})", e.context_id, e.status))
+                .collect(),
+        }),
+    }
+}
+
+/// Why a name cannot be a device's name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NameError {
+    #[error("a device name must be 1 to {max} bytes, without control characters; {given:?} is not", max = nuwa_proto::MAX_DEVICE_NAME_BYTES)]
+    Invalid { given: String },
+    #[error(
+        "device {other} is already named {given:?}; pick another name, so that commands can \
+         take it in place of a context id"
+    )]
+    Taken { given: String, other: String },
+    #[error("{given:?} is a context id; a name that looks like one would shadow that device")]
+    LooksLikeId { given: String },
+}
+
+/// Checks `name` as the new name of device `me`, among `entries`: 1 to 64
+/// bytes, no control characters, not shaped like a context id, and not
+/// the name of another device that is not revoked (names stand in for
+/// context ids, so two alike would make both unusable as names).
+pub fn check_rename(entries: &[DeviceEntry], me: &str, name: &str) -> Result<(), NameError> {
+    let given = name.to_owned();
+    if name.is_empty()
+        || name.len() > nuwa_proto::MAX_DEVICE_NAME_BYTES
+        || name.trim() != name
+        || name.chars().any(char::is_control)
+    {
+        return Err(NameError::Invalid { given });
+    }
+    if name.starts_with("device-") {
+        return Err(NameError::LooksLikeId { given });
+    }
+    let folded = name.to_lowercase();
+    match entries
+        .iter()
+        .find(|e| e.context_id != me && e.status != "revoked" && e.name.to_lowercase() == folded)
+    {
+        Some(e) => Err(NameError::Taken {
+            given,
+            other: e.context_id.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,6 +481,104 @@ mod tests {
         assert_eq!(rb.last_seen_unix_ms, Some(5_000));
         assert!(rb.relationships.is_empty());
         assert_eq!(rows.len(), 2, "the master key is not a device");
+    }
+
+    fn row(id: &str, name: &str, status: &str) -> DeviceEntry {
+        DeviceEntry {
+            context_id: id.to_owned(),
+            name: name.to_owned(),
+            relationships: Vec::new(),
+            status: status.to_owned(),
+            expires: None,
+            last_seen_unix_ms: None,
+            this_device: false,
+            stored_as_of_unix_ms: None,
+        }
+    }
+
+    // Goal: a device is named by its context id or its name as `device
+    // list` shows it; an ambiguous name is refused with the candidates'
+    // ids, an unknown one with what exists. Method: one table of given
+    // words against one list, each with the id or the error's text.
+    #[test]
+    fn names_resolve_to_one_device_or_say_why_not() {
+        let rows = [
+            row("device-aaaa", "laptop", "active"),
+            row("device-bbbb", "phone", "revoked"),
+            row("device-cccc", "phone", "active"),
+            row("device-dddd", "twin", "active"),
+            row("device-eeee", "twin", "active"),
+            row("device-ffff", "", "active"),
+            row("device-gggg", "old", "revoked"),
+            row("device-hhhh", "Desk", "active"),
+        ];
+        let check = |given: &str, want: Result<&str, &str>| {
+            let got = resolve(&rows, given).map_err(|e| e.to_string());
+            match (&got, want) {
+                (Ok(id), Ok(w)) => assert_eq!(id, w, "{given:?}"),
+                (Err(e), Err(w)) => assert!(e.contains(w), "{given:?}: {e}"),
+                _ => panic!("{given:?}: got {got:?}, want {want:?}"),
+            }
+        };
+        check("device-aaaa", Ok("device-aaaa"));
+        check(" laptop ", Ok("device-aaaa"));
+        // The revoked row of a device paired again under its old name.
+        check("phone", Ok("device-cccc"));
+        check("device-bbbb", Ok("device-bbbb"));
+        check("old", Ok("device-gggg"));
+        check("desk", Ok("device-hhhh"));
+        check(
+            "twin",
+            Err("2 devices are named \"twin\": device-dddd (active), device-eeee (active)"),
+        );
+        check(
+            "lapt0p",
+            Err("no device of this agent has the context id or name \"lapt0p\""),
+        );
+        check("lapt0p", Err("device-aaaa (laptop, active)"));
+        check("lapt0p", Err("device-ffff (no name, active)"));
+        check("device-zzzz", Err("no device of this agent"));
+        check("  ", Err("no device given"));
+        assert!(
+            resolve(&[], "x")
+                .unwrap_err()
+                .to_string()
+                .ends_with("it has: no devices"),
+            "an agent with no device rows says so"
+        );
+    }
+
+    // Goal: a new name is 1 to 64 bytes of text, not shaped like a context
+    // id, and not another live device's name (in any case). Method: one
+    // table of names for device-aaaa.
+    #[test]
+    fn a_rename_keeps_names_usable_in_place_of_ids() {
+        let rows = [
+            row("device-aaaa", "laptop", "active"),
+            row("device-bbbb", "phone", "active"),
+            row("device-cccc", "gone", "revoked"),
+        ];
+        let check = |name: &str, want: Result<(), &str>| {
+            let got = check_rename(&rows, "device-aaaa", name).map_err(|e| e.to_string());
+            match (&got, want) {
+                (Ok(()), Ok(())) => {}
+                (Err(e), Err(w)) => assert!(e.contains(w), "{name:?}: {e}"),
+                _ => panic!("{name:?}: got {got:?}, want {want:?}"),
+            }
+        };
+        check("work laptop", Ok(()));
+        check("laptop", Ok(()));
+        check("gone", Ok(()));
+        check(&"x".repeat(64), Ok(()));
+        check(&"x".repeat(65), Err("1 to 64 bytes"));
+        check("", Err("1 to 64 bytes"));
+        check(" pad", Err("1 to 64 bytes"));
+        check("a\nb", Err("1 to 64 bytes"));
+        check(
+            "Phone",
+            Err("device device-bbbb is already named \"Phone\""),
+        );
+        check("device-1234", Err("is a context id"));
     }
 
     // Goal: the stored record keeps names, last-seen times and when it was

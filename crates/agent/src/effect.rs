@@ -201,6 +201,9 @@ pub struct OnceResult {
     /// Converged with every verified peer, or pulled a keeper to its end
     /// with no other device online.
     pub converged: bool,
+    /// How it ended: `converged`, `no_peer` or `timeout` (the shell's
+    /// exit status follows it).
+    pub outcome: crate::once::Outcome,
     /// `"peers"` or `"keeper"` when converged.
     pub through: Option<&'static str>,
     pub peers_verified: usize,

@@ -61,6 +61,7 @@ pub mod join;
 mod keeper;
 pub mod lifecycle;
 pub mod listen;
+pub mod once;
 pub mod pairing;
 pub mod peer;
 pub mod read;
@@ -69,6 +70,7 @@ mod standing;
 pub mod status;
 pub mod storage;
 pub mod stranded;
+pub mod text;
 
 pub use agent::{Agent, Boot, Config};
 

@@ -359,6 +359,7 @@ impl Agent {
             .count();
         let containers = self.session.engine().container_count();
         let line = self.once_line(&verified, in_sync, containers);
+        let line = crate::once::with_time_left(line, now_ms, deadline);
         if let Some(once) = &mut self.once
             && line != once.last_line
         {
@@ -384,6 +385,7 @@ impl Agent {
         self.once = None;
         out.push(Effect::Finished(OnceResult {
             converged: through.is_some(),
+            outcome: crate::once::Outcome::of(through.is_some(), verified.len()),
             through,
             peers_verified: verified.len(),
             peers_in_sync: in_sync,
