@@ -405,8 +405,12 @@ async fn index(State(s): State<AppState>, headers: axum::http::HeaderMap) -> Res
 }
 
 /// `GET /login?code=`: a login link, spent.
-async fn login(State(s): State<AppState>, Q(q): Q<page::LoginQuery>) -> Result<Response, Failure> {
-    Ok(page::login(&s.web, &q)?)
+async fn login(
+    State(s): State<AppState>,
+    Q(q): Q<page::LoginQuery>,
+    h: axum::http::HeaderMap,
+) -> Result<Response, Failure> {
+    Ok(page::login(&s.web, &q, &h)?)
 }
 
 /// `POST /v1/login-link` (token only).

@@ -48,6 +48,7 @@ const SESSION_ROUTES: &[&str] = &["/v1/status", "/v1/devices", "/v1/state.events
 
 const PAGE_HTML: &str = include_str!("../../assets/status.html");
 const LOGIN_HTML: &str = include_str!("../../assets/login.html");
+const USED_LINK_HTML: &str = include_str!("../../assets/login-used.html");
 const PAGE_JS: &str = include_str!("../../assets/status.js");
 const PAGE_CSS: &str = include_str!("../../assets/status.css");
 
@@ -346,9 +347,16 @@ pub struct LoginQuery {
 }
 
 /// `GET /login?code=`: spends the code, sets the session cookie and sends
-/// the browser to `/`.
-pub fn login(web: &Web, q: &LoginQuery) -> Result<Response, ApiError> {
+/// the browser to `/`. A spent, expired or unknown code gets a page that
+/// says how to get a new link when the request accepts HTML (a browser),
+/// and the JSON error otherwise (an API client).
+pub fn login(web: &Web, q: &LoginQuery, headers: &HeaderMap) -> Result<Response, ApiError> {
     let Some(session) = web.redeem(&q.code)? else {
+        let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+        if accept.is_some_and(|a| a.contains("text/html")) {
+            let html = page_headers("text/html; charset=utf-8");
+            return Ok((StatusCode::FORBIDDEN, html, USED_LINK_HTML).into_response());
+        }
         return Err(ApiError::new(
             ErrorCode::BadLoginLink,
             "this login link was already used, has expired or is not one this daemon made; \
@@ -473,5 +481,33 @@ mod tests {
             web.login_link().unwrap();
         }
         assert!(web.secrets().codes.len() <= MAX_PENDING_CODES);
+    }
+
+    // Goal: a spent login link shows a browser a page saying so and how to
+    // get a new link, and an API client the JSON error. Method: spend a
+    // code, then ask again as a browser and as curl would.
+    #[test]
+    fn a_used_link_answers_a_browser_with_a_page() {
+        let web = Web::new("127.0.0.1:4100".parse().unwrap());
+        let link = web.login_link().unwrap();
+        let code = link.url.split("code=").nth(1).unwrap().to_owned();
+        let q = LoginQuery { code };
+        let browser = headers(&[("accept", "text/html,application/xhtml+xml,*/*;q=0.8")]);
+        assert_eq!(
+            login(&web, &q, &browser).unwrap().status(),
+            StatusCode::SEE_OTHER
+        );
+        let page = login(&web, &q, &browser).unwrap();
+        assert_eq!(page.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            page.headers()[header::CONTENT_TYPE],
+            "text/html; charset=utf-8"
+        );
+        assert!(
+            USED_LINK_HTML.contains("already used") && USED_LINK_HTML.contains("nuwa-node open")
+        );
+        let err = login(&web, &q, &headers(&[("accept", "*/*")])).unwrap_err();
+        assert_eq!(err.code, ErrorCode::BadLoginLink);
+        assert!(login(&web, &q, &headers(&[])).is_err());
     }
 }
