@@ -334,7 +334,10 @@ const MAX_LISTED: usize = 16;
 /// is a name: the devices with exactly that name, else with that name in
 /// any case; of those, the ones not revoked when there are any (a device
 /// paired again keeps its old row as revoked). One match is the answer;
-/// several are refused with their ids, none with what exists.
+/// several are refused with their ids, none with what exists, except a
+/// word shaped like a context id (`device-…`), which is passed on as it
+/// is: this device's log may not list that device yet, and the command
+/// itself then says what is wrong (not an admin, not listed).
 pub fn resolve(entries: &[DeviceEntry], given: &str) -> Result<String, ResolveError> {
     let given = given.trim();
     if given.is_empty() {
@@ -358,6 +361,7 @@ pub fn resolve(entries: &[DeviceEntry], given: &str) -> Result<String, ResolveEr
     }
     match named.as_slice() {
         [one] => Ok(one.context_id.clone()),
+        [] if given.starts_with("device-") => Ok(given.to_owned()),
         [] => {
             let mut known: Vec<String> = entries
                 .iter()
@@ -537,7 +541,8 @@ mod tests {
         );
         check("lapt0p", Err("device-aaaa (laptop, active)"));
         check("lapt0p", Err("device-ffff (no name, active)"));
-        check("device-zzzz", Err("no device of this agent"));
+        // An id this device's log may not list yet goes on as it is.
+        check("device-zzzz", Ok("device-zzzz"));
         check("  ", Err("no device given"));
         assert!(
             resolve(&[], "x")
