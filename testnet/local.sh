@@ -146,6 +146,17 @@ echo "  $NUWA --home $TMP/node1 status"
 echo "  $NUWA --home $TMP/node1 state put notes hello '\"world\"'"
 echo "  $NUWA --home $TMP/node$N state get notes --json"
 echo
+echo "status page of node1 (open --print gives a one-time login link, valid 60 s):"
+if [ "$HOST" = 0 ]; then
+  API_PORT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["url"].rsplit(":", 1)[1])' "$TMP/node1/api.json")
+  echo "  the link points into namespace $NS, which a browser on this host cannot reach;"
+  echo "  forward its port to this host's loopback first (socat), then paste the link:"
+  echo "    socat TCP-LISTEN:$API_PORT,bind=127.0.0.1,fork,reuseaddr EXEC:'ip netns exec $NS socat STDIO TCP:127.0.0.1:$API_PORT' &"
+  echo "    $NUWA --home $TMP/node1 open --print"
+else
+  echo "  $NUWA --home $TMP/node1 open"
+fi
+echo
 
 if [ "$SMOKE" = 1 ]; then
   "$NUWA" --home "$TMP/node1" state put notes hello '"world"' >/dev/null
