@@ -183,7 +183,7 @@ function render(st, devices) {
     ["reachability", r.nat],
     ["advertised", r.advertised],
     ["relays", r.relays],
-    ["mDNS", mdns.enabled ? (mdns.interfaces && mdns.interfaces.length ? "on: " + mdns.interfaces.join(", ") : "on, but watching no interface") : "off"],
+    ["mDNS", mdns.enabled ? (mdns.interfaces && mdns.interfaces.length ? "on: " + mdns.interfaces.join(", ") : "on, but watching no interface") : mdns.error ? "FAILED: " + mdns.error + " (see nuwa-node doctor)" : "off"],
     ["DHT pointer", ptr ? bytes(ptr.bytes) + " of " + bytes(ptr.limit) : DASH],
   ]));
   fill("keepers", table(

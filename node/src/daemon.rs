@@ -36,6 +36,7 @@ pub(crate) mod reader;
 pub(crate) use exec::open::load_container;
 use exec::{Executor, Hands, setup};
 pub(crate) use inputs::stderr_is_tty;
+pub(crate) use setup::wait_listening;
 
 /// Options of `nuwa-node run` and `sync --once`: where the shell listens,
 /// and the agent's configuration.
@@ -98,8 +99,7 @@ pub async fn run(home: Home, mut opts: RunOptions) -> Result<()> {
     };
     let served = setup::serve_api(&home, &opts, lanes, &feeds, &metrics, &cancel).await?;
     opts.agent.api_url = served.url.clone();
-    let (mdns, mdns_events) = setup::start_mdns(&home, &opts, &net, &listen_addrs);
-    opts.agent.mdns = mdns.is_some();
+    let (mdns, mdns_events) = setup::start_mdns(&home, &mut opts, &net, &listen_addrs).unzip();
     let watching = match &mdns {
         Some(_) => nuwa_discovery::watched_interfaces(&opts.mdns_interfaces),
         None => Vec::new(),

@@ -132,7 +132,8 @@ async fn start(opts: &PairOptions, device: &DeviceKey, flow: &JoinFlow) -> Resul
     )
     .await
     .context("cannot start the network")?;
-    let port = listening_port(&mut events, listen.len()).await?;
+    let up = crate::daemon::wait_listening(&mut events, &listen).await?;
+    let port = nuwa_agent::listen::mdns_port(&listen, &up)?;
     let mut w = Waiting {
         net,
         events,
@@ -165,29 +166,6 @@ async fn start(opts: &PairOptions, device: &DeviceKey, flow: &JoinFlow) -> Resul
         let _ = w.net.dial(Some(*server), vec![addr.clone()]).await;
     }
     Ok(w)
-}
-
-/// Waits for the listeners; the TCP port the announcement names.
-async fn listening_port(events: &mut mpsc::Receiver<NetEvent>, n: usize) -> Result<u16> {
-    let mut listen_addrs = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while listen_addrs.len() < n {
-        match tokio::time::timeout_at(deadline, events.recv()).await {
-            Ok(Some(NetEvent::Listening(a))) => listen_addrs.push(a),
-            Ok(Some(_)) => {}
-            Ok(None) => bail!("the network stopped during start-up"),
-            Err(_) => break,
-        }
-    }
-    listen_addrs
-        .iter()
-        .find_map(|a| {
-            a.iter().find_map(|p| match p {
-                nuwa_net::Protocol::Tcp(port) => Some(port),
-                _ => None,
-            })
-        })
-        .context("no TCP listen address came up within 5 s; check --listen")
 }
 
 fn print_code(code: &PairingCode, ttl_secs: u64, recovery: bool) {

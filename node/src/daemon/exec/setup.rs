@@ -72,24 +72,37 @@ pub(in crate::daemon) async fn start_network(
     let (net, mut events) = nuwa_net::spawn(home.device.seed(), net_config, cancel)
         .await
         .context("cannot start the network")?;
-    let local_peer = net.local_peer_id();
-    let mut listen_addrs = Vec::new();
+    let listen_addrs = wait_listening(&mut events, &opts.listen).await?;
+    for a in &listen_addrs {
+        info!(address = %format!("{a}/p2p/{}", net.local_peer_id()), "listening");
+    }
+    Ok((net, events, listen_addrs))
+}
+
+/// Waits (at most 5 s) until every address of `listen` is up by the core's
+/// rule (`nuwa_agent::listen::ready`); what came up, in report order.
+pub(crate) async fn wait_listening(
+    events: &mut mpsc::Receiver<NetEvent>,
+    listen: &[Multiaddr],
+) -> Result<Vec<Multiaddr>> {
+    let mut up = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while listen_addrs.len() < opts.listen.len().max(1) {
+    while !nuwa_agent::listen::ready(listen, &up) {
         match tokio::time::timeout_at(deadline, events.recv()).await {
-            Ok(Some(NetEvent::Listening(a))) => listen_addrs.push(a),
+            Ok(Some(NetEvent::Listening(a))) => up.push(a),
             Ok(Some(_)) => {}
             Ok(None) => anyhow::bail!("the network stopped during start-up"),
             Err(_) => break,
         }
     }
-    if listen_addrs.is_empty() {
-        anyhow::bail!("no listen address came up within 5 s; check --listen");
+    for a in nuwa_agent::listen::pending(listen, &up) {
+        warn!(listen = %a, "this listen address did not come up within 5 s");
     }
-    for a in &listen_addrs {
-        info!(address = %format!("{a}/p2p/{local_peer}"), "listening");
-    }
-    Ok((net, events, listen_addrs))
+    anyhow::ensure!(
+        !up.is_empty(),
+        "no listen address came up within 5 s; check --listen"
+    );
+    Ok(up)
 }
 
 /// The local API, up: its address (written to `api.json` with a fresh
@@ -165,52 +178,44 @@ pub(in crate::daemon) async fn serve_api(
 }
 
 /// mDNS with our first signed announcement (the agent re-signs it every
-/// two minutes). A dead discovery source must not stop the others.
+/// two minutes). A dead discovery source must not stop the others, but is
+/// reported: `opts.agent.mdns_failed` says why, for `status` and `doctor`.
 pub(in crate::daemon) fn start_mdns(
     home: &Home,
-    opts: &RunOptions,
+    opts: &mut RunOptions,
     net: &NetHandle,
     listen: &[Multiaddr],
-) -> (
-    Option<Mdns>,
-    Option<nuwa_discovery::flume::Receiver<DiscoveryEvent>>,
-) {
+) -> Option<(Mdns, nuwa_discovery::flume::Receiver<DiscoveryEvent>)> {
     if !opts.agent.mdns {
-        return (None, None);
+        return None;
     }
-    let port = listen
-        .iter()
-        .find_map(|a| {
-            a.iter().find_map(|p| match p {
-                nuwa_net::Protocol::Tcp(port) => Some(port),
-                _ => None,
-            })
-        })
-        .unwrap_or(0);
     let peer = net.local_peer_id();
-    let txt = nuwa_agent::announce::Announcement::new_signed(
-        home.log.did(),
-        &home.info.context_id,
-        peer.to_string(),
-        port,
-        home::now_unix_secs(),
-        |bytes| home.device.sign(bytes),
-    )
-    .to_txt();
-    match Mdns::start(MdnsConfig {
-        instance_name: peer.to_string(),
-        port,
-        interfaces: opts.mdns_interfaces.clone(),
-        txt,
-        refresh_secs: nuwa_agent::ANNOUNCE_REFRESH_MS / 1000,
-    }) {
-        Ok((m, rx)) => {
-            info!("mDNS discovery started");
-            (Some(m), Some(rx))
-        }
-        Err(e) => {
-            warn!(error = %e, "mDNS unavailable; continuing without it");
-            (None, None)
-        }
-    }
+    let started = nuwa_agent::listen::mdns_port(&opts.listen, listen)
+        .map_err(|e| e.to_string())
+        .and_then(|port| {
+            let txt = nuwa_agent::announce::Announcement::new_signed(
+                home.log.did(),
+                &home.info.context_id,
+                peer.to_string(),
+                port,
+                home::now_unix_secs(),
+                |bytes| home.device.sign(bytes),
+            )
+            .to_txt();
+            Mdns::start(MdnsConfig {
+                instance_name: peer.to_string(),
+                port,
+                interfaces: opts.mdns_interfaces.clone(),
+                txt,
+                refresh_secs: nuwa_agent::ANNOUNCE_REFRESH_MS / 1000,
+            })
+            .map_err(|e| nuwa_agent::explain(&e))
+        });
+    let reason = match started {
+        Ok(up) => return Some(up),
+        Err(reason) => reason,
+    };
+    warn!(%reason, "mDNS FAILED: no device on this LAN can find this one (see `nuwa-node doctor`)");
+    (opts.agent.mdns, opts.agent.mdns_failed) = (false, Some(reason));
+    None
 }
