@@ -1,20 +1,15 @@
-//! The CLI side of the local API: calls the running daemon over its Unix
-//! socket `HOME/api.sock` when that connects, and otherwise over TCP at the
-//! address in `HOME/api.json`, with its token.
+//! The CLI side of the local API: the running daemon over its Unix socket
+//! `HOME/api.sock` when that connects, else over TCP at the address in
+//! `HOME/api.json`, with its token.
 //!
-//! `api.json` can outlive its daemon (kill -9, a crash), and another process
-//! may since listen on its port. So before the token leaves this process
-//! the client checks that the `pid` in the file is alive and that the
-//! process answering proves it holds the token: it answers a fresh random
-//! nonce with an HMAC keyed by the token (`POST /v1/challenge`) and the pid.
-//!
-//! The socket needs none of that. No token is sent on it, so there is
-//! nothing to leak. A socket cannot be taken over the way a port can: a
-//! dead daemon's socket file refuses connections (`ECONNREFUSED`, and the
-//! client falls back to TCP), and only a process that can write in the home
-//! (0700, checked at every start) can bind one there: this user, who can
-//! read `api.json` anyway. The client also checks the socket file is owned
-//! by this user before it connects.
+//! `api.json` can outlive its daemon, and another process may since listen
+//! on its port. So before the token leaves this process the client checks
+//! that the file's `pid` is alive and that the process answering proves it
+//! holds the token: an HMAC of a fresh nonce keyed by it (`POST
+//! /v1/challenge`), and the pid. The socket sends no token: a dead
+//! daemon's socket refuses connections (then TCP), only this user can bind
+//! one in the home (0700, checked at every start), and the client checks
+//! the socket file is this user's before it connects.
 
 use std::path::Path;
 
@@ -22,7 +17,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::api::{
     ApiFile, ApproveBody, ApproveReply, ChallengeBody, ChallengeReply, PutBody, PutReply,
-    RevokeBody, RevokeReply, challenge_mac,
+    RevokeReply, challenge_mac,
 };
 use crate::home;
 use nuwa_agent::api::events::{SseParser, change_line};
@@ -30,6 +25,7 @@ use nuwa_agent::api::import::{ImportLines, ImportTally, batch_end};
 use nuwa_agent::api::{ApiError, GetQuery};
 use nuwa_agent::asm::REGISTRY_CONTAINER;
 use nuwa_agent::asm_model::registry::Registry;
+use nuwa_agent::devices::DeviceEntry;
 use nuwa_agent::expiry;
 use nuwa_agent::state::Container;
 use nuwa_agent::status::Status;
@@ -413,15 +409,47 @@ pub fn fetch_status(home: &Path, timeout: std::time::Duration) -> Result<Status>
     c.call(c.to(reqwest::Method::GET, "/v1/status").timeout(timeout))
 }
 
+/// The rows of `device list`: the daemon's, else the home's with a note
+/// saying where they came from.
+fn device_rows(home: &Path, now: u64) -> Result<(Vec<DeviceEntry>, Option<String>)> {
+    match Client::new(home) {
+        Ok(c) => Ok((c.get("/v1/devices")?, None)),
+        Err(_) => device_list_offline(home, now).map(|(rows, note)| (rows, Some(note))),
+    }
+}
+
+/// The context id of the device `given` names: its context id, or its
+/// name as `device list` shows it (the rule is the core's).
+pub fn resolve_device(home: &Path, given: &str) -> Result<String> {
+    let (rows, _) = device_rows(home, home::now_ms())?;
+    Ok(nuwa_agent::devices::resolve(&rows, given)?)
+}
+
+/// `device rename`: this device's name, in its home.
+pub fn rename(home: &Path, name: &str, json: bool) -> Result<()> {
+    let (rows, _) = device_rows(home, home::now_ms())?;
+    let h = home::load(home)?;
+    nuwa_agent::devices::check_rename(&rows, &h.info.context_id, name)?;
+    home::rename(home, &h.info, name)?;
+    let running = Client::new(home).is_ok();
+    if json {
+        let id = &h.info.context_id;
+        return print_json(
+            &serde_json::json!({"context_id": id, "name": name, "daemon_running": running}),
+        );
+    }
+    println!("this device ({}) is now named {name:?}", h.info.context_id);
+    if running {
+        println!("the running daemon announces it once restarted: stop it and start it again");
+    } else {
+        println!("peers learn it when the daemon next runs");
+    }
+    Ok(())
+}
+
 pub fn device_list(home: &Path, json: bool) -> Result<()> {
     let now = home::now_ms();
-    let (entries, offline) = match Client::new(home) {
-        Ok(c) => (c.get("/v1/devices")?, None),
-        Err(_) => {
-            let (entries, note) = device_list_offline(home, now)?;
-            (entries, Some(note))
-        }
-    };
+    let (entries, offline) = device_rows(home, now)?;
     if json {
         print_json(&entries)?;
     } else {
@@ -436,10 +464,7 @@ pub fn device_list(home: &Path, json: bool) -> Result<()> {
 /// `device list` without a daemon: statuses from the DID log, names and
 /// last-seen times from the record the daemon keeps in the store. Returns
 /// the rows and a line saying where they came from.
-fn device_list_offline(
-    home: &Path,
-    now: u64,
-) -> Result<(Vec<nuwa_agent::devices::DeviceEntry>, String)> {
+fn device_list_offline(home: &Path, now: u64) -> Result<(Vec<DeviceEntry>, String)> {
     let h = home::load(home)?;
     // The store is the daemon's: open it only while holding the home lock
     // (another command may be writing the home; then the log alone).
@@ -515,19 +540,13 @@ pub fn import(home: &Path, file: &Path, batch_size: usize, json: bool) -> Result
         return Ok(());
     }
     let c = Client::new(home)?;
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let bar = if tty {
-        let bar = indicatif::ProgressBar::new(ops.len() as u64);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} operations  {per_sec}  eta {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    // Drawn on stderr, and hidden when stderr is not a terminal.
+    let bar = indicatif::ProgressBar::new(ops.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} operations  {per_sec}  eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
     let started = std::time::Instant::now();
     let mut tally = ImportTally::default();
     let rt = runtime()?;
@@ -770,30 +789,40 @@ pub fn approve(
     Ok(())
 }
 
-pub fn revoke(home: &Path, context_id: &str, json: bool) -> Result<()> {
-    let r: RevokeReply = match home::try_lock(home)? {
-        // The daemon pushes the update and the new epoch to every peer
-        // when it next starts.
-        Some(lock) => home::change_offline(home, lock, |h, admin, now| {
-            let r = nuwa_agent::lifecycle::revoke(
-                &h.log,
-                &h.keys,
-                admin,
-                context_id.trim(),
-                &h.info.context_id,
-                now,
-            )?;
-            home::save_epoch(home, &r.log, &r.keys, &r.grant)?;
-            Ok(RevokeReply {
-                revoked: context_id.trim().to_owned(),
-                epoch: r.epoch,
-                did_log_len: r.log.len(),
-                remaining: r.remaining,
-            })
-        })?,
+pub fn revoke(home: &Path, id: &str, json: bool) -> Result<()> {
+    device_change(home, "/v1/devices/revoke", id, json, |h, admin, now| {
+        let me = &h.info.context_id;
+        let r = nuwa_agent::lifecycle::revoke(&h.log, &h.keys, admin, id, me, now)?;
+        home::save_epoch(home, &r.log, &r.keys, &r.grant)?;
+        let (epoch, did_log_len, remaining) = (r.epoch, r.log.len(), r.remaining);
+        let revoked = id.to_owned();
+        Ok(RevokeReply {
+            revoked,
+            epoch,
+            did_log_len,
+            remaining,
+        })
+    })
+}
+
+/// A change to a device (`revoke`, `promote`, `demote`): on the home's
+/// files with `offline` when no daemon holds the home (peers learn it
+/// when the daemon next starts), else through the daemon at `path`.
+fn device_change<R>(
+    home: &Path,
+    path: &str,
+    context_id: &str,
+    json: bool,
+    offline: impl FnOnce(&home::Home, &nuwa_agent::lifecycle::Admin, i64) -> Result<R>,
+) -> Result<()>
+where
+    R: serde::Serialize + serde::de::DeserializeOwned + std::fmt::Display,
+{
+    let r: R = match home::try_lock(home)? {
+        Some(lock) => home::change_offline(home, lock, offline)?,
         None => Client::new(home)?.post(
-            "/v1/devices/revoke",
-            &RevokeBody {
+            path,
+            &crate::api::DeviceBody {
                 context_id: context_id.to_owned(),
             },
         )?,
@@ -838,24 +867,13 @@ pub fn provision(
     )
 }
 
-/// POSTs `body` to a typed-state endpoint and prints the JSON reply
-/// (indented, or compact with `json`).
-pub fn tool(home: &Path, path: &str, body: &serde_json::Value, json: bool) -> Result<()> {
-    let v: serde_json::Value = Client::new(home)?.post(path, body)?;
-    if json {
-        print_json(&v)
-    } else {
-        print_pretty(&v)
-    }
-}
-
-/// GETs a typed-state endpoint and prints the JSON reply.
-pub fn tool_get(home: &Path, path: &str, json: bool) -> Result<()> {
-    let v: serde_json::Value = Client::new(home)?.get(path)?;
-    if json {
-        print_json(&v)
-    } else {
-        print_pretty(&v)
+/// Prints a reply: compact JSON with `json`, else `text` for people, else
+/// the JSON indented.
+pub fn print_reply(v: &serde_json::Value, json: bool, text: Option<String>) -> Result<()> {
+    match text {
+        _ if json => print_json(v),
+        Some(t) => write_line(t.trim_end()),
+        None => print_pretty(v),
     }
 }
 
@@ -873,40 +891,23 @@ pub fn post_json<B: serde::Serialize, R: serde::de::DeserializeOwned>(
     Client::new(home)?.post(path, body)
 }
 
-/// `device promote` / `device demote`: through the daemon when one runs on
-/// this home, on the home's files otherwise (peers learn the update when the
-/// daemon next starts).
-pub fn admin_change(home: &Path, promote: bool, context_id: &str, json: bool) -> Result<()> {
-    let context_id = context_id.trim();
-    let r: crate::api::AdminReply = match home::try_lock(home)? {
-        Some(lock) => home::change_offline(home, lock, |h, admin, now| {
-            let log = if promote {
-                nuwa_agent::lifecycle::promote(&h.log, admin, context_id, now)?
-            } else {
-                nuwa_agent::lifecycle::demote(&h.log, admin, context_id, now)?
-            };
-            home::save_log(home, &log)?;
-            Ok(crate::api::AdminReply {
-                change: if promote { "promoted" } else { "demoted" }.to_owned(),
-                subject: context_id.to_owned(),
-                did_log_len: log.len(),
-            })
-        })?,
-        None => post_json(
-            home,
-            if promote {
-                "/v1/devices/promote"
-            } else {
-                "/v1/devices/demote"
-            },
-            &crate::api::DeviceBody {
-                context_id: context_id.to_owned(),
-            },
-        )?,
+/// `device promote` / `device demote`.
+pub fn admin_change(home: &Path, promote: bool, id: &str, json: bool) -> Result<()> {
+    let (path, change) = match promote {
+        true => ("/v1/devices/promote", "promoted"),
+        false => ("/v1/devices/demote", "demoted"),
     };
-    if json {
-        return print_json(&r);
-    }
-    println!("{r}");
-    Ok(())
+    device_change(home, path, id, json, |h, admin, now| {
+        let log = match promote {
+            true => nuwa_agent::lifecycle::promote(&h.log, admin, id, now)?,
+            false => nuwa_agent::lifecycle::demote(&h.log, admin, id, now)?,
+        };
+        home::save_log(home, &log)?;
+        let (change, subject, did_log_len) = (change.to_owned(), id.to_owned(), log.len());
+        Ok(crate::api::AdminReply {
+            change,
+            subject,
+            did_log_len,
+        })
+    })
 }

@@ -407,6 +407,16 @@ pub fn rotate_device(
     Ok(info)
 }
 
+/// `device rename`: this device's new name in `device.json` (the daemon
+/// reads it at start and sends it in every Hello).
+pub fn rename(dir: &Path, info: &DeviceInfo, name: &str) -> Result<()> {
+    let info = DeviceInfo {
+        name: name.to_owned(),
+        ..info.clone()
+    };
+    write_private(&dir.join(DEVICE_INFO), &serde_json::to_vec_pretty(&info)?)
+}
+
 /// Completes an interrupted rotation: moves `device.key.next` over
 /// `device.key` if the home's log lists the next key's context id (and
 /// drops it otherwise, since the update never became durable).

@@ -41,7 +41,7 @@ Quick start (three devices of one agent on this machine):
 Add a device by code: `nuwa-node --home /tmp/c pair` on it prints a code;
 `nuwa-node --home /tmp/a device approve CODE` approves it (/tmp/a is an
 admin: `init` ran there; `device promote` makes more). Remove one with
-`nuwa-node --home /tmp/a device revoke CONTEXT_ID`.
+`nuwa-node --home /tmp/a device revoke NAME` (or its context id).
 
 Output: text for people by default; with --json (before or after the
 command), one JSON document on stdout for scripts (a stream prints one per
@@ -101,32 +101,7 @@ enum Command {
     /// --lost, on a terminal, it lists the devices (name, last seen) and
     /// asks which were lost; then it syncs. The words are read from the
     /// terminal, from --words-file, or from stdin.
-    Recover {
-        /// A lost device to remove (its context id, see `device list`;
-        /// repeatable). On a fresh home without it, a terminal is asked.
-        #[arg(long, value_name = "CONTEXT_ID")]
-        lost: Vec<String>,
-        /// On a fresh home: a name for this device [default: the host name].
-        #[arg(long)]
-        name: Option<String>,
-        /// Read the recovery words from this file instead of the terminal.
-        #[arg(long, value_name = "FILE")]
-        words_file: Option<PathBuf>,
-        /// Skip asking the new words back (scripts; with --json they are in
-        /// `recovery_words`).
-        #[arg(long)]
-        i_have_written_it_down: bool,
-        /// On a fresh home: how long the code stays valid, e.g. 10m.
-        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
-        ttl: std::time::Duration,
-        /// On a fresh home: give the initial sync this long.
-        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
-        sync_timeout: std::time::Duration,
-        /// Network, discovery and API settings (a fresh home pairs to get
-        /// the log and keys); each overrides its key in HOME/config.toml.
-        #[command(flatten)]
-        net: config::Settings,
-    },
+    Recover(Box<RecoverArgs>),
     /// The agent's recovery words.
     Recovery {
         #[command(subcommand)]
@@ -190,12 +165,18 @@ enum Command {
         log: logging::LogArgs,
     },
     /// Sync headlessly (for CI): start, discover, sync every container with
-    /// every reachable verified peer, and exit 0 once converged with at least
-    /// one peer, non-zero with the reason otherwise. With --json: one JSON
-    /// result on stdout either way: {"converged", "through" ("peers",
-    /// "keeper" or null), "peers_verified", "peers_in_sync", "containers",
-    /// "message", "longest_loop_turn_ms"}. Then `state get --offline` and
-    /// `state export --offline` read what it pulled, with no daemon.
+    /// every reachable verified peer, and exit once converged with at least
+    /// one peer (or a keeper), or at the timeout. Progress goes to stderr
+    /// while it waits, at least every 5 s. Exit status: 0 converged; 2 a
+    /// usage or configuration error (a bad flag, config.toml or home); 3 no
+    /// verified peer reached before the timeout (an outage, or discovery
+    /// that finds nobody); 4 peers reached but not all in sync at the
+    /// timeout; 1 any other failure. With --json: one JSON result on stdout
+    /// either way: {"converged", "outcome" ("converged", "no_peer" or
+    /// "timeout"), "through" ("peers", "keeper" or null), "peers_verified",
+    /// "peers_in_sync", "containers", "message", "longest_loop_turn_ms"}.
+    /// Then `state get --offline` and `state export --offline` read what it
+    /// pulled, with no daemon.
     Sync {
         /// Exit after one convergence (required; the only mode so far).
         #[arg(long)]
@@ -213,39 +194,7 @@ enum Command {
     /// It is untrusted: it sees no state, verifies DHT records and keeper
     /// pushes before storing them, and bounds what each peer and agent may
     /// take. Prints each listen address with its /p2p/ id on start.
-    Rendezvous {
-        /// Address to listen on (repeatable).
-        #[arg(
-            long,
-            value_name = "MULTIADDR",
-            default_values = ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"]
-        )]
-        listen: Vec<Multiaddr>,
-        /// Most registrations one peer may hold.
-        #[arg(long, default_value_t = 16)]
-        max_registrations_per_peer: usize,
-        /// Most registrations in total.
-        #[arg(long, default_value_t = 100_000)]
-        max_registrations: usize,
-        /// Also be a keeper: store the sealed changes that agents' devices
-        /// push (in HOME/keeper), for devices that are never online
-        /// together. It never holds a key; it checks every push against the
-        /// agent's DID log and serves only the agent's active devices.
-        #[arg(long)]
-        keeper: bool,
-        /// Keeper quota per agent, in MiB.
-        #[arg(long, value_name = "MIB", default_value_t = 64)]
-        keeper_quota_mib: u64,
-        /// Keeper quota per agent, in envelopes.
-        #[arg(long, value_name = "N", default_value_t = 100_000)]
-        keeper_quota_envelopes: u64,
-        /// How long a keeper keeps an envelope, in days.
-        #[arg(long, value_name = "DAYS", default_value_t = 30)]
-        keeper_retention_days: u64,
-        /// Where logs go.
-        #[command(flatten)]
-        log: logging::LogArgs,
-    },
+    Rendezvous(Box<InfraArgs>),
     /// Show this device, the agent DID, verified peers, rejections and
     /// containers (asks the running daemon).
     Status,
@@ -297,6 +246,72 @@ enum Command {
         #[command(subcommand)]
         command: MasterKeyCommand,
     },
+}
+
+/// `recover`'s options.
+#[derive(clap::Args, Debug)]
+struct RecoverArgs {
+    /// A lost device to remove (its context id, see `device list`;
+    /// repeatable). On a fresh home without it, a terminal is asked.
+    #[arg(long, value_name = "CONTEXT_ID")]
+    lost: Vec<String>,
+    /// On a fresh home: a name for this device (a terminal is asked;
+    /// without one, the host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Read the recovery words from this file instead of the terminal.
+    #[arg(long, value_name = "FILE")]
+    words_file: Option<PathBuf>,
+    /// Skip asking the new words back (scripts; with --json they are in
+    /// `recovery_words`).
+    #[arg(long)]
+    i_have_written_it_down: bool,
+    /// On a fresh home: how long the code stays valid, e.g. 10m.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    ttl: std::time::Duration,
+    /// On a fresh home: give the initial sync this long.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    sync_timeout: std::time::Duration,
+    /// Network, discovery and API settings (a fresh home pairs to get
+    /// the log and keys); each overrides its key in HOME/config.toml.
+    #[command(flatten)]
+    net: config::Settings,
+}
+
+/// `rendezvous`'s options.
+#[derive(clap::Args, Debug)]
+struct InfraArgs {
+    /// Address to listen on (repeatable).
+    #[arg(
+        long,
+        value_name = "MULTIADDR",
+        default_values = ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"]
+    )]
+    listen: Vec<Multiaddr>,
+    /// Most registrations one peer may hold.
+    #[arg(long, default_value_t = 16)]
+    max_registrations_per_peer: usize,
+    /// Most registrations in total.
+    #[arg(long, default_value_t = 100_000)]
+    max_registrations: usize,
+    /// Also be a keeper: store the sealed changes that agents' devices
+    /// push (in HOME/keeper), for devices that are never online
+    /// together. It never holds a key; it checks every push against the
+    /// agent's DID log and serves only the agent's active devices.
+    #[arg(long)]
+    keeper: bool,
+    /// Keeper quota per agent, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    keeper_quota_mib: u64,
+    /// Keeper quota per agent, in envelopes.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    keeper_quota_envelopes: u64,
+    /// How long a keeper keeps an envelope, in days.
+    #[arg(long, value_name = "DAYS", default_value_t = 30)]
+    keeper_retention_days: u64,
+    /// Where logs go.
+    #[command(flatten)]
+    log: logging::LogArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -479,7 +494,7 @@ enum DeviceCommand {
         #[arg(long, value_name = "DURATION", value_parser = parse_expires)]
         expires: Option<u64>,
     },
-    /// Revoke a device (by its context id, see `device list`): remove its
+    /// Revoke a device (by its context id or name, see `device list`): remove its
     /// keys from the DID document and open a new key epoch, so it receives
     /// and can decrypt nothing written from now on and its writes are
     /// refused. Data written before stays readable to the other devices.
@@ -489,11 +504,20 @@ enum DeviceCommand {
     /// last admin device cannot be revoked. Asks for confirmation on
     /// a terminal; without one, pass --yes.
     Revoke {
-        /// Context id of the device, e.g. device-0123456789ab.
-        context_id: String,
+        /// The device's context id (e.g. device-0123456789ab) or its name.
+        device: String,
         /// Do not ask for confirmation (needed when stdin is not a terminal).
         #[arg(long, short = 'y')]
         yes: bool,
+    },
+    /// Rename this device (the name `status` and every `device list` show,
+    /// which commands take in place of its context id). It is written in
+    /// the home; peers learn it from the daemon's Hellos once it (re)starts.
+    /// Another device's name is what that device announces: rename it on
+    /// that device.
+    Rename {
+        /// The new name: 1 to 64 bytes, not another device's name.
+        name: String,
     },
     /// Replace this device's key (its PeerId and context id change) with
     /// no loss of state and no pairing: one DID update, signed by this
@@ -505,14 +529,14 @@ enum DeviceCommand {
     /// approve, provision, promote, demote and revoke devices too (and keep
     /// the agent manageable if this one is lost). Needs an admin device.
     Promote {
-        /// Context id of the device, e.g. device-0123456789ab.
-        context_id: String,
+        /// The device's context id (e.g. device-0123456789ab) or its name.
+        device: String,
     },
     /// Take admin rights from a device. The last admin device cannot be
     /// demoted. Asks for confirmation on a terminal; without one, pass --yes.
     Demote {
-        /// Context id of the device, e.g. device-0123456789ab.
-        context_id: String,
+        /// The device's context id (e.g. device-0123456789ab) or its name.
+        device: String,
         /// Do not ask for confirmation (needed when stdin is not a terminal).
         #[arg(long, short = 'y')]
         yes: bool,
@@ -763,7 +787,14 @@ fn main() -> ExitCode {
         Err(e) => {
             // Not `eprintln!`: stderr may be a closed pipe by now.
             logging::stderr_line(format_args!("error: {e:#}"));
-            ExitCode::FAILURE
+            // `sync --once`: each outcome its status (see its --help).
+            use nuwa_agent::once::{Failed, Outcome};
+            ExitCode::from(match e.downcast_ref::<Failed>().map(|f| f.outcome) {
+                Some(Outcome::Config) => 2,
+                Some(Outcome::NoPeer) => 3,
+                Some(Outcome::Timeout) => 4,
+                _ => 1,
+            })
         }
     }
 }
@@ -779,40 +810,17 @@ fn real_main(cli: Cli) -> Result<()> {
             name,
             i_have_written_it_down,
         } => init(&home_dir, &name, i_have_written_it_down, json),
-        Command::Recover {
-            lost,
-            name,
-            words_file,
-            i_have_written_it_down,
-            ttl,
-            sync_timeout,
-            net,
-        } if !home_dir.join(home::DEVICE_KEY).exists() => {
-            let fresh = FreshRecovery {
-                lost,
-                name: name.unwrap_or_default(),
-                words_file,
-                i_have_written_it_down,
-                ttl,
-                sync_timeout,
-            };
-            recover_fresh(&home_dir, fresh, net, json)
+        Command::Recover(r) if !home_dir.join(home::DEVICE_KEY).exists() => {
+            recover_fresh(&home_dir, *r, json)
         }
-        Command::Recover { name: Some(_), .. } => {
+        Command::Recover(r) if r.name.is_some() => {
             anyhow::bail!("--name is for a fresh home; this home's device already has its name")
         }
-        Command::Recover {
-            lost,
-            words_file,
-            i_have_written_it_down,
-            ..
-        } => recovery::recover(
-            &home_dir,
-            &lost,
-            words_file.as_deref(),
-            i_have_written_it_down,
-            json,
-        ),
+        Command::Recover(r) => {
+            let lost = r.lost.iter().map(|l| client::resolve_device(&home_dir, l));
+            let (lost, file) = (lost.collect::<Result<Vec<_>>>()?, r.words_file.as_deref());
+            recovery::recover(&home_dir, &lost, file, r.i_have_written_it_down, json)
+        }
         Command::Recovery {
             command: RecoveryCommand::Create {
                 i_have_written_it_down,
@@ -847,17 +855,22 @@ fn real_main(cli: Cli) -> Result<()> {
             log,
         } => run_daemon(&home_dir, net, lifecycle_every, &log),
         Command::Sync { once, timeout, net } => {
+            let config = |e: anyhow::Error| nuwa_agent::once::Failed {
+                outcome: nuwa_agent::once::Outcome::Config,
+                message: format!("{e:#}"),
+            };
             if !once {
-                anyhow::bail!("only `sync --once` exists so far; for continuous sync use `run`");
+                let e = anyhow::anyhow!("only `sync --once` exists so far; use `run`");
+                return Err(config(e).into());
             }
             let _log = init_tracing_quiet()?;
-            let mut opts = run_options(&home_dir, net, Some(timeout))?;
+            let mut opts = run_options(&home_dir, net, Some(timeout)).map_err(config)?;
             opts.once_json = json;
-            let h = home::load(&home_dir)?;
+            let h = home::load(&home_dir).map_err(config)?;
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             rt.block_on(daemon::run(h, opts))
         }
-        rendezvous @ Command::Rendezvous { .. } => run_infra(&home_dir, rendezvous),
+        Command::Rendezvous(a) => run_infra(&home_dir, *a),
         Command::Status => client::status(&home_dir, json),
         Command::Service { command } => service::run(&home_dir, command, json),
         Command::Open { print } => client::open(&home_dir, print, json),
@@ -885,7 +898,7 @@ fn init(home_dir: &std::path::Path, name: &str, written_down: bool, json: bool) 
     let phrase = nuwa_agent::identity::recovery::RecoveryPhrase::generate()
         .context("cannot generate the recovery words")?;
     if !json {
-        recovery::show(&phrase, None);
+        recovery::show(&phrase, "this new agent");
     }
     recovery::confirm(&phrase, written_down)?;
     let h = home::init(home_dir, name, &phrase.key().public())?;
@@ -901,41 +914,18 @@ fn init(home_dir: &std::path::Path, name: &str, written_down: bool, json: bool) 
         }
         return client::print_json(&v);
     }
-    println!("agent did:   {}", h.log.did());
-    println!("context id:  {}", h.info.context_id);
-    println!("home:        {}", home_dir.display());
-    println!(
-        "this home holds the agent's master key, an admin key: it approves, provisions, \
-         promotes and revokes devices. Make a second device an admin too (`device \
-         promote`), so losing this one does not need the recovery words."
+    let home = home_dir.display().to_string();
+    print!(
+        "{}",
+        nuwa_agent::text::initialised(h.log.did(), &h.info.context_id, &home)
     );
-    println!(
-        "back the master key up, offline (a USB stick, a password manager): \
-         nuwa-node --home {} master-key backup --out /path/to/usb/nuwa-master.key",
-        home_dir.display()
-    );
-    println!("next: nuwa-node --home {} run", home_dir.display());
     Ok(())
-}
-
-/// What `recover` on a fresh home was given.
-struct FreshRecovery {
-    lost: Vec<String>,
-    name: String,
-    words_file: Option<std::path::PathBuf>,
-    i_have_written_it_down: bool,
-    ttl: std::time::Duration,
-    sync_timeout: std::time::Duration,
 }
 
 /// `recover` on a fresh home: new words shown and confirmed, then pairing
 /// takes the handover that only the old words open.
-fn recover_fresh(
-    home_dir: &std::path::Path,
-    r: FreshRecovery,
-    net: config::Settings,
-    json: bool,
-) -> Result<()> {
+fn recover_fresh(home_dir: &std::path::Path, r: RecoverArgs, json: bool) -> Result<()> {
+    let name = recovery::ask_name(r.name, json)?;
     let _log = init_tracing_quiet()?;
     recovery::check_can_confirm(r.i_have_written_it_down, json)?;
     if home_dir.exists() {
@@ -945,10 +935,10 @@ fn recover_fresh(
     let next = nuwa_agent::identity::recovery::RecoveryPhrase::generate()
         .context("cannot generate new recovery words")?;
     if !json {
-        println!(
-            "the agent's NEW recovery words (they replace the old ones once this recovery completes):"
+        recovery::show(
+            &next,
+            "the agent you recover: NEW ones, which replace the old ones once this recovery completes",
         );
-        recovery::show(&next, None);
     }
     recovery::confirm(&next, r.i_have_written_it_down)?;
     // With no --lost, a person at a terminal is shown the devices the
@@ -957,9 +947,9 @@ fn recover_fresh(
     let ask = r.lost.is_empty() && !json && std::io::IsTerminal::is_terminal(&std::io::stdin());
     let opts = pair_options(
         home_dir,
-        r.name,
+        name,
         r.ttl,
-        net,
+        r.net,
         Some(r.sync_timeout),
         Some(pair::RecoveryJoin {
             key: words.key(),
@@ -986,7 +976,8 @@ fn recover_fresh(
 }
 
 fn app_command(home: &std::path::Path, command: AppCommand, json: bool) -> Result<()> {
-    let reply: serde_json::Value = match command {
+    use nuwa_agent::text;
+    let (reply, people): (serde_json::Value, _) = match command {
         AppCommand::Grant {
             to,
             target,
@@ -1007,31 +998,32 @@ fn app_command(home: &std::path::Path, command: AppCommand, json: bool) -> Resul
                 eprintln!("capability {} written to {}", reply["id"], out.display());
                 return Ok(());
             }
-            reply["capability"].clone()
+            (reply["capability"].clone(), None)
         }
-        AppCommand::List => client::get_json(home, "/v1/apps")?,
-        AppCommand::Revoke { id } => client::post_json(
-            home,
-            "/v1/apps/revoke",
-            &nuwa_agent::apps::RevokeAppBody { id },
-        )?,
+        AppCommand::List => {
+            let v: serde_json::Value = client::get_json(home, "/v1/apps")?;
+            let t = text::app_list(&serde_json::from_value::<Vec<_>>(v.clone())?);
+            (v, Some(t))
+        }
+        AppCommand::Revoke { id } => {
+            let body = nuwa_agent::apps::RevokeAppBody { id };
+            let v: serde_json::Value = client::post_json(home, "/v1/apps/revoke", &body)?;
+            (v.clone(), Some(text::app_revoked(&v)))
+        }
     };
-    if json {
-        client::print_json(&reply)
-    } else {
-        println!("{}", serde_json::to_string_pretty(&reply)?);
-        Ok(())
-    }
+    client::print_reply(&reply, json, people)
 }
 
 fn device_command(home_dir: &std::path::Path, command: DeviceCommand, json: bool) -> Result<()> {
     match command {
-        DeviceCommand::Promote { context_id } => {
+        DeviceCommand::Promote { device } => {
+            let context_id = client::resolve_device(home_dir, &device)?;
             client::admin_change(home_dir, true, &context_id, json)
         }
         DeviceCommand::Rotate => recovery::rotate(home_dir, json),
-        DeviceCommand::Demote { context_id, yes } => {
-            let context_id = context_id.trim();
+        DeviceCommand::Rename { name } => client::rename(home_dir, &name, json),
+        DeviceCommand::Demote { device, yes } => {
+            let context_id = &client::resolve_device(home_dir, &device)?;
             if !yes {
                 client::confirm(
                     &format!(
@@ -1051,8 +1043,8 @@ fn device_command(home_dir: &std::path::Path, command: DeviceCommand, json: bool
             recovery,
             expires,
         } => client::approve(home_dir, &code, name, timeout, (recovery, expires), json),
-        DeviceCommand::Revoke { context_id, yes } => {
-            let context_id = context_id.trim();
+        DeviceCommand::Revoke { device, yes } => {
+            let context_id = &client::resolve_device(home_dir, &device)?;
             if !yes {
                 client::confirm(
                     &format!(
@@ -1101,35 +1093,17 @@ fn run_daemon(
 
 /// `rendezvous`: an infrastructure node (rendezvous server, DHT
 /// bootstrap, relay, and a keeper with `--keeper`).
-fn run_infra(home_dir: &std::path::Path, command: Command) -> Result<()> {
-    let Command::Rendezvous {
-        listen,
-        max_registrations_per_peer,
-        max_registrations,
-        keeper,
-        keeper_quota_mib,
-        keeper_quota_envelopes,
-        keeper_retention_days,
-        log,
-    } = command
-    else {
-        anyhow::bail!("not the rendezvous command");
-    };
-    let keeper = keeper.then(|| nuwa_keeper::KeeperConfig {
-        max_bytes_per_agent: keeper_quota_mib.saturating_mul(1024 * 1024),
-        max_envelopes_per_agent: keeper_quota_envelopes,
-        retention: std::time::Duration::from_secs(keeper_retention_days.saturating_mul(86_400)),
+fn run_infra(home_dir: &std::path::Path, a: InfraArgs) -> Result<()> {
+    let keeper = a.keeper.then(|| nuwa_keeper::KeeperConfig {
+        max_bytes_per_agent: a.keeper_quota_mib.saturating_mul(1024 * 1024),
+        max_envelopes_per_agent: a.keeper_quota_envelopes,
+        retention: std::time::Duration::from_secs(a.keeper_retention_days.saturating_mul(86_400)),
         ..nuwa_keeper::KeeperConfig::default()
     });
-    let _log = init_tracing(&log)?;
+    let _log = init_tracing(&a.log)?;
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    rt.block_on(infra::run(
-        home_dir,
-        listen,
-        max_registrations_per_peer,
-        max_registrations,
-        keeper,
-    ))
+    let (per_peer, max) = (a.max_registrations_per_peer, a.max_registrations);
+    rt.block_on(infra::run(home_dir, a.listen, per_peer, max, keeper))
 }
 
 fn backup_master_key(home_dir: &std::path::Path, out: &std::path::Path, json: bool) -> Result<()> {
@@ -1145,8 +1119,12 @@ fn backup_master_key(home_dir: &std::path::Path, out: &std::path::Path, json: bo
 
 fn state_command(home_dir: &std::path::Path, command: StateCommand, json: bool) -> Result<()> {
     let home_dir = home_dir.to_path_buf();
-    // A typed-state tool: POST `body` to `path`, print the reply.
-    let tool = |path: &str, body: serde_json::Value| client::tool(&home_dir, path, &body, json);
+    // A typed-state tool: POST `body` to `path`, print the reply (as text
+    // where the core has one for it).
+    let tool = |path: &str, body: serde_json::Value| {
+        let v = client::post_json(&home_dir, path, &body)?;
+        client::print_reply(&v, json, nuwa_agent::text::tool_reply(path, &body, &v))
+    };
     match command {
         StateCommand::Put {
             container,
@@ -1188,7 +1166,7 @@ fn state_command(home_dir: &std::path::Path, command: StateCommand, json: bool) 
         }
         StateCommand::Schema {
             command: SchemaCommand::List,
-        } => client::tool_get(&home_dir, "/v1/schemas", json),
+        } => client::print_reply(&client::get_json(&home_dir, "/v1/schemas")?, json, None),
         StateCommand::Create {
             schema_uri,
             object,

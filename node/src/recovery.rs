@@ -50,12 +50,10 @@ pub fn check_can_confirm(written_down: bool, json: bool) -> Result<()> {
     )
 }
 
-/// Prints the words, numbered, with what they are for (`did`: the agent's,
-/// when it exists yet).
-pub fn show(phrase: &RecoveryPhrase, did: Option<&str>) {
+/// Prints the words, numbered, with whose they are and what they are for.
+pub fn show(phrase: &RecoveryPhrase, whose: &str) {
     let words = phrase.words();
     let mut out = String::new();
-    let whose = did.map_or_else(|| "this new agent".to_owned(), |d| format!("agent {d}"));
     out.push_str(&format!(
         "\nRECOVERY WORDS of {whose}\n\
          Write them down on paper, in order, and keep them offline. They are shown only \
@@ -73,6 +71,28 @@ pub fn show(phrase: &RecoveryPhrase, did: Option<&str>) {
     // Not through `println!`: a closed stdout must not panic here.
     let _ = std::io::stdout().lock().write_all(out.as_bytes());
     let _ = std::io::stdout().flush();
+}
+
+/// `recover` on a fresh home: this device's name, `given` or asked on a
+/// terminal; empty (then `pair` names it after the host) when nobody is
+/// there to ask, and then it says so.
+pub fn ask_name(given: Option<String>, json: bool) -> Result<String> {
+    let name = match given {
+        Some(n) => n,
+        None if !json && std::io::stdin().is_terminal() => {
+            prompt("a name for this device (Enter: the host name): ")?
+                .trim()
+                .to_owned()
+        }
+        None => {
+            eprintln!("no --name and no terminal: this device takes the host name as its name");
+            return Ok(String::new());
+        }
+    };
+    if !name.is_empty() {
+        nuwa_agent::devices::check_rename(&[], "", &name)?;
+    }
+    Ok(name)
 }
 
 /// Asks for a few of the words back on the terminal, unless the user said
@@ -119,38 +139,31 @@ fn prompt(text: &str) -> Result<Zeroizing<String>> {
     Ok(line)
 }
 
+/// All of `r` as text, refused beyond [`MAX_WORDS_INPUT`].
+fn bounded(r: impl std::io::Read, what: &str) -> Result<Zeroizing<String>> {
+    let mut s = Zeroizing::new(String::new());
+    r.take(MAX_WORDS_INPUT as u64 + 1)
+        .read_to_string(&mut s)
+        .with_context(|| format!("cannot read the recovery words from {what}"))?;
+    if s.len() > MAX_WORDS_INPUT {
+        bail!("{what} is too large to hold recovery words");
+    }
+    Ok(s)
+}
+
 /// Reads recovery words: from `file` when given, else asked on the
 /// terminal, else all of stdin (scripts). Bounded; parsed with a typed
 /// error that names the wrong word.
 pub fn read_words(file: Option<&Path>) -> Result<RecoveryPhrase> {
     let text: Zeroizing<String> = match file {
-        Some(path) => {
-            let f = std::fs::File::open(path)
-                .with_context(|| format!("cannot open {}", path.display()))?;
-            let mut s = Zeroizing::new(String::new());
-            f.take(MAX_WORDS_INPUT as u64 + 1)
-                .read_to_string(&mut s)
-                .with_context(|| format!("cannot read {} as text", path.display()))?;
-            if s.len() > MAX_WORDS_INPUT {
-                bail!("{} is too large to hold recovery words", path.display());
-            }
-            s
-        }
+        Some(path) => bounded(
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
+            &path.display().to_string(),
+        )?,
         None if std::io::stdin().is_terminal() => {
             prompt(&format!("the {WORD_COUNT} recovery words, in order: "))?
         }
-        None => {
-            let mut s = Zeroizing::new(String::new());
-            std::io::stdin()
-                .lock()
-                .take(MAX_WORDS_INPUT as u64 + 1)
-                .read_to_string(&mut s)
-                .context("cannot read the recovery words from stdin")?;
-            if s.len() > MAX_WORDS_INPUT {
-                bail!("stdin is too large to hold recovery words");
-            }
-            s
-        }
+        None => bounded(std::io::stdin().lock(), "stdin")?,
     };
     // Numbering as `show` prints it ("1. word") is accepted.
     let cleaned: Zeroizing<String> = Zeroizing::new(
@@ -188,7 +201,7 @@ pub fn create(home_dir: &Path, written_down: bool, json: bool) -> Result<()> {
     }
     let phrase = RecoveryPhrase::generate().context("cannot generate recovery words")?;
     if !json {
-        show(&phrase, Some(h.log.did()));
+        show(&phrase, &format!("agent {}", h.log.did()));
     }
     confirm(&phrase, written_down)?;
     let public = phrase.key().public();
@@ -285,7 +298,7 @@ pub fn recover(
             h.info.context_id,
             h.log.did()
         );
-        show(&next, Some(h.log.did()));
+        show(&next, &format!("agent {}", h.log.did()));
     }
     // The old words already signed; until the new ones are confirmed the
     // update is not written, so a failed confirmation changes nothing.
@@ -303,34 +316,9 @@ pub fn recover(
             recovery_words: written_down.then(|| next.words().to_string()),
         });
     }
-    println!(
-        "removed from the DID document: {}",
-        if r.removed.is_empty() {
-            "nothing".to_owned()
-        } else {
-            r.removed
-                .iter()
-                .map(|r| nuwa_agent::lifecycle::describe_removed(r))
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
-    );
-    println!(
-        "new key epoch {} sealed to {} device(s): {}",
-        r.epoch,
-        r.remaining.len(),
-        r.remaining.join(", ")
-    );
-    if lost.is_empty() {
-        println!(
-            "note: no --lost device was named, so every device of the DID document stays a \
-             member; revoke a lost one with `nuwa-node device revoke CONTEXT_ID`"
-        );
-    }
-    println!(
-        "next: start the daemon (`nuwa-node --home {} run`); its peers adopt the update and the \
-         new epoch as they connect",
-        home_dir.display()
+    print!(
+        "{}",
+        nuwa_agent::text::recovered(&r, !lost.is_empty(), &home_dir.display().to_string())
     );
     Ok(())
 }

@@ -20,7 +20,8 @@ const CORE: [&str; 3] = [
 ];
 
 fn json_out(home: &Path, args: &[&str]) -> Value {
-    serde_json::from_str(&cli_ok(home, args)).unwrap()
+    let args = [args, &["--json"]].concat();
+    serde_json::from_str(&cli_ok(home, &args)).unwrap()
 }
 
 /// Runs a CLI call that must fail; returns its stderr.
@@ -36,7 +37,7 @@ fn query(home: &Path, q: Value) -> Value {
 
 /// A query that may fail (e.g. before the schema reached this device).
 fn try_query(home: &Path, q: &Value) -> Option<Value> {
-    let out = cli(home, &["state", "query", &q.to_string()]);
+    let out = cli(home, &["--json", "state", "query", &q.to_string()]);
     if !out.status.success() {
         return None;
     }

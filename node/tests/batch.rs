@@ -163,7 +163,12 @@ fn a_batch_is_all_or_nothing_per_container() {
         assert_eq!(get_json(&a, "plain").unwrap(), json!({"a": 1}));
         let q: Value = serde_json::from_str(&cli_ok(
             &a,
-            &["state", "query", &json!({"from": NOTE}).to_string()],
+            &[
+                "--json",
+                "state",
+                "query",
+                &json!({"from": NOTE}).to_string(),
+            ],
         ))
         .unwrap();
         let titles: Vec<&str> = q["items"]

@@ -354,3 +354,299 @@ fn events_and_device_list_offline() {
         assert!(phone["stored_as_of_unix_ms"].as_u64().is_some(), "{rows}");
     });
 }
+
+/// Runs a command that must fail; returns (exit status, stderr).
+fn fails(home: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = cli(home, args);
+    assert!(!out.status.success(), "{args:?} should fail");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+// Goal: issue 41 finding 7: a device's name (as `device list` shows it)
+// stands in for its context id in device commands; a name two devices
+// share is refused with both ids, an unknown one with what exists; and
+// `device rename` renames this device (peers learn it from its Hellos once
+// its daemon restarts). Method: three daemons, two devices named "phone".
+#[test]
+fn devices_by_name_and_rename() {
+    isolated("devices_by_name_and_rename", || {
+        let mut c = Cluster::new();
+        let a = c.init("laptop");
+        let b = c.provision(&a, "phone");
+        let t = c.home("tablet");
+        cli_ok(
+            &a,
+            &[
+                "device",
+                "provision",
+                "--out",
+                t.to_str().unwrap(),
+                "--name",
+                "phone",
+            ],
+        );
+        let (ib, it) = (c.start(&b, &[]), c.start(&t, &[]));
+        c.start(&a, &[]);
+        let (idb, idt) = (context_id(&b), context_id(&t));
+        let named = |home: &std::path::Path, id: &str, name: &str| {
+            json_of(home, &["device", "list"])
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d["context_id"] == id && d["name"] == name)
+        };
+        wait_for(
+            "the laptop knows both phones by name",
+            Duration::from_secs(30),
+            || (named(&a, &idb, "phone") && named(&a, &idt, "phone")).then_some(()),
+        );
+
+        let (code, err) = fails(&a, &["device", "promote", "phone"]);
+        assert_eq!(code, Some(1));
+        assert!(
+            err.contains("2 devices are named \"phone\"")
+                && err.contains(&idb)
+                && err.contains(&idt),
+            "{err}"
+        );
+        let (_, err) = fails(&a, &["device", "revoke", "fone", "--yes"]);
+        assert!(
+            err.contains("no device of this agent has the context id or name \"fone\"")
+                && err.contains(&format!("{idb} (phone, active)")),
+            "{err}"
+        );
+        let (_, err) = fails(&a, &["device", "rename", "phone"]);
+        assert!(err.contains("is already named \"phone\""), "{err}");
+
+        // The tablet takes its own name; its daemon announces it once
+        // restarted.
+        let out = cli_ok(&t, &["device", "rename", "tablet"]);
+        assert!(
+            out.contains("is now named \"tablet\"") && out.contains("restart"),
+            "{out}"
+        );
+        c.stop(it);
+        c.start(&t, &[]);
+        wait_for(
+            "the laptop learns the new name",
+            Duration::from_secs(30),
+            || named(&a, &idt, "tablet").then_some(()),
+        );
+        let r = json_of(&a, &["device", "promote", "phone"]);
+        assert_eq!(
+            (r["change"].as_str(), r["subject"].as_str()),
+            (Some("promoted"), Some(idb.as_str()))
+        );
+        let r = json_of(&a, &["device", "demote", "PHONE", "--yes"]);
+        assert_eq!(r["subject"], idb.as_str());
+        let r = json_of(&a, &["device", "revoke", "tablet", "--yes"]);
+        assert_eq!(r["revoked"], idt.as_str(), "{r}");
+        // With no daemon, from the home and the names its daemon stored.
+        c.stop(ib);
+        let a_daemon = 2;
+        c.stop(a_daemon);
+        let r = json_of(&a, &["device", "revoke", "phone", "--yes"]);
+        assert_eq!(r["revoked"], idb.as_str(), "{r}");
+    });
+}
+
+// Goal: `app list`, `app revoke`, `state schema add`, `state create` and
+// `state query` print text for people without --json (and JSON with it,
+// see json_everywhere_and_the_users_view). Method: one daemon; each
+// command without --json; its output is no JSON and says what happened.
+#[test]
+fn text_for_people_unless_json() {
+    isolated("text_for_people_unless_json", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        c.start(&a, &[]);
+        let not_json = |out: &str| serde_json::from_str::<Value>(out).is_err();
+        let out = cli_ok(&a, &["state", "schema", "add", &note_schema_file()]);
+        assert!(
+            not_json(&out) && out.starts_with(&format!("schema {NOTE} registered")),
+            "{out}"
+        );
+        let out = cli_ok(
+            &a,
+            &[
+                "state",
+                "create",
+                "--schema",
+                NOTE,
+                "--id",
+                LIVE,
+                "--object",
+                &note("t"),
+            ],
+        );
+        assert!(
+            out.starts_with(&format!("created {LIVE} in {NOTE}")),
+            "{out}"
+        );
+        let out = cli_ok(&a, &["state", "query", &json!({"from": NOTE}).to_string()]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        let item: Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(
+            (item["id"].as_str(), lines[1]),
+            (Some(LIVE), "1 item"),
+            "{out}"
+        );
+
+        let app_key = nuwa_agent::identity::keys::DeviceKey::from_seed(&[7; 32]);
+        let did = nuwa_agent::identity::did_key::did_key_from_ed25519(&app_key.public());
+        cli_ok(
+            &a,
+            &[
+                "app",
+                "grant",
+                "--to",
+                &did,
+                "--target",
+                "did:nuwa:cap:weather:",
+                "--actions",
+                "read",
+            ],
+        );
+        let id = json_of(&a, &["app", "list"])[0]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let out = cli_ok(&a, &["app", "list"]);
+        assert!(
+            not_json(&out) && out.starts_with(&format!("{id}  active\n  app {did}\n")),
+            "{out}"
+        );
+        assert!(out.contains("1 capability;"), "{out}");
+        let out = cli_ok(&a, &["app", "revoke", &id]);
+        assert!(
+            out.starts_with(&format!("revoked capability {id}: every device refuses it")),
+            "{out}"
+        );
+        let listed = json_of(&a, &["app", "list"]);
+        assert_eq!(listed[0]["revoked"], true, "{listed}");
+    });
+}
+
+// Goal: `sync --once` exits with a status a script can tell apart: 2 for
+// a usage or configuration error, 3 when no peer was reached (saying so
+// on stderr every few seconds while it waits), 0 once converged (with the
+// outcome in --json). Method: a device alone, then with its peer running.
+#[test]
+fn sync_once_exit_codes() {
+    isolated("sync_once_exit_codes", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        let b = c.provision(&a, "b");
+        let (code, err) = fails(&b, &["sync", "--once", "--peer", "not-an-address"]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains("\"not-an-address\""), "{err}");
+        let config = b.join("config.toml");
+        let kept = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(&config, "[network\n").unwrap();
+        assert_eq!(
+            fails(&b, &["sync", "--once"]).0,
+            Some(2),
+            "a broken config.toml"
+        );
+        std::fs::write(&config, kept).unwrap();
+        assert_eq!(fails(&b, &["sync"]).0, Some(2));
+        assert_eq!(
+            fails(&b, &["sync", "--once", "--timeout", "soon"]).0,
+            Some(2)
+        );
+        assert_eq!(fails(&c.home("none"), &["sync", "--once"]).0, Some(2));
+
+        let started = std::time::Instant::now();
+        let (code, err) = fails(&b, &["sync", "--once", "--timeout", "11s", "--no-mdns"]);
+        assert_eq!(code, Some(3), "{err}");
+        assert!(
+            err.contains("no peer reachable before the timeout"),
+            "{err}"
+        );
+        let progress: Vec<&str> = err.lines().filter(|l| l.contains("s left)")).collect();
+        assert!(progress.len() >= 3, "progress every 5 s of 11 s:\n{err}");
+        assert!(progress[0].starts_with("peers verified: 0"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(30));
+
+        c.start(&a, &[]);
+        let out = Command::new(bin())
+            .arg("--home")
+            .arg(&b)
+            .args(["--json", "sync", "--once", "--timeout", "30s", "--listen"])
+            .args(["/ip4/127.0.0.1/tcp/0", "--mdns-interface", "lo"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(
+            (r["converged"].as_bool(), r["outcome"].as_str()),
+            (Some(true), Some("converged"))
+        );
+    });
+}
+
+// Goal: a used login link shows a browser a page that says so and how to
+// get a new link, and an API client the JSON error. Method: spend a link
+// of `open --print`, then ask for it again as a browser and as curl.
+#[test]
+fn a_used_login_link_shows_a_page() {
+    isolated("a_used_login_link_shows_a_page", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        c.start(&a, &[]);
+        let link = cli_ok(&a, &["open", "--print"]).trim().to_owned();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let get = |accept: &str| {
+            rt.block_on(async {
+                let r = http
+                    .get(&link)
+                    .header("accept", accept)
+                    .send()
+                    .await
+                    .unwrap();
+                let ty = r.headers().get("content-type");
+                let ty = ty
+                    .map(|t| t.to_str().unwrap().to_owned())
+                    .unwrap_or_default();
+                (r.status().as_u16(), ty, r.text().await.unwrap())
+            })
+        };
+        let browser = "text/html,application/xhtml+xml,*/*;q=0.8";
+        assert_eq!(get(browser).0, 303, "the first use logs in");
+        let (st, ty, body) = get(browser);
+        assert_eq!(
+            (st, ty.as_str()),
+            (403, "text/html; charset=utf-8"),
+            "{body}"
+        );
+        assert!(
+            body.contains("already used") && body.contains("nuwa-node open"),
+            "{body}"
+        );
+        let (st, ty, body) = get("*/*");
+        assert_eq!(
+            (st, ty.starts_with("application/json")),
+            (403, true),
+            "{body}"
+        );
+        assert!(body.contains("bad_login_link"), "{body}");
+    });
+}

@@ -178,6 +178,47 @@ fn pairing_code_burns_after_three_wrong_attempts() {
     });
 }
 
+// Goal: issue 41 finding 7: a typo in a code's first letters (which
+// select what the approver searches for) fails in seconds, saying that no
+// device shows such a code, instead of a silent 60 s wait; the device that
+// waits with the real code is named as waiting with another one, and the
+// right code still approves it. Method: a daemon, `pair` as a child.
+#[test]
+fn a_code_nobody_shows_fails_in_seconds() {
+    isolated("a_code_nobody_shows_fails_in_seconds", || {
+        let mut c = Cluster::new();
+        let a = c.init("a");
+        c.start(&a, &[]);
+        let j = c.home("j");
+        let mut p = Pairing::start(&j, &["--mdns-interface", "lo", "--no-sync"]);
+        let alphabet = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+        let mut typo: Vec<u8> = p.code.bytes().collect();
+        let pos = alphabet.iter().position(|c| *c == typo[0]).unwrap();
+        typo[0] = alphabet[(pos + 1) % 32];
+        let typo = String::from_utf8(typo).unwrap();
+        let t = std::time::Instant::now();
+        let out = cli(&a, &["device", "approve", &typo]);
+        let took = t.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(took < Duration::from_secs(20), "took {took:?}: {err}");
+        assert!(
+            err.contains(&format!("no device shows a code starting {}-", &typo[..2]))
+                && err.contains("check the code on the new device")
+                && err.contains("1 device(s) here wait to pair with other codes"),
+            "{err}"
+        );
+        println!("a code nobody shows refused after {took:?}");
+        let out = cli_ok(&a, &["device", "approve", &p.code]);
+        assert!(out.contains("approved: device "), "{out}");
+        assert!(
+            p.wait_exit(Duration::from_secs(30)).success(),
+            "{}",
+            p.stderr()
+        );
+    });
+}
+
 /// Reads a home's key ring.
 fn key_ring(home: &Path) -> KeyRing {
     KeyRing::from_file_bytes(&std::fs::read(home.join("sync.key")).unwrap()).unwrap()

@@ -1003,3 +1003,55 @@ fn a_device_revoked_while_offline_cannot_undo_its_revocation() {
         false,
     );
 }
+
+// Goal: issue 41 finding 7: `recover` on a fresh home calls the new words
+// what they are (the recovered agent's new ones, not "this new agent"'s)
+// and, with no terminal and no --name, says which name the device takes.
+// Method: `recover` as a child with stdin closed, read until its code.
+#[test]
+fn a_fresh_recovery_says_whose_words_and_which_name() {
+    isolated("a_fresh_recovery_says_whose_words_and_which_name", || {
+        use std::io::BufRead as _;
+        let c = Cluster::new();
+        let (_, words) = init_with_words(&c, "a");
+        let n = c.home("n");
+        let file = n.with_extension("words");
+        std::fs::write(&file, &words).unwrap();
+        let err_file = n.with_extension("err");
+        let mut child = std::process::Command::new(bin())
+            .arg("--home")
+            .arg(&n)
+            .args(["recover", "--words-file", file.to_str().unwrap()])
+            .args([
+                "--i-have-written-it-down",
+                "--listen",
+                "/ip4/127.0.0.1/tcp/0",
+            ])
+            .args(["--mdns-interface", "lo"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&err_file).unwrap())
+            .spawn()
+            .unwrap();
+        let mut shown = String::new();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        while out.read_line(&mut line).unwrap() > 0 && !line.contains("pairing code: ") {
+            shown.push_str(&line);
+            line.clear();
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(line.contains("pairing code: "), "no code:\n{shown}");
+        assert!(
+            shown.contains("RECOVERY WORDS of the agent you recover: NEW ones")
+                && !shown.contains("this new agent"),
+            "{shown}"
+        );
+        let err = std::fs::read_to_string(&err_file).unwrap();
+        assert!(
+            err.contains("no --name and no terminal: this device takes the host name"),
+            "{err}"
+        );
+    });
+}

@@ -250,7 +250,7 @@ pub(super) fn finished(
     result: nuwa_agent::OnceResult,
     opts: &super::RunOptions,
     metrics: &Metrics,
-) -> Result<(), String> {
+) -> Result<(), nuwa_agent::once::Failed> {
     if opts.agent.once_tty {
         crate::logging::stderr_line(format_args!(""));
     }
@@ -266,7 +266,7 @@ pub(super) fn finished(
         let peak = peak_mb.map_or(String::new(), |mb| format!("; peak RSS {mb:.1} MB"));
         crate::logging::stderr_line(format_args!("{}; {longest}{peak}", result.message));
     }
-    result.converged.then_some(()).ok_or(result.message)
+    result.into_result()
 }
 
 /// Whether stderr is a terminal (`sync --once` then redraws its line).
