@@ -2,11 +2,13 @@
 # Local testnet: N devices of one agent on this machine.
 #
 # Builds nuwa-node, creates fresh homes in a temp dir (one `init`, N-1
-# `device provision`), starts one daemon per home on random loopback ports,
+# `device provision`), starts one daemon per home on random ports,
 # prints how to talk to each, and tears everything down on exit or Ctrl-C.
 #
-# As root the nodes run inside a private network namespace, so LAN discovery
-# (mDNS) works on its loopback and no packet leaves the machine. Without root
+# As root the nodes run with default flags inside a private network namespace
+# that holds loopback and one LAN interface (`eth0`, a veth with a private
+# address), as a machine on a LAN does: LAN discovery (mDNS) runs on it and no
+# packet leaves the machine. Without root
 # (or with --host) they run on the host's loopback with mDNS off and find each
 # other through --peer addresses instead.
 set -euo pipefail
@@ -79,11 +81,17 @@ trap 'exit 130' INT TERM
 if [ "$HOST" = 0 ]; then
   ip netns add "$NS"
   ip -n "$NS" link set lo up multicast on
+  # eth0's other end, eth1, stays up without an address: a cable to a LAN
+  # with nobody else on it (mDNS reaches the daemons by multicast loopback).
+  ip -n "$NS" link add eth0 type veth peer name eth1
+  ip -n "$NS" addr add 10.202.0.1/24 dev eth0
+  ip -n "$NS" link set eth1 up
+  ip -n "$NS" link set eth0 multicast on up
   RUN=(ip netns exec "$NS")
-  MDNS=(--mdns-interface lo)
+  FLAGS=()
 else
   RUN=()
-  MDNS=(--no-mdns)
+  FLAGS=(--listen /ip4/127.0.0.1/tcp/0 --no-mdns)
 fi
 
 # A wrapper so that CLI calls reach the daemons inside the namespace.
@@ -117,7 +125,7 @@ for i in $(seq 1 "$N"); do
     for a in "${ADDRS[@]:-}"; do [ -n "$a" ] && extra+=(--peer "$a"); done
   fi
   RUST_LOG="${RUST_LOG:-info}" "${RUN[@]}" "$BIN" --home "$home" run \
-    --listen /ip4/127.0.0.1/tcp/0 "${MDNS[@]}" "${extra[@]}" \
+    "${FLAGS[@]}" "${extra[@]}" \
     >"$TMP/logs/node$i.log" 2>&1 &
   PIDS+=($!)
   wait_api "$home" "$!"
@@ -135,7 +143,7 @@ done
 
 echo
 echo "nuwa testnet: $N nodes of agent $("$NUWA" --home "$TMP/node1" status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["agent_did"])')"
-[ "$HOST" = 0 ] && echo "network namespace: $NS (mDNS on its loopback)"
+[ "$HOST" = 0 ] && echo "network namespace: $NS (default flags; mDNS on its eth0)"
 echo "homes and logs:    $TMP"
 for i in $(seq 1 "$N"); do
   echo "  node$i: $(peers_of "$TMP/node$i") verified peers   log: $TMP/logs/node$i.log"

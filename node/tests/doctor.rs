@@ -292,3 +292,58 @@ fn an_unreachable_keeper_fails_the_reachability_check() {
         );
     });
 }
+
+// Goal: a daemon whose mDNS failed (here: nothing to announce, QUIC only)
+// says so and why in its log, in `status` (text and JSON) and in doctor,
+// as a FAIL with the fix, instead of "off". Method: one real daemon whose
+// only --listen is QUIC, mDNS left on.
+#[test]
+fn a_daemon_whose_mdns_failed_says_so_everywhere() {
+    isolated("a_daemon_whose_mdns_failed_says_so_everywhere", || {
+        let c = Cluster::new();
+        let a = c.init("a");
+        let log = c.dir.path().join("a.log");
+        let mut child = std::process::Command::new(bin())
+            .arg("--home")
+            .arg(&a)
+            .args(["run", "--listen", "/ip4/127.0.0.1/udp/0/quic-v1"])
+            .args(["--mdns-interface", "lo"])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn nuwa-node run");
+        let st = wait_for("the daemon's API", Duration::from_secs(20), || {
+            status(&a).ok()
+        });
+        let text = cli_ok(&a, &["status"]);
+        let (code, report) = doctor_json(&a, &["--mdns-interface", "lo"]);
+        let _ = child.kill();
+        let _ = child.wait();
+        let logged = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(st["mdns"]["enabled"], false, "{}", st["mdns"]);
+        let reason = st["mdns"]["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}", st["mdns"]));
+        assert!(reason.contains("no listen address is TCP"), "{reason}");
+        assert!(
+            logged.contains("mDNS FAILED") && logged.contains(reason),
+            "{logged}"
+        );
+        assert!(
+            text.contains(&format!("mdns       FAILED: {reason}")),
+            "{text}"
+        );
+        assert_ne!(code, 0, "{report:#}");
+        let mdns = check(&report, "mdns");
+        assert_eq!(mdns["status"], "fail", "{mdns:#}");
+        assert!(
+            mdns["detail"].as_str().unwrap().contains(reason),
+            "{mdns:#}"
+        );
+        let fix = mdns["fix"].as_str().unwrap();
+        assert!(
+            fix.contains("restart the daemon") && fix.contains("--no-mdns"),
+            "{mdns:#}"
+        );
+    });
+}
