@@ -1055,3 +1055,57 @@ fn a_fresh_recovery_says_whose_words_and_which_name() {
         );
     });
 }
+
+// Goal: on a terminal, `recover` on a fresh home asks for the device's
+// name, refuses a bad one before anything is written, and goes on with a
+// good one. Method: `script` gives it a pseudo-terminal; the answer is
+// typed on its stdin.
+#[test]
+fn a_fresh_recovery_asks_for_a_name_on_a_terminal() {
+    isolated("a_fresh_recovery_asks_for_a_name_on_a_terminal", || {
+        use std::io::{BufRead as _, Write as _};
+        let c = Cluster::new();
+        let (_, words) = init_with_words(&c, "a");
+        let file = c.home("words");
+        std::fs::write(&file, &words).unwrap();
+        let on_a_terminal = |home: &Path, answer: &str| {
+            let command = format!(
+                "{} --home {} recover --words-file {} --i-have-written-it-down \
+                 --listen /ip4/127.0.0.1/tcp/0 --mdns-interface lo",
+                bin(),
+                home.display(),
+                file.display()
+            );
+            let mut child = std::process::Command::new("script")
+                .args(["-qec", &command, "/dev/null"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("script (util-linux) runs the command on a pseudo-terminal");
+            writeln!(child.stdin.as_mut().unwrap(), "{answer}").unwrap();
+            (child.stdout.take().unwrap(), child)
+        };
+        let bad = c.home("bad");
+        let (out, mut child) = on_a_terminal(&bad, "device-1234");
+        let said: Vec<String> = std::io::BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .collect();
+        let said = said.join("\n");
+        assert!(!child.wait().unwrap().success(), "{said}");
+        assert!(
+            said.contains("a name for this device (Enter: the host name): ")
+                && said.contains("\"device-1234\" is a context id"),
+            "{said}"
+        );
+        assert!(!bad.exists(), "nothing is written before the name is good");
+
+        let good = c.home("good");
+        let (out, mut child) = on_a_terminal(&good, "desk");
+        let mut lines = std::io::BufReader::new(out).lines().map_while(Result::ok);
+        let code = lines.find(|l| l.contains("pairing code: "));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(code.is_some(), "a good name goes on to the handover");
+    });
+}
