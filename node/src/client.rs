@@ -767,7 +767,7 @@ pub fn approve(
         )
     })?;
     eprintln!(
-        "looking for the device showing {code} (up to {} s)...",
+        "looking for the device showing {code} (up to {} s; 10 s if no device shows it)...",
         timeout.as_secs()
     );
     let body = ApproveBody {

@@ -473,7 +473,8 @@ enum DeviceCommand {
     /// on the LAN (mDNS) or through the configured rendezvous servers, check
     /// the code with SPAKE2, add its keys to the DID document and hand it
     /// the sync keys. Needs the running daemon of an admin device (where
-    /// `init` ran, or one promoted or recovered since).
+    /// `init` ran, or one promoted or recovered since). A code whose first
+    /// letters no device shows (a typo) is answered within 10 s.
     Approve {
         /// The code shown on the new device, e.g. ABCD-EFGH.
         code: String,
