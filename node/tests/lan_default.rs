@@ -460,12 +460,12 @@ impl Docs<'_> {
         assert_eq!(w.first().map(String::as_str), Some("nuwa-node"), "{line}");
         w.remove(0);
         let at = w.iter().position(|x| x == "--home").expect("a --home") + 1;
-        for i in 0..w.len() {
-            if w[i].starts_with("/tmp/") || w[i].starts_with("~/") {
-                w[i] = self.home(&w[i].clone());
+        for word in w.iter_mut() {
+            if word.starts_with("/tmp/") || word.starts_with("~/") {
+                *word = self.home(word);
             }
-            if w[i] == "CODE" || w[i] == "ABCD-EFGH" {
-                w[i] = self
+            if word == "CODE" || word == "ABCD-EFGH" {
+                *word = self
                     .code
                     .take()
                     .expect("a `pair` printed a code before it is used");
