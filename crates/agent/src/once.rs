@@ -78,15 +78,13 @@ impl crate::effect::OnceResult {
     }
 }
 
-/// `line` with the time left before `deadline_ms`, in whole steps of
-/// [`PROGRESS_EVERY_MS`] (rounded up, and never above the seconds left),
-/// so that an unchanged state is said again every few seconds and not at
-/// every tick.
+/// `line` with the time left before `deadline_ms`, rounded up to whole
+/// steps of [`PROGRESS_EVERY_MS`] (so "up to" stays true), so that an
+/// unchanged state is said again every few seconds and not at every tick.
 pub fn with_time_left(mut line: String, now_ms: u64, deadline_ms: u64) -> String {
     let left_ms = deadline_ms.saturating_sub(now_ms);
     let step_ms = left_ms.div_ceil(PROGRESS_EVERY_MS) * PROGRESS_EVERY_MS;
-    let secs = (step_ms / 1000).min(left_ms.div_ceil(1000));
-    line.push_str(&format!("  (waiting, up to {secs} s left)"));
+    line.push_str(&format!("  (waiting, up to {} s left)", step_ms / 1000));
     line
 }
 
@@ -133,10 +131,10 @@ mod tests {
         assert_eq!(at(70_000), "peers verified: 0  (waiting, up to 0 s left)");
         let lines: std::collections::BTreeSet<String> = (0..60_000).step_by(200).map(at).collect();
         assert_eq!(lines.len(), 12, "one line per 5 s of a 60 s wait");
-        // A timeout that is no multiple of 5 s never shows more than is left.
+        // A timeout that is no multiple of 5 s: never less than is left.
         let short = |now| with_time_left(String::new(), now, 6_500);
-        assert_eq!(short(0), "  (waiting, up to 7 s left)");
-        assert_eq!(short(1_000), "  (waiting, up to 6 s left)");
-        assert_eq!(short(1_600), "  (waiting, up to 5 s left)");
+        assert_eq!(short(0), "  (waiting, up to 10 s left)");
+        assert_eq!(short(1_499), "  (waiting, up to 10 s left)");
+        assert_eq!(short(1_500), "  (waiting, up to 5 s left)");
     }
 }
