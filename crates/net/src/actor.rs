@@ -100,6 +100,10 @@ pub(crate) struct Actor {
     identified: BTreeMap<PeerId, Vec<Multiaddr>>,
     /// When each peer last got a probe (see `liveness`).
     probed: BTreeMap<PeerId, tokio::time::Instant>,
+    /// Peers whose direct path a relayed connection replaced: when to look
+    /// whether they are direct again, and fresh relayed connections left
+    /// (see `liveness`).
+    repunch: BTreeMap<PeerId, (tokio::time::Instant, u8)>,
     /// When every connected peer was last dialed again after a stall.
     last_refresh: Option<tokio::time::Instant>,
     /// Peers dialed from the listening port (infrastructure nodes).
@@ -145,6 +149,7 @@ impl Actor {
             suspect: BTreeMap::new(),
             probed: BTreeMap::new(),
             identified: BTreeMap::new(),
+            repunch: BTreeMap::new(),
             last_refresh: None,
             reuse_port_peers: BTreeSet::new(),
         }
@@ -188,6 +193,7 @@ impl Actor {
                     }
                     self.close_relayed();
                     self.watch_stalls();
+                    self.repunch_stale();
                 }
                 drained = self.events.drain(), if self.events.has_backlog() => {
                     if drained.is_err() {

@@ -148,6 +148,7 @@ impl Actor {
         });
         if !relayed {
             self.punch_failed.remove(&peer_id);
+            self.repunch.remove(&peer_id);
         }
         self.replace_suspect(peer_id, connection_id);
         if num_established.get() != 1 {
@@ -180,6 +181,7 @@ impl Actor {
         self.reported_path.remove(&peer_id);
         self.relayed_to_close.remove(&peer_id);
         self.suspect.remove(&peer_id);
+        self.repunch.remove(&peer_id);
         self.probed.remove(&peer_id);
         self.identified.remove(&peer_id);
         self.queues.remove(&peer_id);
