@@ -102,18 +102,12 @@ pub fn may(
     if visibility == Visibility::Shared && inv.target == container {
         return Ok(());
     }
-    let needed = match visibility {
-        Visibility::Shared if namespace != container => {
-            format!("{namespace} or for {container} itself")
-        }
-        _ => namespace.to_owned(),
-    };
+    // Nothing in the refusal depends on the visibility (issue 41).
     Err(Forbidden::NotCovered {
         target: inv.target.clone(),
         container: container.to_owned(),
-        visibility: visibility.as_str(),
         action,
-        needed,
+        namespace: namespace.to_owned(),
     })
 }
 
@@ -215,9 +209,17 @@ mod tests {
         let refusal = may(&other, Read, item, Private).expect_err("refused");
         assert_eq!(
             refusal.to_string(),
-            "the capability for did:nuwa:cap:weather: does not cover did:nuwa:cap:news:state:Item#v1 (private); read there needs a capability for did:nuwa:cap:news:"
+            "the capability for did:nuwa:cap:weather: does not reach did:nuwa:cap:news:state:Item#v1; read there needs a capability for did:nuwa:cap:news:, or for did:nuwa:cap:news:state:Item#v1 itself if its schema makes it shared"
         );
         assert_eq!(refusal.code(), "container_not_covered");
+        // A shared container is refused in the very same words (issue 41:
+        // the message told a guessed name's visibility).
+        for vis in [Shared, Public] {
+            assert_eq!(
+                may(&other, Write, item, vis),
+                may(&other, Write, item, Private)
+            );
+        }
         let refusal = may(&ns, Query, item, Private).expect_err("refused");
         assert_eq!(refusal.code(), "action_not_granted");
         assert!(

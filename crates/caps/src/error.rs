@@ -130,8 +130,9 @@ pub enum CapError {
     },
     /// The request signature is outside its time window.
     #[error(
-        "request signature created at {created} and expiring at {expires} is not valid at {now} (unix seconds): {reason}; the daemon allows {skew} s of clock skew and signatures living at most {ttl} s, so check the app's clock and sign each request just before sending it",
+        "request signature created at {created} and expiring at {expires} is not valid at {now} (unix seconds): {reason}; the daemon allows created from {skew} s before its clock to {future} s after it, and signatures living at most {ttl} s, so sign each request just before sending it",
         skew = crate::limits::MAX_CLOCK_SKEW_SECS,
+        future = crate::limits::MAX_REQUEST_FUTURE_SECS,
         ttl = crate::limits::MAX_SIGNATURE_TTL_SECS
     )]
     StaleSignature {
@@ -273,21 +274,21 @@ pub enum Forbidden {
         /// The actions the capability allows, comma-separated.
         allowed: String,
     },
-    /// The capability's target does not reach the container.
+    /// The capability's target does not reach the container. The message
+    /// is the same whatever the container's visibility, or whether it
+    /// exists: an app learns nothing of a name it may not see.
     #[error(
-        "the capability for {target} does not cover {container} ({visibility}); {action} there needs a capability for {needed}"
+        "the capability for {target} does not reach {container}; {action} there needs a capability for {namespace}, or for {container} itself if its schema makes it shared"
     )]
     NotCovered {
         /// The capability's target.
         target: String,
         /// The container asked for.
         container: String,
-        /// The container's visibility, as `x-visibility` spells it.
-        visibility: &'static str,
         /// The action asked for.
         action: Action,
-        /// What target would do, for the developer.
-        needed: String,
+        /// The container's namespace.
+        namespace: String,
     },
 }
 

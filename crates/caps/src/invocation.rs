@@ -29,8 +29,9 @@ use crate::capability::{Capability, parse_verification_method, shorten, verifica
 use crate::error::CapError;
 use crate::limits::{
     COVERED_COMPONENTS, MAX_CAPABILITY_HEADER_BYTES, MAX_CLOCK_SKEW_SECS, MAX_CONTENT_DIGEST_BYTES,
-    MAX_KEYID_BYTES, MAX_METHOD_CHARS, MAX_SIGNATURE_HEADER_BYTES, MAX_SIGNATURE_INPUT_BYTES,
-    MAX_SIGNATURE_TTL_SECS, MAX_TIMESTAMP_DIGITS, NONCE_MAX_CHARS, NONCE_MIN_CHARS,
+    MAX_KEYID_BYTES, MAX_METHOD_CHARS, MAX_REQUEST_FUTURE_SECS, MAX_SIGNATURE_HEADER_BYTES,
+    MAX_SIGNATURE_INPUT_BYTES, MAX_SIGNATURE_TTL_SECS, MAX_TIMESTAMP_DIGITS, NONCE_MAX_CHARS,
+    NONCE_MIN_CHARS,
 };
 use crate::nonce::NonceCache;
 use crate::verify::{Verified, verify_capability};
@@ -754,9 +755,9 @@ fn check_window(input: &SignatureInput<'_>, now: i64) -> Result<(), CapError> {
         now,
         reason,
     };
-    if input.created > now.saturating_add(MAX_CLOCK_SKEW_SECS) {
+    if input.created > now.saturating_add(MAX_REQUEST_FUTURE_SECS) {
         return Err(stale(
-            "created is further in the future than the clock skew allowed",
+            "created is in the future (an app shares the daemon's clock)",
         ));
     }
     if input.created < now.saturating_sub(MAX_CLOCK_SKEW_SECS) {

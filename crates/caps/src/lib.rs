@@ -103,7 +103,7 @@
 //! `@query` is `?` and the query as sent (`?` alone when there is none).
 //! The five components may be listed in any order but must all be there;
 //! the five parameters are required and no other is accepted. The daemon
-//! requires `created` within ±300 s of its clock, `created < expires ≤
+//! requires `created` from 300 s before its clock to 1 s after, `created < expires ≤
 //! created + 300`, `expires` after its clock, `keyid` = the capability's
 //! `controller` with its `#<multibase>` fragment, `Content-Digest` matching
 //! the body (also when empty), the action among `allowedAction`, and a

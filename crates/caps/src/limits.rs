@@ -39,17 +39,26 @@ pub const NONCE_MAX_CHARS: usize = 64;
 /// 105 bytes; anything much longer is not one.
 pub const MAX_KEYID_BYTES: usize = 128;
 
-/// How far a request signature's `created`, or a delegation proof's
-/// `created`, may lie ahead of (or, for requests, behind) the verifier's clock.
+/// How far a delegation proof's `created` may lie ahead of the verifier's
+/// clock (delegations come from other devices), and a request
+/// signature's `created` behind it.
 pub const MAX_CLOCK_SKEW_SECS: i64 = 300;
+
+/// How far a request signature's `created` may lie ahead of the daemon's
+/// clock. Apps run on the daemon's machine and read its clock, so this
+/// only absorbs rounding; it is what keeps a signature from outliving a
+/// restart of the daemon, which keeps nonces in memory only: a daemon
+/// refuses requests created up to this long after its start (see
+/// `nuwa_agent::apps::check_head`).
+pub const MAX_REQUEST_FUTURE_SECS: i64 = 1;
 
 /// Longest lifetime of one request signature (`expires - created`).
 pub const MAX_SIGNATURE_TTL_SECS: i64 = 300;
 
 /// Nonces remembered at once by a [`crate::NonceCache`]. Each entry lives
-/// until its signature expires, at most `MAX_CLOCK_SKEW_SECS +
-/// MAX_SIGNATURE_TTL_SECS` (600 s) after it was seen, so this allows about
-/// 109 signed requests a second, sustained, across all apps. An entry costs
+/// until its signature expires, at most `MAX_REQUEST_FUTURE_SECS +
+/// MAX_SIGNATURE_TTL_SECS` (301 s) after it was seen, so this allows about
+/// 217 signed requests a second, sustained, across all apps. An entry costs
 /// about 100 bytes, so a full cache holds about 6.5 MB.
 pub const NONCE_CACHE_CAPACITY: usize = 65_536;
 
@@ -118,7 +127,9 @@ const _: () = assert!("did:key:#".len() + 48 + 48 <= MAX_KEYID_BYTES);
 // (each level is under 3 KiB; see the test `longest_valid_chain_fits`).
 const _: () = assert!(MAX_CHAIN_DEPTH * 3 * 1024 <= MAX_CAPABILITY_BYTES);
 
-// Clock checks: `created <= now + skew` and `expires <= created + TTL`, so an
-// accepted signature expires at most skew + TTL after `now`; the nonce cache
-// sizing in NONCE_CACHE_CAPACITY's docs quotes that sum.
-const _: () = assert!(MAX_CLOCK_SKEW_SECS + MAX_SIGNATURE_TTL_SECS == 600);
+// Clock checks: `created <= now + future` and `expires <= created + TTL`, so
+// an accepted signature expires at most future + TTL after `now`; the nonce
+// cache sizing in NONCE_CACHE_CAPACITY's docs quotes that sum.
+const _: () = assert!(MAX_REQUEST_FUTURE_SECS + MAX_SIGNATURE_TTL_SECS == 301);
+// The future bound is the short one: it is the daemon's blind spot at start.
+const _: () = assert!(MAX_REQUEST_FUTURE_SECS >= 1 && MAX_REQUEST_FUTURE_SECS <= 30);
