@@ -660,11 +660,14 @@ impl std::fmt::Display for ErrorCode {
     }
 }
 
-/// An API error: a stable code and a message for people.
+/// An API error: a stable code and a message for people; for an app's
+/// refused request also the precise reason (docs/api.md, "Apps").
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl ApiError {
@@ -672,6 +675,7 @@ impl ApiError {
         ApiError {
             code,
             message: message.into(),
+            reason: None,
         }
     }
 

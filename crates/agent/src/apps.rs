@@ -373,28 +373,25 @@ pub struct AppRefusal {
 }
 
 impl AppRefusal {
+    /// The error carries its reason too: an honest app learns why, and the
+    /// reason names only what the app itself sent or holds.
+    fn new(code: ErrorCode, message: String, reason: &'static str) -> AppRefusal {
+        let mut error = ApiError::new(code, message);
+        error.reason = Some(reason.to_owned());
+        AppRefusal { error, reason }
+    }
+
     fn capability(e: nuwa_caps::CapError) -> AppRefusal {
-        AppRefusal {
-            error: ApiError::new(
-                ErrorCode::CapabilityRefused,
-                format!("{} ({})", e, e.code()),
-            ),
-            reason: e.code(),
-        }
+        let message = format!("{} ({})", e, e.code());
+        AppRefusal::new(ErrorCode::CapabilityRefused, message, e.code())
     }
 
     fn refused(message: String, reason: &'static str) -> AppRefusal {
-        AppRefusal {
-            error: ApiError::new(ErrorCode::CapabilityRefused, message),
-            reason,
-        }
+        AppRefusal::new(ErrorCode::CapabilityRefused, message, reason)
     }
 
     fn forbidden(message: String, reason: &'static str) -> AppRefusal {
-        AppRefusal {
-            error: ApiError::new(ErrorCode::Forbidden, message),
-            reason,
-        }
+        AppRefusal::new(ErrorCode::Forbidden, message, reason)
     }
 
     /// For the owner's routes (devices, status, apps, metrics ...).
@@ -418,9 +415,13 @@ pub const INVOCATION_HEADERS: [&str; 4] = [
 
 /// Every check of an app's request that needs no body (see
 /// [`nuwa_caps::verify_invocation_head`]), against `view`; and, since the
-/// shell keeps nonces in memory only, a request signed before the daemon
-/// started (`started_unix_secs`) is refused: it could be one served before
-/// a restart. `count` is how often each invocation header came.
+/// shell keeps nonces in memory only, a request created before the daemon
+/// started (`started_unix_secs`), or up to
+/// [`nuwa_caps::limits::MAX_REQUEST_FUTURE_SECS`] after, is refused: a
+/// daemon before a restart may have served it (it accepts `created` that
+/// far ahead of its clock), so for that first second or two every app
+/// request is refused, and signed again. `count` is how often each
+/// invocation header came.
 pub fn check_head<'a, H>(
     view: &AccessView,
     req: &nuwa_caps::RequestParts<'a, H>,
@@ -450,10 +451,11 @@ where
         |id| view.is_revoked(id),
     )
     .map_err(AppRefusal::capability)?;
-    if head.created_unix_secs() < started_unix_secs {
+    let served_before_restart = started_unix_secs + nuwa_caps::limits::MAX_REQUEST_FUTURE_SECS;
+    if head.created_unix_secs() <= served_before_restart {
         return Err(AppRefusal::refused(
-            "the request was signed before the daemon started (it keeps no nonces across a \
-             restart); sign it again (signed_before_start)"
+            "the request was signed before the daemon started, or in its first second (it keeps \
+             no nonces across a restart); sign it again in a moment (signed_before_start)"
                 .into(),
             "signed_before_start",
         ));
@@ -482,23 +484,42 @@ pub fn may(
     action: Action,
     container: &str,
 ) -> Result<(), AppRefusal> {
+    may_all(inv, view, &[(action, container)])
+}
+
+/// Whether an app's verified invocation may do every (action, container)
+/// of `needs` (a batch: one per operation). A request is signed for one
+/// action, and a batch needs one or several: it is signed for any one of
+/// them, and then needs the capability to allow every one, on each
+/// container as its visibility requires. So a capability holding `write`
+/// and `delete` authorises a batch of puts and deletes, signed for either.
+pub fn may_all(
+    inv: &nuwa_caps::Invocation,
+    view: &AccessView,
+    needs: &[(Action, &str)],
+) -> Result<(), AppRefusal> {
     let signed = inv.action;
-    if signed != action {
+    if !needs.iter().any(|(action, _)| *action == signed) {
+        let names: BTreeSet<&str> = needs.iter().map(|(a, _)| a.as_str()).collect();
+        let names = names.into_iter().collect::<Vec<_>>().join("\" or \"");
         return Err(AppRefusal::forbidden(
             format!(
-                "the request was signed for {signed}, and this needs {action}: sign it with \
-                 action=\"{action}\""
+                "the request was signed for {signed}, and this needs {names}: sign it with \
+                 action=\"{names}\""
             ),
             "wrong_action",
         ));
     }
-    nuwa_caps::may(
-        &inv.verified,
-        action,
-        container,
-        view.visibility_of(container),
-    )
-    .map_err(|f| AppRefusal::forbidden(f.to_string(), f.code()))
+    for (action, container) in needs {
+        nuwa_caps::may(
+            &inv.verified,
+            *action,
+            container,
+            view.visibility_of(container),
+        )
+        .map_err(|f| AppRefusal::forbidden(f.to_string(), f.code()))?;
+    }
+    Ok(())
 }
 
 /// Whether the capability still stands (for a long stream): not expired,
