@@ -7,14 +7,17 @@
 //! body is read, then the body, and marks the request with its [`Caller`].
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use nuwa_agent::apps::{AccessView, AppRefusal};
 use nuwa_agent::caps::{Action, Invocation, NonceCache, RequestParts};
+use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::sync::mpsc;
 
-use super::{ApiError, ErrorCode, MAX_BODY_BYTES};
+use super::{ApiError, ChangeEvent, ErrorCode, MAX_BODY_BYTES};
 
 /// The request header that marks an app's invocation.
 pub(super) const SIGNATURE_INPUT: &str = "signature-input";
@@ -118,9 +121,17 @@ pub(crate) async fn admit_app(gate: &AppGate, req: Request) -> Result<Request, R
 impl Caller {
     /// The owner may do anything; an app as `nuwa_agent::apps::may` says.
     pub(crate) fn may(&self, action: Action, container: &str) -> Result<(), Refusal> {
+        self.may_all(&[(action, container)])
+    }
+
+    /// Every (action, container) at once: a batch's operations.
+    pub(crate) fn may_all(&self, needs: &[(Action, &str)]) -> Result<(), Refusal> {
         match self {
             Caller::Owner => Ok(()),
-            Caller::App(call) => call.may(action, container),
+            Caller::App(call) => {
+                let view = call.access.borrow().clone();
+                nuwa_agent::apps::may_all(&call.invocation, &view, needs).map_err(Refusal)
+            }
         }
     }
 
@@ -141,11 +152,6 @@ impl Caller {
 }
 
 impl AppCall {
-    pub(crate) fn may(&self, action: Action, container: &str) -> Result<(), Refusal> {
-        let view = self.access.borrow().clone();
-        nuwa_agent::apps::may(&self.invocation, &view, action, container).map_err(Refusal)
-    }
-
     /// Whether the app may see `container`'s events now.
     pub(crate) fn sees(&self, container: &str) -> bool {
         nuwa_agent::apps::sees(
@@ -157,7 +163,64 @@ impl AppCall {
     }
 
     /// Whether its capability still stands (for a long stream).
-    pub(crate) fn still_valid(&self) -> bool {
+    fn still_valid(&self) -> bool {
         nuwa_agent::apps::still_valid(&self.invocation, &self.access.borrow(), now_unix_secs())
     }
+
+    /// Resolves once the capability no longer stands: at a new view that
+    /// revokes it, or at its expiry. Cancel safe.
+    async fn ended(&self) {
+        let mut access = self.access.clone();
+        loop {
+            access.borrow_and_update();
+            if !self.still_valid() {
+                return;
+            }
+            let left = self.invocation.verified.expires_unix_secs - now_unix_secs();
+            tokio::select! {
+                changed = access.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep(Duration::from_secs(left.max(0) as u64)) => {}
+            }
+        }
+    }
+}
+
+/// An app's change or how many it missed, as `broadcast` says either.
+type AppEvent = Result<Arc<ChangeEvent>, RecvError>;
+
+/// Changes queued for an app's stream that it has not read yet.
+const APP_EVENTS_QUEUE: usize = 256;
+
+/// An app's event stream, filtered by a task of its own: it passes on
+/// only what the app may see, so that a `lagged` count (its queue full, as
+/// it reads slowly) counts only those, and it ends the stream at once when
+/// the capability is revoked or expires. If the daemon overran the filter,
+/// what was missed is unknown: the stream ends rather than tell of it.
+pub(crate) fn app_events(
+    app: Arc<AppCall>,
+    mut rx: broadcast::Receiver<Arc<ChangeEvent>>,
+    filter: Option<String>,
+) -> mpsc::Receiver<AppEvent> {
+    let (tx, out) = mpsc::channel(APP_EVENTS_QUEUE);
+    tokio::spawn(async move {
+        let mut missed = 0;
+        loop {
+            let ev = tokio::select! {
+                r = rx.recv() => r,
+                () = app.ended() => return,
+                () = tx.closed() => return,
+            };
+            let Ok(ev) = ev else { return };
+            if filter.as_ref().is_some_and(|c| *c != ev.container) || !app.sees(&ev.container) {
+                continue;
+            }
+            if missed > 0 && tx.try_send(Err(RecvError::Lagged(missed))).is_ok() {
+                missed = 0;
+            }
+            if missed > 0 || tx.try_send(Ok(ev)).is_err() {
+                missed += 1;
+            }
+        }
+    });
+    out
 }

@@ -10,11 +10,10 @@
 //! - **Cap.** At most [`Limits::max_connections`] are open. A new
 //!   connection at the cap closes the connection that has been idle the
 //!   longest (no authorised request in flight, no response streaming), so
-//!   idle sockets can never lock out a client with work to do. Requests
-//!   without the token never count as work: such a client cannot pin a
-//!   connection (a slow challenge body, say). When every open
-//!   connection is busy, the new one is refused (closed at once) and
-//!   counted.
+//!   idle sockets can never lock out a client with work to do. Only the
+//!   token, the socket or an app's verified signature make work, so a
+//!   stranger cannot pin a connection. When every open connection is
+//!   busy, the new one is refused (closed at once) and counted.
 //! - **Header-read timeout.** A client must send a request's headers within
 //!   [`Limits::header_read_timeout`] of the request's first byte
 //!   (slow-loris). The clock starts at that byte, not when the connection
@@ -49,6 +48,11 @@ use crate::metrics::{Event, Metrics};
 /// the token cannot pin connections.
 pub(super) type IsWork =
     Arc<dyn Fn(&axum::http::HeaderMap, &axum::http::Extensions) -> bool + Send + Sync>;
+
+/// On a response: its request was work (an app's, admitted by its
+/// signature after [`IsWork`] was asked), so its body keeps the connection.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Work;
 
 /// Marks a request that arrived on the local Unix socket, whose peer runs
 /// as the daemon's own user (checked when the connection was accepted).
@@ -254,10 +258,16 @@ async fn serve_one(
             }
             let guard = is_work(req.headers(), req.extensions())
                 .then(|| BusyGuard::new(busy.clone(), last_active.clone(), epoch));
-            let mut app = app.clone();
+            let (mut app, busy, last_active) = (app.clone(), busy.clone(), last_active.clone());
             async move {
                 use tower::Service as _;
                 let response = app.call(req.map(axum::body::Body::new)).await?;
+                // An app's request is work once its signature checked out (a
+                // mark on its response): its event stream lives while read.
+                let guard = guard.or_else(|| {
+                    let work = response.extensions().get::<Work>();
+                    work.map(|_| BusyGuard::new(busy, last_active, epoch))
+                });
                 // Busy until the whole body is sent (a streamed response
                 // such as state.events keeps the connection busy).
                 Ok::<_, std::convert::Infallible>(response.map(|b| {

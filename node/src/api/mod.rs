@@ -1,53 +1,16 @@
 //! The daemon's local HTTP+JSON API on a loopback address, guarded by a
 //! bearer token kept in `HOME/api.json` (mode 0600), and on unix the same
-//! API on the socket `HOME/api.sock` (mode 0600, the peer's uid checked,
-//! no token: see `socket.rs`).
+//! API on the socket `HOME/api.sock` (no token: see `socket.rs`).
 //!
-//! Handlers do no state work themselves: each request becomes an
-//! [`ApiRequest`], sent to the daemon loop (writes, control) or to the
-//! reader (reads, queries) and answered through a oneshot channel. This
-//! module knows neither: it holds two queues ([`Lanes`]).
-//!
-//! Layers, outermost first: the connection guard ([`listener`]: a cap on
-//! open connections that evicts the longest-idle one, a header-read timeout
-//! and an idle timeout), request latency, the bearer-token check (before
-//! any body is read), then the route. Unknown routes and methods get the
-//! JSON error shape.
-//!
-//! Routes:
-//! - `POST /v1/challenge` `{"nonce": hex}` → `{"pid", "mac"}` (no token: the
-//!   CLI asks it to check it talks to this home's daemon before it sends
-//!   the token)
-//! - `GET  /v1/status`
-//! - `GET  /v1/devices`
-//! - `POST /v1/devices/revoke`  body `{"context_id": C}`
-//! - `POST /v1/devices/approve` body `{"code": "ABCD-EFGH", "name": N}` (waits
-//!   until the new device is paired or the attempt failed)
-//! - `POST /v1/devices/provision` body `{"out": ABSOLUTE_DIR, "name": N}`
-//! - `POST /v1/state/put`     body `{"container": C, "key": K, "value": JSON}`
-//! - `GET  /v1/state/get?container=C[&key=K]`
-//! - `GET  /v1/state/export?container=C`  (Automerge binary)
-//!
-//! - `GET  /v1/schemas`, `POST /v1/schemas` (body: a JSON Schema with `x-asm`)
-//! - `POST /v1/state.create`  `{"schema_uri": S, "object": O, "id": optional}`
-//! - `POST /v1/state.update`  `{"schema_uri": S, "id": I, "patch": JSON Patch | {"$inc"|"$push": ...}}`
-//! - `POST /v1/state.query`   `{"query": ASM-QL}`
-//! - `POST /v1/state.delete`  `{"schema_uri": S, "id": I, "mode": "tombstone" | "hard"}`
-//! - `POST /v1/state.describe|state.compact|state.reset` `{"container": S}`
-//! - `GET  /v1/state.events[?container=S]`  server-sent events, one `change`
-//!   event per durable change batch (local or from peers)
-//! - `POST /v1/login-link` → `{"url", "expires_in_s"}`: a one-time link
-//!   that logs a browser in to the status page (see [`page`])
-//! - `GET  /` the status page (HTML; without a session, a page saying how
-//!   to log in), `GET /assets/status.js|status.css` its code (no token),
-//!   `GET /login?code=` trades a login code for a session cookie
-//!
-//! Every request must carry a `Host` naming this daemon, and an `Origin`,
-//! if any, of this daemon ([`page::check_host_and_origin`], outside the
-//! token check).
-//!
-//! Errors are JSON: `{"error": {"code": "...", "message": "..."}}`. See
-//! docs/api.md.
+//! Handlers do no state work: each request becomes an [`ApiRequest`] for
+//! the daemon loop (writes, control) or the reader (reads, queries),
+//! answered through a oneshot; this module holds only the two queues
+//! ([`Lanes`]). Layers, outermost first: the connection guard
+//! ([`listener`]), request latency, `Host`/`Origin`
+//! ([`page::check_host_and_origin`]), the token or app check (before any
+//! body is read), then the route, declared once in [`routes`] (a test
+//! holds docs/api.md's table to it). Errors are JSON: `{"error": {"code",
+//! "message"}}`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -82,8 +45,14 @@ use nuwa_agent::status::Status;
 
 use apps::{Caller, Refusal};
 
+/// The state every handler takes, and what it answers.
+type S = State<AppState>;
+type Reply<T> = Result<Json<T>, Failure>;
+
 /// Largest body of `POST /v1/challenge` (a 64-hex-digit nonce in JSON).
 const MAX_CHALLENGE_BYTES: usize = 1024;
+/// Connections the kernel queues for the API before they are accepted.
+const LISTEN_BACKLOG: u32 = 1024;
 /// How long the challenge's body may take to arrive.
 const CHALLENGE_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -264,7 +233,11 @@ async fn require_token(
     } else if req.headers().contains_key(apps::SIGNATURE_INPUT) {
         // An app of the agent (see `apps`): checked before its body is read.
         match apps::admit_app(&s.gate, req).await {
-            Ok(req) => next.run(req).await,
+            Ok(req) => {
+                let mut response = next.run(req).await;
+                response.extensions_mut().insert(listener::Work);
+                response
+            }
             Err(refusal) => refusal.into_response(),
         }
     } else {
@@ -355,10 +328,7 @@ async fn read<T>(
     ask(&s.lanes.reads, make).await
 }
 
-async fn challenge(
-    State(s): State<AppState>,
-    req: Request,
-) -> Result<Json<ChallengeReply>, Failure> {
+async fn challenge(State(s): S, req: Request) -> Reply<ChallengeReply> {
     // No token here, so the body is tiny and must come at once: refused by
     // its declared length before a byte is read, and read against a clock.
     let too_large = || {
@@ -414,29 +384,22 @@ async fn login(
 }
 
 /// `POST /v1/login-link` (token only).
-async fn login_link(State(s): State<AppState>, c: Who) -> Result<Json<LoginLink>, Failure> {
+async fn login_link(State(s): S, c: Who) -> Reply<LoginLink> {
     c.0.owner_only()?;
     Ok(Json(s.web.login_link()?))
 }
 
-async fn status(State(s): State<AppState>, c: Who) -> Result<Json<Status>, Failure> {
+async fn status(State(s): S, c: Who) -> Reply<Status> {
     c.0.owner_only()?;
     Ok(Json(call(&s, ApiRequest::Status).await?))
 }
 
-async fn devices(
-    State(s): State<AppState>,
-    c: Who,
-) -> Result<Json<Vec<nuwa_agent::devices::DeviceEntry>>, Failure> {
+async fn devices(State(s): S, c: Who) -> Reply<Vec<nuwa_agent::devices::DeviceEntry>> {
     c.0.owner_only()?;
     Ok(Json(call(&s, ApiRequest::Devices).await?))
 }
 
-async fn put(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<PutReply>, Failure> {
+async fn put(State(s): S, c: Who, Body(body): Body) -> Reply<PutReply> {
     tracing::trace!(target: "nuwa_path", "put in");
     check_write_values(&body)?;
     let body: PutBody = json_body(&body, "put")?;
@@ -445,22 +408,14 @@ async fn put(
     Ok(Json(call(&s, |tx| ApiRequest::Put(body, tx)).await??))
 }
 
-async fn revoke(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<RevokeReply>, Failure> {
+async fn revoke(State(s): S, c: Who, Body(body): Body) -> Reply<RevokeReply> {
     c.0.owner_only()?;
     let body: RevokeBody = json_body(&body, "revoke")?;
     Ok(Json(call(&s, |tx| ApiRequest::Revoke(body, tx)).await??))
 }
 
 /// `POST /v1/apps/grant` (the owner's): a capability for an app's key.
-async fn app_grant(
-    State(s): State<AppState>,
-    c: Who,
-    Body(b): Body,
-) -> Result<Json<Value>, Failure> {
+async fn app_grant(State(s): S, c: Who, Body(b): Body) -> Reply<Value> {
     c.0.owner_only()?;
     let body: nuwa_agent::apps::GrantBody = json_body(&b, "apps/grant")?;
     Ok(Json(
@@ -469,11 +424,7 @@ async fn app_grant(
 }
 
 /// `POST /v1/apps/revoke` (the owner's).
-async fn app_revoke(
-    State(s): State<AppState>,
-    c: Who,
-    Body(b): Body,
-) -> Result<Json<Value>, Failure> {
+async fn app_revoke(State(s): S, c: Who, Body(b): Body) -> Reply<Value> {
     c.0.owner_only()?;
     let body: nuwa_agent::apps::RevokeAppBody = json_body(&b, "apps/revoke")?;
     Ok(Json(
@@ -482,7 +433,7 @@ async fn app_revoke(
 }
 
 /// `GET /v1/apps` (the owner's).
-async fn app_list(State(s): State<AppState>, c: Who) -> Result<Json<Value>, Failure> {
+async fn app_list(State(s): S, c: Who) -> Reply<Value> {
     c.0.owner_only()?;
     Ok(Json(
         call(&s, |tx| ApiRequest::App(AppRequest::List, tx)).await??,
@@ -496,43 +447,31 @@ async fn admin<B: DeserializeOwned>(
     body: &[u8],
     what: &str,
     change: fn(B) -> AdminChange,
-) -> Result<Json<serde_json::Value>, Failure> {
+) -> Reply<serde_json::Value> {
     c.0.owner_only()?;
     let change = change(json_body(body, what)?);
     Ok(Json(call(&s, |tx| ApiRequest::Admin(change, tx)).await??))
 }
 
-async fn promote(State(s): State<AppState>, c: Who, Body(b): Body) -> Result<Json<Value>, Failure> {
+async fn promote(State(s): S, c: Who, Body(b): Body) -> Reply<Value> {
     admin(s, c, &b, "promote", AdminChange::Promote).await
 }
 
-async fn demote(State(s): State<AppState>, c: Who, Body(b): Body) -> Result<Json<Value>, Failure> {
+async fn demote(State(s): S, c: Who, Body(b): Body) -> Reply<Value> {
     admin(s, c, &b, "demote", AdminChange::Demote).await
 }
 
-async fn recovery_key(
-    State(s): State<AppState>,
-    c: Who,
-    Body(b): Body,
-) -> Result<Json<Value>, Failure> {
+async fn recovery_key(State(s): S, c: Who, Body(b): Body) -> Reply<Value> {
     admin(s, c, &b, "recovery-key", AdminChange::RecoveryKey).await
 }
 
-async fn approve(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<ApproveReply>, Failure> {
+async fn approve(State(s): S, c: Who, Body(body): Body) -> Reply<ApproveReply> {
     c.0.owner_only()?;
     let body: ApproveBody = json_body(&body, "approve")?;
     Ok(Json(call(&s, |tx| ApiRequest::Approve(body, tx)).await??))
 }
 
-async fn provision(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<serde_json::Value>, Failure> {
+async fn provision(State(s): S, c: Who, Body(body): Body) -> Reply<Value> {
     c.0.owner_only()?;
     let body: ProvisionBody = json_body(&body, "provision")?;
     Ok(Json(call(&s, |tx| ApiRequest::Provision(body, tx)).await??))
@@ -546,7 +485,7 @@ async fn tool(s: &AppState, c: &Caller, t: Tool) -> Result<Json<serde_json::Valu
         c.may(action, container)?;
     }
     // An app sees only the schemas it may read.
-    if let (Tool::SchemaList, Some(app)) = (&t, c.app()) {
+    if let (Tool::SchemaList, Some(_)) = (&t, c.app()) {
         let Value::Array(list) = call(s, |tx| ApiRequest::Tool(t, tx)).await?? else {
             return Ok(Json(Value::Array(Vec::new())));
         };
@@ -555,7 +494,7 @@ async fn tool(s: &AppState, c: &Caller, t: Tool) -> Result<Json<serde_json::Valu
             .filter(|v| {
                 v["id"]
                     .as_str()
-                    .is_some_and(|id| app.may(Action::Read, id).is_ok())
+                    .is_some_and(|id| c.may(Action::Read, id).is_ok())
             })
             .collect();
         return Ok(Json(Value::Array(visible)));
@@ -567,26 +506,15 @@ async fn tool(s: &AppState, c: &Caller, t: Tool) -> Result<Json<serde_json::Valu
     Ok(Json(call(s, |tx| ApiRequest::Tool(t, tx)).await??))
 }
 
-async fn schemas_list(
-    State(s): State<AppState>,
-    c: Who,
-) -> Result<Json<serde_json::Value>, Failure> {
+async fn schemas_list(State(s): S, c: Who) -> Reply<Value> {
     tool(&s, &c.0, Tool::SchemaList).await
 }
 
-async fn schemas_add(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<serde_json::Value>, Failure> {
+async fn schemas_add(State(s): S, c: Who, Body(body): Body) -> Reply<Value> {
     tool(&s, &c.0, Tool::SchemaAdd(json_body(&body, "schema")?)).await
 }
 
-async fn state_create(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<serde_json::Value>, Failure> {
+async fn state_create(State(s): S, c: Who, Body(body): Body) -> Reply<Value> {
     check_write_values(&body)?;
     let b: CreateBody = json_body(&body, "state.create")?;
     tool(
@@ -601,11 +529,7 @@ async fn state_create(
     .await
 }
 
-async fn state_update(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<serde_json::Value>, Failure> {
+async fn state_update(State(s): S, c: Who, Body(body): Body) -> Reply<Value> {
     check_write_values(&body)?;
     let b: UpdateBody = json_body(&body, "state.update")?;
     tool(
@@ -620,20 +544,12 @@ async fn state_update(
     .await
 }
 
-async fn state_query(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<serde_json::Value>, Failure> {
+async fn state_query(State(s): S, c: Who, Body(body): Body) -> Reply<Value> {
     let b: QueryBody = json_body(&body, "state.query")?;
     tool(&s, &c.0, Tool::Query(b.query)).await
 }
 
-async fn state_delete(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<serde_json::Value>, Failure> {
+async fn state_delete(State(s): S, c: Who, Body(body): Body) -> Reply<Value> {
     let b: DeleteBody = json_body(&body, "state.delete")?;
     tool(
         &s,
@@ -647,38 +563,22 @@ async fn state_delete(
     .await
 }
 
-async fn state_describe(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<serde_json::Value>, Failure> {
+async fn state_describe(State(s): S, c: Who, Body(body): Body) -> Reply<Value> {
     let b: ContainerBody = json_body(&body, "state.describe")?;
     tool(&s, &c.0, Tool::Describe(b.container)).await
 }
 
-async fn state_compact(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<serde_json::Value>, Failure> {
+async fn state_compact(State(s): S, c: Who, Body(body): Body) -> Reply<Value> {
     let b: ContainerBody = json_body(&body, "state.compact")?;
     tool(&s, &c.0, Tool::Compact(b.container)).await
 }
 
-async fn state_reset(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<serde_json::Value>, Failure> {
+async fn state_reset(State(s): S, c: Who, Body(body): Body) -> Reply<Value> {
     let b: ContainerBody = json_body(&body, "state.reset")?;
     tool(&s, &c.0, Tool::Reset(b.container)).await
 }
 
-async fn state_batch(
-    State(s): State<AppState>,
-    c: Who,
-    Body(body): Body,
-) -> Result<Json<BatchReply>, Failure> {
+async fn state_batch(State(s): S, c: Who, Body(body): Body) -> Reply<BatchReply> {
     check_write_values(&body)?;
     let b: BatchBody = json_body(&body, "state.batch")?;
     if b.ops.is_empty() {
@@ -695,10 +595,12 @@ async fn state_batch(
         .into());
     }
     // An app may do every operation of the batch, or none is tried.
-    for op in &b.ops {
-        let (action, container) = nuwa_agent::apps::batch_op_access(op);
-        c.0.may(action, container)?;
-    }
+    let needs: Vec<_> = b
+        .ops
+        .iter()
+        .map(nuwa_agent::apps::batch_op_access)
+        .collect();
+    c.0.may_all(&needs)?;
     Ok(Json(call(&s, |tx| ApiRequest::Batch(b, tx)).await??))
 }
 
@@ -740,52 +642,42 @@ async fn events(
     Q(q): Q<EventsQuery>,
 ) -> Result<Response, Failure> {
     use axum::response::sse::{Event, KeepAlive, Sse};
+    use tokio::sync::broadcast::error::RecvError;
     if let Some(name) = &q.container {
         container_name(name)?;
         c.0.may(Action::Events, name)?;
-    }
-    // An app sees the events of the containers its capability reaches,
-    // as they are when each event comes: nothing else, not even a name;
-    // the stream ends once its capability is revoked or expires.
-    let app = c.0.app().cloned();
-    if let Some(a) = &app {
-        // Signed for `events`, under a capability that allows it.
-        c.0.may(Action::Events, &a.invocation.verified.target)?;
     }
     let rx = s.events.subscribe();
     // `ready` first: a client knows from then on that it misses nothing.
     let ready = futures::stream::once(async {
         Ok::<Event, std::convert::Infallible>(Event::default().event("ready").data("{}"))
     });
-    let stream = futures::stream::unfold((rx, q.container), move |(mut rx, filter)| {
-        let app = app.clone();
+    // An app's stream comes through its own filter (`apps::app_events`).
+    let source = match c.0.app().cloned() {
+        Some(a) => {
+            // Signed for `events`, under a capability that allows it.
+            c.0.may(Action::Events, &a.invocation.verified.target)?;
+            Err(apps::app_events(a, rx, q.container.clone()))
+        }
+        None => Ok(rx),
+    };
+    let stream = futures::stream::unfold((source, q.container), |(mut source, filter)| {
         async move {
+            let sse = |kind: &str, data: String| Ok(Event::default().event(kind).data(data));
             loop {
-                let received = rx.recv().await;
-                if app.as_ref().is_some_and(|a| !a.still_valid()) {
-                    return None;
-                }
-                match received {
-                    Ok(ev) => {
-                        if filter.as_ref().is_some_and(|c| *c != ev.container) {
-                            continue;
-                        }
-                        if app.as_ref().is_some_and(|a| !a.sees(&ev.container)) {
-                            continue;
-                        }
-                        let data = serde_json::to_string(&*ev).unwrap_or_default();
-                        tracing::trace!(target: "nuwa_path", "event out");
-                        let item: Result<Event, std::convert::Infallible> =
-                            Ok(Event::default().event("change").data(data));
-                        return Some((item, (rx, filter)));
-                    }
+                let item = match source.as_mut() {
+                    Ok(rx) => rx.recv().await,
+                    Err(app) => app.recv().await?,
+                };
+                let item = match item {
+                    Ok(ev) if filter.as_ref().is_some_and(|c| *c != ev.container) => continue,
+                    Ok(ev) => sse("change", serde_json::to_string(&*ev).unwrap_or_default()),
                     // A slow reader missed events: say so, keep streaming.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                        let item = Ok(Event::default().event("lagged").data(n.to_string()));
-                        return Some((item, (rx, filter)));
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                }
+                    Err(RecvError::Lagged(n)) => sse("lagged", n.to_string()),
+                    Err(RecvError::Closed) => return None,
+                };
+                tracing::trace!(target: "nuwa_path", "event out");
+                return Some((item, (source, filter)));
             }
         }
     });
@@ -972,7 +864,15 @@ pub async fn serve(
     limits: Limits,
     cancel: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, Arc<Web>)> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    // A burst of local clients must not wait on SYN retries: a backlog of
+    // 128 (the default) delayed `status` past 1 s under 200 (issue 41).
+    let listener = socket.listen(LISTEN_BACKLOG)?;
     let local = listener.local_addr()?;
     let web = Arc::new(page::Web::new(local));
     let (app, is_work) = app(token, lanes, feeds, metrics.clone(), web.clone());
