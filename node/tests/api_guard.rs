@@ -522,3 +522,56 @@ fn an_app_request_is_refused_before_its_body_is_read() {
         assert!(text.contains("capability_refused"), "{text}");
     });
 }
+
+// Goal: issue 41: the API's listen backlog is sized for bursts (1024, or
+// the kernel's somaxconn if lower; 128 made a burst of 200 local
+// connections delay `status` past 1 s), and `status` answers within 2 s
+// while 200 connections arrive at once. Method: a real daemon; the
+// backlog read from `ss -ltn` (a listening socket's Send-Q), then a burst
+// from 200 threads with `status` timed in its middle.
+#[test]
+fn the_listen_backlog_is_sized_for_a_burst_of_local_connections() {
+    isolated(
+        "the_listen_backlog_is_sized_for_a_burst_of_local_connections",
+        || {
+            let mut c = Cluster::new();
+            let home = c.init("a");
+            c.start(&home, &[]);
+            let (addr, token) = api(&home);
+            let out = std::process::Command::new("ss")
+                .args(["-ltnH", &format!("sport = :{}", addr.port())])
+                .output()
+                .expect("ss (iproute2) is needed for this test");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let backlog: u64 = text
+                .split_whitespace()
+                .nth(2)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no listening socket in `ss -ltn`: {text}"));
+            let somaxconn: u64 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(4096);
+            assert_eq!(backlog, somaxconn.min(1024), "{text}");
+
+            let start = std::sync::Arc::new(std::sync::Barrier::new(201));
+            let burst: Vec<_> = (0..200)
+                .map(|_| {
+                    let start = start.clone();
+                    std::thread::spawn(move || {
+                        start.wait();
+                        TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()
+                    })
+                })
+                .collect();
+            start.wait();
+            let asked = Instant::now();
+            let (st, body) = get(addr, &token, "/v1/status");
+            let took = asked.elapsed();
+            assert_eq!(st, 200, "{body}");
+            let held = burst.into_iter().filter_map(|t| t.join().unwrap()).count();
+            println!("status answered in {took:?} during a burst of {held} connections");
+            assert!(took < Duration::from_secs(2), "status took {took:?}");
+        },
+    );
+}

@@ -3,8 +3,11 @@
 // runs it; each command prints one JSON value.
 //
 //   key SEED_BYTE                          -> "did:key:..."
-//   call URL CAP SEED METHOD PATH BODY ACTION [NONCE]
+//   call URL CAP SEED METHOD PATH BODY ACTION [NONCE [CREATED]]
 //                                          -> {"status", "body"}
+//   stream URL CAP SEED                    -> one line per event as it comes: {"event", "data"},
+//                                             then {"event": "end"} when the daemon ends it
+//   headers CAP SEED METHOD PATH ACTION    -> the four signed headers of a bodiless request
 //   tampered URL CAP SEED                  -> {"status", "body"} of a create whose body changed after signing
 //   delegate CAP SEED TO_DID ACTIONS OUT   -> the delegated capability (also written to OUT)
 //   events URL CAP SEED MS [CONTAINER]     -> {"status", "events": [names of containers seen]}
@@ -29,8 +32,9 @@ async function reply(r) {
 if (cmd === 'key') {
   out(keyOf(args[0]).did);
 } else if (cmd === 'call') {
-  const [url, cap, seed, method, path, body, action, nonce] = args;
+  const [url, cap, seed, method, path, body, action, nonce, created] = args;
   const opts = nonce ? { nonce } : {};
+  if (created) opts.createdUnixSecs = Number(created);
   const b = body === '-' ? null : body;
   out(await reply(await app.signedFetch(url, capOf(cap), keyOf(seed).privateKey, method, path, b, action, opts)));
 } else if (cmd === 'tampered') {
@@ -64,6 +68,35 @@ if (cmd === 'key') {
   });
   fs.writeFileSync(file, JSON.stringify(cap), { mode: 0o600 });
   out(cap);
+} else if (cmd === 'headers') {
+  const [cap, seed, method, path, action] = args;
+  const u = new URL('http://x' + path);
+  out(app.signRequest(capOf(cap), keyOf(seed).privateKey, method, u.pathname, u.search.slice(1), null, action));
+} else if (cmd === 'stream') {
+  const [url, cap, seed] = args;
+  const r = await app.signedFetch(url, capOf(cap), keyOf(seed).privateKey, 'GET', '/v1/state.events', null, 'events');
+  if (r.status !== 200) {
+    out({ event: 'refused', data: await r.text() });
+    process.exit(0);
+  }
+  const decoder = new TextDecoder();
+  let buf = '';
+  try {
+    for await (const chunk of r.body) {
+      buf += decoder.decode(chunk, { stream: true });
+      let i;
+      while ((i = buf.indexOf('\n\n')) >= 0) {
+        const lines = buf.slice(0, i).split('\n');
+        buf = buf.slice(i + 2);
+        const event = lines.find((l) => l.startsWith('event:'));
+        const data = lines.find((l) => l.startsWith('data:'));
+        if (event) out({ event: event.slice(6).trim(), data: data ? data.slice(5).trim() : null });
+      }
+    }
+  } catch (e) {
+    out({ event: 'error', data: String(e) });
+  }
+  out({ event: 'end' });
 } else if (cmd === 'events') {
   const [url, cap, seed, ms, container] = args;
   const path = '/v1/state.events' + (container ? '?container=' + encodeURIComponent(container) : '');
