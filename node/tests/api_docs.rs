@@ -59,6 +59,8 @@ fn bash(home: &std::path::Path, script: &str) -> Command {
     let mut cmd = Command::new("bash");
     cmd.args(["-euo", "pipefail", "-c", script])
         .env("NUWA_HOME", home)
+        // The examples call `nuwa-node` as a reader would, from PATH.
+        .env("PATH", path_with_the_binary())
         .env(
             "NUWA_APP_CLIENT",
             concat!(
@@ -71,6 +73,13 @@ fn bash(home: &std::path::Path, script: &str) -> Command {
         .env_remove("all_proxy")
         .env_remove("ALL_PROXY");
     cmd
+}
+
+/// PATH with this build's `nuwa-node` first.
+fn path_with_the_binary() -> std::ffi::OsString {
+    let dir = std::path::Path::new(bin()).parent().unwrap().to_path_buf();
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&rest))).unwrap()
 }
 
 // Goal: done-when 5. Every curl example in docs/api.md works as written

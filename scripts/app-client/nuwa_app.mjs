@@ -48,10 +48,12 @@
 // component, then `"@signature-params": <Signature-Input after "sig1=">`,
 // joined by "\n" without a trailing newline. `@method` is uppercase, `@path`
 // the path as sent, `@query` "?" + the query as sent ("?" alone when empty).
-// The daemon accepts created within 300 s of its clock, and expires after
-// its clock and at most 300 s after created; each nonce once.
+// The daemon accepts created from 300 s before its clock to 1 s after it,
+// and expires after its clock and at most 300 s after created; each nonce
+// once.
 
 import crypto from 'node:crypto';
+import fs from 'node:fs';
 
 export const CONTEXT = Object.freeze([
   'https://w3id.org/zcap/v1',
@@ -337,6 +339,10 @@ export function signRequest(cap, privateKey, method, path, query, body, action, 
     ttlSecs = 60,
     nonce = crypto.randomBytes(16).toString('base64url'),
   } = options;
+  if (!Array.isArray(cap?.allowedAction)) {
+    throw new Error('not a capability (it has no allowedAction): pass the capability itself, as ' +
+      '`nuwa-node app grant --out FILE` writes it; loadCapability(FILE) reads one');
+  }
   if (!cap.allowedAction.includes(action)) throw new Error(`the capability does not allow ${action}`);
   if (!/^[A-Za-z0-9_-]{16,64}$/.test(nonce)) throw new Error('a nonce is 16 to 64 of A-Za-z0-9_-');
   if (!(ttlSecs > 0 && ttlSecs <= MAX_SIGNATURE_TTL_SECS)) throw new Error('ttlSecs is 1 to 300');
@@ -381,4 +387,39 @@ export async function signedFetch(baseUrl, cap, privateKey, method, pathAndQuery
     if (typeof body === 'string') init.headers['Content-Type'] = 'application/json';
   }
   return fetch(url, init);
+}
+
+// ---- files ----
+
+/**
+ * The capability in `file`: the capability itself, as `nuwa-node app
+ * grant --out FILE` writes it (also the `{"id", "capability"}` reply of
+ * `POST /v1/apps/grant`, whose `capability` it takes).
+ */
+export function loadCapability(file) {
+  const value = JSON.parse(fs.readFileSync(file, 'utf8'));
+  const cap = Array.isArray(value?.allowedAction) ? value : value?.capability;
+  if (!Array.isArray(cap?.allowedAction)) {
+    throw new Error(`${file} holds no capability (no allowedAction); write it with nuwa-node app grant --out`);
+  }
+  return cap;
+}
+
+/**
+ * The app's own key, kept in `file`: 64 hex digits of a random seed,
+ * made (mode 0600, never overwritten) the first time. Keep the file in
+ * the app's own data directory; whoever reads it can act as the app.
+ */
+export function keyFromFile(file) {
+  if (!fs.existsSync(file)) {
+    const seed = crypto.randomBytes(32).toString('hex');
+    try {
+      fs.writeFileSync(file, seed + '\n', { mode: 0o600, flag: 'wx' });
+    } catch (e) {
+      if (e.code !== 'EEXIST') throw e; // another process made it first
+    }
+  }
+  const hex = fs.readFileSync(file, 'utf8').trim();
+  if (!/^[0-9a-f]{64}$/.test(hex)) throw new Error(`${file} is not 64 hex digits of an app key`);
+  return keyFromSeed(Buffer.from(hex, 'hex'));
 }
