@@ -159,7 +159,7 @@ if [ "$HOST" = 0 ]; then
   API_PORT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["url"].rsplit(":", 1)[1])' "$TMP/node1/api.json")
   echo "  the link points into namespace $NS, which a browser on this host cannot reach;"
   echo "  forward its port to this host's loopback first (socat), then paste the link:"
-  echo "    socat TCP-LISTEN:$API_PORT,bind=127.0.0.1,fork,reuseaddr EXEC:'ip netns exec $NS socat STDIO TCP:127.0.0.1:$API_PORT' &"
+  echo "    socat TCP-LISTEN:$API_PORT,bind=127.0.0.1,fork,reuseaddr EXEC:'ip netns exec $NS socat STDIO TCP\:127.0.0.1\:$API_PORT' &"
   echo "    $NUWA --home $TMP/node1 open --print"
 else
   echo "  $NUWA --home $TMP/node1 open"
