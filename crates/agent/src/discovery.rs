@@ -198,7 +198,7 @@ impl Discovery {
                 .listen_addrs
                 .iter()
                 .any(|a| peer::path_of(a).transport == "quic"),
-            port: boot.listen_addrs.iter().find_map(tcp_port).unwrap_or(0),
+            port: crate::listen::mdns_port(&boot.listen_addrs, &boot.listen_addrs).unwrap_or(0),
             timers: Timers {
                 started_ms: now_ms,
                 next_redial_ms: 0,
@@ -272,13 +272,6 @@ fn parse_known(bytes: &[u8]) -> BTreeMap<PeerId, Vec<Multiaddr>> {
             Some((p, k.addrs.iter().filter_map(|a| a.parse().ok()).collect()))
         })
         .collect()
-}
-
-fn tcp_port(addr: &Multiaddr) -> Option<u16> {
-    addr.iter().find_map(|p| match p {
-        Protocol::Tcp(port) => Some(port),
-        _ => None,
-    })
 }
 
 /// A socket address as a dialable TCP multiaddr.

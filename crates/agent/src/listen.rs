@@ -58,8 +58,11 @@ pub fn pending<'a>(configured: &'a [Multiaddr], reported: &[Multiaddr]) -> Vec<&
         .collect()
 }
 
-/// The TCP port mDNS announces: that of the first configured plain-TCP
-/// address that came up, whatever order the reports came in.
+/// The TCP port mDNS announces: the lowest port among the reported
+/// addresses of the configured plain-TCP listeners, whatever order the
+/// reports came in (one listener reports one port on every interface; the
+/// agent's own announcements take it from its boot addresses the same way,
+/// `mdns_port(addrs, addrs)`, so the SRV and TXT ports agree).
 pub fn mdns_port(configured: &[Multiaddr], reported: &[Multiaddr]) -> Result<u16, NoTcpPort> {
     let tcp: Vec<&Multiaddr> = configured
         .iter()
@@ -70,10 +73,12 @@ pub fn mdns_port(configured: &[Multiaddr], reported: &[Multiaddr]) -> Result<u16
             configured: joined(configured.iter()),
         });
     }
-    tcp.iter()
-        .find_map(|c| reported.iter().find(|r| covers(c, r)))
+    reported
+        .iter()
+        .filter(|r| tcp.iter().any(|c| covers(c, r)))
         .map(|r| shape(r).port)
         .filter(|&port| port != 0)
+        .min()
         .ok_or_else(|| NoTcpPort::NotUp {
             configured: joined(configured.iter()),
             reported: joined(reported.iter()),
@@ -262,14 +267,21 @@ mod tests {
             false,
             Err("NotConfigured"),
         );
-        // Two TCP listeners on different ports: the first configured one's
-        // port, whichever reports first.
+        // Two TCP listeners on different ports: the lower port, whichever
+        // reports first, and the same when the reports are all the agent
+        // knows (its boot addresses).
         check(
             &["/ip4/0.0.0.0/tcp/0", "/ip6/::/tcp/0"],
             &["/ip6/::1/tcp/6000", "/ip4/127.0.0.1/tcp/5000"],
             true,
             Ok(5000),
         );
+        let both = [
+            "/ip6/::1/tcp/4000",
+            "/ip4/10.0.0.1/udp/3000/quic-v1",
+            "/ip4/127.0.0.1/tcp/5000",
+        ];
+        check(&both, &both, true, Ok(4000));
         check(
             &["/ip4/0.0.0.0/tcp/0", "/ip6/::/tcp/0"],
             &["/ip6/::1/tcp/6000"],
