@@ -368,7 +368,8 @@ impl Agent {
         }
         let (through, message) = if verified.is_empty() && self.keepers.caught_up() {
             let said = format!(
-                "converged through the keeper (no other device online); {containers} container(s)"
+                "converged only with what the keeper holds (no other device online, so a \
+                 write the keeper never received is not here); {containers} container(s)"
             );
             (Some("keeper"), said)
         } else if !verified.is_empty() && in_sync == verified.len() {
