@@ -20,7 +20,8 @@
 #      write within 5 s, and no disconnect while idle;
 #   2. both behind symmetric NATs (masquerade random,fully-random): punching
 #      must fail, the relay carries the sync: a write within 5 s, a 1 MiB
-#      write, no disconnect while idle, the relay's limits respected;
+#      write right after connecting and one later (each within 3 s), no
+#      disconnect while idle, the relay's limits respected;
 #   4. one behind a port-preserving NAT, one public (on the core): a write
 #      within 5 s and a direct connection;
 #   3. not online together, through the keeper (`rendezvous --keeper`): A
@@ -298,6 +299,19 @@ run_case() { # NAME MODE1 MODE2 EXPECT(direct|relayed)
     pass "$name: a write reached the other device $(since "$t0") s after both started"
   else
     fail "$name: the first write did not arrive within 5 s of both starting"
+  fi
+
+  if [ "$expect" = relayed ]; then
+    # Right after connecting, while DCUtR's attempts are still under way:
+    # the 1 MiB written below comes after they are over, so only this one
+    # sees how long a big frame waits for a direct path that never comes.
+    t0=$(now)
+    put_big d1 "$TMP/d1" "$name" first_big $((1024 * 1024))
+    if wait_value d2 "$TMP/d2" "$name" first_big $((1024 * 1024)) 3; then
+      pass "$name: a 1 MiB write right after connecting arrived in $(since "$t0") s (held for a direct path: $(counter d1 "$TMP/d1" frames_deferred_for_direct) frame)"
+    else
+      fail "$name: a 1 MiB write right after connecting did not arrive within 3 s"
+    fi
   fi
 
   local path=""
