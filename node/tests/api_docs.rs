@@ -90,6 +90,15 @@ fn api_doc_examples_run() {
         let md = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api.md"))
             .expect("docs/api.md");
         let all = blocks(&md);
+        // A fence left open swallows the rest of the page, whose examples
+        // then never run (issue 41: the apps example had not run since).
+        for b in &all {
+            assert!(
+                !b.body.lines().any(|l| l.starts_with("## ")),
+                "a code block ```{} holds a heading: a fence is missing before it",
+                b.info
+            );
+        }
         let setup = all
             .iter()
             .find(|b| b.info == "sh setup")
@@ -176,7 +185,7 @@ fn api_doc_examples_run() {
                 _ => {}
             }
         }
-        assert!(checked >= 15, "only {checked} examples were checked");
+        assert!(checked >= 25, "only {checked} examples were checked");
         assert!(events_checked, "the events example ran");
         println!("{checked} examples matched; events stream checked");
     });
