@@ -380,13 +380,26 @@ export function signRequest(cap, privateKey, method, path, query, body, action, 
  */
 export async function signedFetch(baseUrl, cap, privateKey, method, pathAndQuery, body, action, options = {}) {
   const url = new URL(baseUrl.replace(/\/+$/, '') + pathAndQuery);
-  const headers = signRequest(cap, privateKey, method, url.pathname, url.search.slice(1), body, action, options);
-  const init = { method, headers: { ...headers } };
-  if (body !== null && body !== undefined) {
-    init.body = body;
-    if (typeof body === 'string') init.headers['Content-Type'] = 'application/json';
+  // A daemon refuses requests dated before its start + 1 s
+  // (`signed_before_start`, docs/api.md): signed again a moment later.
+  for (let attempt = 0; ; attempt++) {
+    const headers = signRequest(cap, privateKey, method, url.pathname, url.search.slice(1), body, action, options);
+    const init = { method, headers: { ...headers }, signal: options.signal };
+    if (body !== null && body !== undefined) {
+      init.body = body;
+      if (typeof body === 'string') init.headers['Content-Type'] = 'application/json';
+    }
+    const r = await fetch(url, init);
+    const fixed = options.createdUnixSecs !== undefined || options.nonce !== undefined;
+    if (attempt >= 10 || fixed || !(await refusedBeforeStart(r))) return r;
+    await new Promise((done) => setTimeout(done, 300));
   }
-  return fetch(url, init);
+}
+
+/** Whether `r` is a 401 `signed_before_start` (worth signing again). */
+export async function refusedBeforeStart(r) {
+  if (r.status !== 401) return false;
+  return (await r.clone().text()).includes('signed_before_start');
 }
 
 // ---- files ----

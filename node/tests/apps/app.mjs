@@ -102,9 +102,7 @@ if (cmd === 'key') {
   const path = '/v1/state.events' + (container ? '?container=' + encodeURIComponent(container) : '');
   const ctl = new AbortController();
   const seen = [];
-  const u = new URL(url + path);
-  const headers = app.signRequest(capOf(cap), keyOf(seed).privateKey, 'GET', u.pathname, u.search.slice(1), null, 'events');
-  const r = await fetch(u, { headers, signal: ctl.signal });
+  const r = await app.signedFetch(url, capOf(cap), keyOf(seed).privateKey, 'GET', path, null, 'events', { signal: ctl.signal });
   if (r.status !== 200) {
     out(await reply(r));
     process.exit(0);
